@@ -1,0 +1,44 @@
+# `make run` and `make test` each set up everything they need on a fresh machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# These CPU machines serve torch 2.13.0 (CPU build) from local disk; install it before the project so the
+# open range in pyproject.toml is already satisfied. On a GPU box, override: make TORCH_SPEC=torch test
+TORCH_SPEC ?= torch==2.13.0
+PORT ?= 8501
+
+.PHONY: run test lint bench chromium graphviz screenshot
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+# Debian's Chromium for the browser tests (Playwright cannot download browsers here) and Graphviz for SVG.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
+
+graphviz:
+	@command -v dot >/dev/null 2>&1 || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q graphviz; }
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+run: $(STAMP)
+	$(VENV)/bin/streamlit run app.py --server.port $(PORT)
+
+test: $(STAMP) chromium graphviz
+	$(VENV)/bin/ruff check graphviz_core pages app.py tests benchmarks
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check graphviz_core pages app.py tests benchmarks
+	$(VENV)/bin/ruff format --check graphviz_core pages app.py tests benchmarks
+
+bench: $(STAMP) chromium
+	$(PY) benchmarks/bench_capture.py
+	$(PY) benchmarks/bench_render.py
+
+screenshot: $(STAMP) chromium
+	$(PY) -m graphviz_core.ui.screenshot assets/graph-explorer.png

@@ -1,0 +1,548 @@
+"""Runs one instrumented forward + backward pass and returns the annotated autograd graph as a `Capture`.
+
+This is the only place that calls `.backward()` on a model. Instrumentation, phase by phase:
+
+- forward: module pre/post hooks attribute every new autograd node to the innermost module whose forward
+  created it; saved-tensor hooks record every tensor saved for backward (in order, with its storage);
+  a dispatch mode counts forward FLOPs.
+- graph walk: nodes get deterministic ids (pre-order from the loss); each node's saved tensors are
+  found by unpacking its `_saved_*` fields, which calls our unpack hook with the save's id.
+- backward: node pre/post hooks time each node (perf counter on CPU, CUDA events on GPU), take the norm
+  of the gradient flowing out of it and mark it as the node that the dispatch mode charges FLOPs to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import networkx as nx
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from graphviz_core.categories import category_of, normalise_op
+from graphviz_core.config import ModelConfig
+from graphviz_core.device import check_budget, device_guard, resolve_device, synchronize
+from graphviz_core.flops import flops_of
+from graphviz_core.models import RECOMPUTED, build_model, compute_loss, make_batch
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class SaveEvent:
+    """One tensor saved for backward, in the forward order it was saved."""
+
+    order: int
+    node: str  # id of the node whose backward needs it
+    shape: tuple[int, ...]
+    dtype: str
+    storage_bytes: int
+    counted: bool  # False when the storage is a parameter's or was already counted for an earlier save
+
+
+@dataclass(frozen=True)
+class GraphSummary:
+    nodes: int
+    edges: int
+    by_category: dict[str, int]
+    by_op: dict[str, int]
+    parameters: int  # AccumulateGrad nodes = parameter tensors reached by backward
+    parameter_count: int  # scalars in those tensors
+
+
+@dataclass(frozen=True)
+class MemorySummary:
+    saved_bytes: int  # tensors saved for backward, storages de-duplicated, parameters excluded
+    parameter_bytes: int
+    gradient_bytes: int  # .grad of every parameter reached
+    peak_bytes: int | None  # CUDA max_memory_allocated over forward + backward; None where not measurable
+    baseline_bytes: int | None  # allocated before the forward (parameters, inputs); CUDA only
+    checkpoint_held_bytes: int  # inputs that checkpointed regions keep for recomputation (not saved tensors)
+    saved_bytes_by_category: dict[str, int]
+
+
+@dataclass(frozen=True)
+class FlopSummary:
+    forward: int
+    backward: int  # every aten op that ran during backward, including the two items below
+    backward_by_category: dict[str, int]
+    backward_unattributed: int  # ran between nodes: the engine summing gradients where paths meet
+    backward_recompute: int  # forward ops re-run by checkpointing inside backward
+
+
+@dataclass(frozen=True)
+class TimeSummary:
+    forward_s: float | None  # wall time with instrumentation; None on meta
+    backward_s: float | None
+
+
+@dataclass(frozen=True)
+class Capture:
+    """One captured backward pass: the graph (DESIGN.md's schema) plus summaries."""
+
+    config: ModelConfig
+    device: str
+    graph: nx.DiGraph
+    summary: GraphSummary
+    memory: MemorySummary
+    flops: FlopSummary
+    time: TimeSummary
+    loss: float | None
+    save_order: tuple[SaveEvent, ...] = field(repr=False)
+    backward_order: tuple[str, ...] = field(repr=False)
+
+
+def capture_backward(config: ModelConfig, progress: Progress | None = None) -> Capture:
+    """Build the model, run forward + backward once with instrumentation, and return the Capture.
+
+    Raises ValueError (CaptureError) with an actionable sentence for configs that cannot run here.
+    """
+    say = progress or (lambda phase: None)
+    device = resolve_device(config.device)
+    check_budget(config, device)
+    # On meta the fused-attention swap must cover the backward too: checkpointing recomputes there.
+    meta_kernels = _fused_attention_on_meta(torch.cuda.is_available()) if device == "meta" else contextlib.nullcontext()
+    with device_guard(device), meta_kernels:
+        return _Run(config, device, say).capture()
+
+
+class _Packed:
+    """What the saved-tensor pack hook hands autograd: the tensor (autograd frees it as usual) and an id."""
+
+    __slots__ = ("index", "tensor")
+
+    def __init__(self, index: int, tensor: torch.Tensor) -> None:
+        self.index = index
+        self.tensor = tensor
+
+
+@dataclass
+class _Save:
+    shape: tuple[int, ...]
+    dtype: str
+    storage_key: int
+    storage_bytes: int
+    is_parameter: bool
+
+
+class _FlopCounter(TorchDispatchMode):
+    """Adds the FLOPs of every aten op to whichever bucket the run currently charges."""
+
+    def __init__(self, run: _Run) -> None:
+        super().__init__()
+        self.run = run
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not self.run.paused:
+            self.run.charge(flops_of(func, args, kwargs, out))
+        return out
+
+
+# One meta forward at a time may swap F.scaled_dot_product_attention (see _fused_attention_on_meta).
+_META_SDPA_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _fused_attention_on_meta(cuda: bool) -> Iterator[None]:
+    """On meta, SDPA takes its unfused math path; route meta calls to the fused kernel a real device runs.
+
+    The target is this build's CPU kernel, or CUDA's (efficient for float32, flash for half) where CUDA is
+    available, so a meta dry run shows the graph the real run would have. nn.MultiheadAttention calls SDPA
+    through the same module global, so swapping it covers both; calls on other devices (other threads'
+    captures) go to the original untouched.
+    """
+    original = F.scaled_dot_product_attention
+    aten = torch.ops.aten
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if q.device.type != "meta":
+            return original(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        if not cuda:
+            out, _lse = aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+            )
+            return out
+        if q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None:
+            return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
+        bias = attn_mask
+        if bias is not None and bias.dtype == torch.bool:
+            bias = torch.zeros(bias.shape, dtype=q.dtype, device=q.device).masked_fill(~bias, float("-inf"))
+        return aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, dropout_p, is_causal, scale=scale)[0]
+
+    with _META_SDPA_LOCK:
+        F.scaled_dot_product_attention = sdpa
+        try:
+            yield
+        finally:
+            F.scaled_dot_product_attention = original
+
+
+def _tensors(obj: object) -> Iterable[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _tensors(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item)
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, int]:
+    storage = t.untyped_storage()
+    return storage._cdata, storage.nbytes()
+
+
+_SAVED_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_fields(node: object) -> tuple[str, ...]:
+    kind = type(node)
+    if kind not in _SAVED_FIELDS:
+        names = tuple(n for n in dir(node) if n.startswith("_saved_"))
+        if hasattr(node, "saved_tensors"):  # custom autograd.Function nodes
+            names += ("saved_tensors",)
+        _SAVED_FIELDS[kind] = names
+    return _SAVED_FIELDS[kind]
+
+
+class _Run:
+    """The mutable state of one capture; `capture()` turns it into a frozen Capture."""
+
+    def __init__(self, config: ModelConfig, device: str, say: Progress) -> None:
+        self.config = config
+        self.device = device
+        self.say = say
+        self.real = device != "meta"
+        # forward
+        self.phase = "setup"
+        self.labels: dict[object, str] = {}  # autograd node -> module path
+        self.boundaries: list[set] = []
+        self.saves: list[_Save] = []
+        self.checkpoint_held: dict[int, int] = {}  # storage key -> bytes
+        self.recomputed_depth = 0  # > 0 while the forward is inside a checkpointed module
+        self.recomputed_nodes: set = set()  # their saved fields are checkpoint placeholders
+        # graph walk
+        self.collecting: list[int] | None = None
+        # backward
+        self.paused = False
+        self.current: str | None = None
+        self.recompute_depth = 0
+        self.flops_forward = 0
+        self.flops_by_node: Counter[str] = Counter()
+        self.recompute_by_node: Counter[str] = Counter()
+        self.flops_unattributed = 0
+        self.started: dict[str, object] = {}
+        self.ended: dict[str, object] = {}
+        self.norm_parts: dict[str, list[torch.Tensor]] = {}
+        self.backward_order: list[str] = []
+
+    # ---- hooks -------------------------------------------------------------------------------------
+
+    def charge(self, flops: int) -> None:
+        if not flops:
+            return
+        if self.phase == "forward":
+            self.flops_forward += flops
+        elif self.current is None:
+            self.flops_unattributed += flops
+        else:
+            self.flops_by_node[self.current] += flops
+            if self.recompute_depth:
+                self.recompute_by_node[self.current] += flops
+
+    def pack(self, tensor: torch.Tensor) -> _Packed:
+        key, nbytes = _storage_key(tensor)
+        self.saves.append(
+            _Save(tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), key, nbytes, key in self.param_storages)
+        )
+        return _Packed(len(self.saves) - 1, tensor)
+
+    def unpack(self, packed: _Packed) -> torch.Tensor:
+        if self.collecting is not None:
+            self.collecting.append(packed.index)
+        return packed.tensor
+
+    def module_pre(self, module, args, kwargs):
+        if self.phase == "backward":
+            self.recompute_depth += 1
+            return
+        if self.phase != "forward":
+            return
+        inputs = list(_tensors((args, kwargs)))
+        self.boundaries.append({t.grad_fn for t in inputs if t.grad_fn is not None})
+        if getattr(module, RECOMPUTED, False):
+            self.recomputed_depth += 1
+            for t in inputs:
+                key, nbytes = _storage_key(t)
+                if key not in self.param_storages:
+                    self.checkpoint_held[key] = nbytes
+
+    def module_post(self, module, args, kwargs, output):
+        if self.phase == "backward":
+            self.recompute_depth -= 1
+            return
+        if self.phase != "forward":
+            return
+        boundary = self.boundaries.pop()
+        path = self.module_paths[module]
+        stack = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
+        while stack:
+            node = stack.pop()
+            if node in self.labels or node in boundary or normalise_op(node.name()) == "AccumulateGrad":
+                continue
+            self.labels[node] = path
+            if self.recomputed_depth:
+                self.recomputed_nodes.add(node)
+            stack.extend(n for n, _ in node.next_functions if n is not None)
+        if getattr(module, RECOMPUTED, False):
+            self.recomputed_depth -= 1
+
+    def node_pre(self, node_id: str):
+        def hook(grad_outputs):
+            self.current = node_id
+            self.backward_order.append(node_id)
+            self.started[node_id] = self._clock()
+
+        return hook
+
+    def node_post(self, node_id: str, is_leaf: bool):
+        def hook(grad_inputs, grad_outputs):
+            self.ended[node_id] = self._clock()
+            self.current = None
+            if self.real:
+                self.paused = True
+                grads = grad_outputs if is_leaf else grad_inputs
+                self.norm_parts[node_id] = [
+                    torch.linalg.vector_norm(g.detach(), dtype=torch.float32) for g in grads if g is not None
+                ]
+                self.paused = False
+
+        return hook
+
+    def _clock(self) -> object:
+        if self.device == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    # ---- phases ------------------------------------------------------------------------------------
+
+    def capture(self) -> Capture:
+        config, device = self.config, self.device
+        self.say("building the model")
+        with torch.device(device):
+            model = build_model(config)
+        batch = make_batch(config, device)
+        self.param_names = {p: name for name, p in model.named_parameters()}
+        self.param_storages = {_storage_key(p)[0] for p in model.parameters()}
+        self.module_paths = {m: name for name, m in model.named_modules()}
+        handles = [m.register_forward_pre_hook(self.module_pre, with_kwargs=True) for m in model.modules()]
+        handles += [m.register_forward_hook(self.module_post, with_kwargs=True, always_call=True) for m in model.modules()]
+        peak = baseline = None
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            baseline = torch.cuda.memory_allocated()
+
+        self.say("running the forward pass")
+        self.phase = "forward"
+        started = time.perf_counter()
+        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack), _FlopCounter(self):
+            output = model(batch.inputs)
+            loss = compute_loss(config, output, batch.targets)
+        synchronize(device)
+        forward_s = time.perf_counter() - started
+        self.phase = "walk"
+        del output
+
+        self.say("walking the autograd graph")
+        nodes = _preorder(loss.grad_fn)
+        ids = {node: f"{normalise_op(node.name())}:{i}" for i, node in enumerate(nodes)}
+        saves_of = self._collect_saves(nodes, ids)
+        for node in nodes:
+            is_leaf = normalise_op(node.name()) == "AccumulateGrad"
+            node.register_prehook(self.node_pre(ids[node]))
+            node.register_hook(self.node_post(ids[node], is_leaf))
+
+        self.say("running the backward pass")
+        self.phase = "backward"
+        started = time.perf_counter()
+        with _FlopCounter(self):
+            loss.backward()
+        synchronize(device)
+        backward_s = time.perf_counter() - started
+        self.phase = "done"
+        for handle in handles:
+            handle.remove()
+        if device == "cuda":
+            peak = torch.cuda.max_memory_allocated()
+
+        self.say("annotating the graph")
+        return self._build(model, nodes, ids, saves_of, loss, forward_s, backward_s, peak, baseline)
+
+    def _collect_saves(self, nodes: list, ids: dict) -> dict[str, list[int]]:
+        """Node id -> indices (into self.saves) of the tensors saved for that node's backward."""
+        saves_of: dict[str, list[int]] = {}
+        for node in nodes:
+            found: list[int] = []
+            if node in self.recomputed_nodes:
+                # Reading these fields would run checkpoint's unpack hook, i.e. the recomputation.
+                saves_of[ids[node]] = found
+                continue
+            self.collecting = found
+            for name in _saved_fields(node):
+                try:
+                    getattr(node, name)
+                except RuntimeError:  # a field that is freed or undefined for this node
+                    continue
+            self.collecting = None
+            saves_of[ids[node]] = sorted(set(found))
+        return saves_of
+
+    def _build(self, model, nodes, ids, saves_of, loss, forward_s, backward_s, peak, baseline) -> Capture:
+        graph = nx.DiGraph()
+        owner: dict[int, str] = {}  # storage key -> node id that the storage's bytes are charged to
+        first_save: dict[int, int] = {}
+        for node_id, indices in saves_of.items():
+            for index in indices:
+                key = self.saves[index].storage_key
+                if not self.saves[index].is_parameter and (key not in first_save or index < first_save[key]):
+                    first_save[key] = index
+                    owner[key] = node_id
+        save_events = []
+        node_of_save = {index: node_id for node_id, indices in saves_of.items() for index in indices}
+        for index, save in enumerate(self.saves):
+            if index not in node_of_save:
+                continue  # saved for a node that backward never reaches from the loss
+            counted = not save.is_parameter and first_save.get(save.storage_key) == index
+            save_events.append(
+                SaveEvent(index, node_of_save[index], save.shape, save.dtype, save.storage_bytes, counted)
+            )
+        counted_bytes = Counter()
+        for event in save_events:
+            if event.counted:
+                counted_bytes[event.node] += event.storage_bytes
+        parameter_count = 0
+        parameter_bytes = 0
+        for node in nodes:
+            node_id = ids[node]
+            op = normalise_op(node.name())
+            param = None
+            module = self.labels.get(node, "")
+            if op == "AccumulateGrad":
+                tensor = node.variable
+                name = self.param_names.get(tensor, "")
+                param = {"name": name, "shape": list(tensor.shape)}
+                module = name.rpartition(".")[0]
+                parameter_count += tensor.numel()
+                parameter_bytes += tensor.numel() * tensor.element_size()
+            graph.add_node(
+                node_id,
+                op=op,
+                category=category_of(op),
+                module=module,
+                saved_bytes=counted_bytes[node_id],
+                flops=self.flops_by_node[node_id],
+                recompute_flops=self.recompute_by_node[node_id],
+                time_s=self._elapsed(node_id),
+                grad_norm=self._norm(node_id),
+                param=param,
+                saved=[
+                    {"shape": list(self.saves[i].shape), "dtype": self.saves[i].dtype,
+                     "bytes": self.saves[i].storage_bytes,
+                     "counted": owner.get(self.saves[i].storage_key) == node_id and first_save.get(self.saves[i].storage_key) == i,
+                     "parameter": self.saves[i].is_parameter}
+                    for i in saves_of[node_id]
+                ],
+                backward_index=None,
+                recomputed=node in self.recomputed_nodes,
+            )
+        for position, node_id in enumerate(self.backward_order):
+            if graph.nodes[node_id]["backward_index"] is None:
+                graph.nodes[node_id]["backward_index"] = position
+        for node in nodes:
+            for child, _ in node.next_functions:
+                if child is not None:
+                    graph.add_edge(ids[node], ids[child])
+
+        by_category = Counter(data["category"] for _, data in graph.nodes(data=True))
+        saved_by_category = Counter()
+        for _, data in graph.nodes(data=True):
+            saved_by_category[data["category"]] += data["saved_bytes"]
+        flops_by_category = Counter()
+        for _, data in graph.nodes(data=True):
+            flops_by_category[data["category"]] += data["flops"]
+        backward_total = sum(self.flops_by_node.values()) + self.flops_unattributed
+        checkpoint_held = sum(b for key, b in self.checkpoint_held.items() if key not in first_save)
+        real = self.real
+        return Capture(
+            config=self.config,
+            device=self.device,
+            graph=graph,
+            summary=GraphSummary(
+                nodes=graph.number_of_nodes(),
+                edges=graph.number_of_edges(),
+                by_category=dict(sorted(by_category.items())),
+                by_op=dict(sorted(Counter(d["op"] for _, d in graph.nodes(data=True)).items())),
+                parameters=by_category.get("accumulate_grad", 0),
+                parameter_count=parameter_count,
+            ),
+            memory=MemorySummary(
+                saved_bytes=sum(counted_bytes.values()),
+                parameter_bytes=parameter_bytes,
+                gradient_bytes=parameter_bytes,
+                peak_bytes=peak,
+                baseline_bytes=baseline,
+                checkpoint_held_bytes=checkpoint_held,
+                saved_bytes_by_category={k: v for k, v in sorted(saved_by_category.items()) if v},
+            ),
+            flops=FlopSummary(
+                forward=self.flops_forward,
+                backward=backward_total,
+                backward_by_category={k: v for k, v in sorted(flops_by_category.items()) if v},
+                backward_unattributed=self.flops_unattributed,
+                backward_recompute=sum(self.recompute_by_node.values()),
+            ),
+            time=TimeSummary(forward_s if real else None, backward_s if real else None),
+            loss=float(loss.detach()) if real else None,
+            save_order=tuple(save_events),
+            backward_order=tuple(self.backward_order),
+        )
+
+    def _elapsed(self, node_id: str) -> float | None:
+        if not self.real or node_id not in self.ended:
+            return None
+        start, end = self.started[node_id], self.ended[node_id]
+        if self.device == "cuda":
+            return start.elapsed_time(end) / 1000.0
+        return end - start
+
+    def _norm(self, node_id: str) -> float | None:
+        parts = self.norm_parts.get(node_id)
+        if not parts:
+            return None
+        return math.sqrt(sum(float(p) ** 2 for p in parts))
+
+
+def _preorder(root) -> list:
+    """Every node reachable from `root`, in deterministic pre-order (next_functions order)."""
+    order, seen, stack = [], set(), [root]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        order.append(node)
+        stack.extend(reversed([n for n, _ in node.next_functions if n is not None]))
+    return order

@@ -1,0 +1,103 @@
+"""The `graphviz-core` command line: `graph` captures and exports, `expr` traces a toy expression.
+
+Every subcommand exits 0 on success and 2 with one line on stderr for bad input, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from graphviz_core.config import ATTENTIONS, CHECKPOINTS, DEVICES, DTYPES, MODELS, PRESETS, resolve_config
+
+EXIT_BAD_INPUT = 2
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse prints usage plus the error; the contract is one line on stderr and exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _BadInput(f"{self.prog}: {message} (see --help)")
+
+
+class _BadInput(Exception):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="graphviz-core", description="See what loss.backward() does to a model.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+
+    graph = commands.add_parser("graph", help="capture a real backward pass and export its autograd graph")
+    graph.add_argument("--model", choices=MODELS)
+    graph.add_argument("--preset", choices=list(PRESETS))
+    for name in ("hidden", "heads", "layers", "vocab", "batch", "seq", "context", "seed"):
+        graph.add_argument(f"--{name}", type=int)
+    graph.add_argument("--attention", choices=ATTENTIONS)
+    graph.add_argument("--checkpoint", choices=CHECKPOINTS)
+    graph.add_argument("--device", choices=DEVICES)
+    graph.add_argument("--dtype", choices=DTYPES)
+    graph.add_argument("--format", choices=("json", "html", "graphml", "dot", "svg"), default="json")
+    graph.add_argument("-o", "--output", help="file to write (default: stdout)")
+
+    expr = commands.add_parser("expr", help="trace backprop through a scalar expression, step by step")
+    expr.add_argument("expression", help='e.g. "(a*b + c)**2"')
+    expr.add_argument("values", nargs="*", help="NAME=VALUE for every variable, e.g. a=2 b=-3 c=10")
+    expr.add_argument("--format", choices=("json",), default="json")
+    expr.add_argument("-o", "--output", help="file to write (default: stdout)")
+    return parser
+
+
+def _graph_command(args: argparse.Namespace) -> str:
+    from graphviz_core.capture import capture_backward
+    from graphviz_core.export import to_dot, to_graphml, to_json, to_svg
+
+    fields = {name: getattr(args, name) for name in (
+        "model", "hidden", "heads", "layers", "vocab", "batch", "seq", "context", "seed", "attention",
+        "checkpoint", "device", "dtype")}
+    config = resolve_config(args.preset, **fields)
+    capture = capture_backward(config)
+    if args.format == "json":
+        return to_json(capture)
+    if args.format == "graphml":
+        return to_graphml(capture.graph)
+    if args.format == "dot":
+        return to_dot(capture.graph)
+    if args.format == "svg":
+        return to_svg(capture.graph)
+    from graphviz_core.render import render_standalone_html
+
+    return render_standalone_html(capture)
+
+
+def _expr_command(args: argparse.Namespace) -> str:
+    import json
+
+    from graphviz_core.expressions import parse_assignments, trace_expression
+
+    trace = trace_expression(args.expression, parse_assignments(args.values))
+    return json.dumps(trace.to_dict(), indent=1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        text = _graph_command(args) if args.command == "graph" else _expr_command(args)
+    except _BadInput as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ValueError as exc:  # config, capture and expression errors a user can fix
+        print(f"graphviz-core: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.output:
+        try:
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:
+            print(f"graphviz-core: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    else:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return 0

@@ -1,0 +1,136 @@
+"""FLOP formulas: the registry the capture's dispatch mode looks up, and seed 004's textbook backward terms.
+
+Measured FLOPs come from `torch.utils.flop_counter`'s formula registry (matmuls, convolutions, fused
+attention on CUDA), extended here with formulas for what it misses:
+
+- the CPU fused attention (`_scaled_dot_product_flash_attention_for_cpu` and its backward), which
+  flop_counter counts as 0 — so CPU, CUDA and meta captures count the same work;
+- seed 004's per-element counts for the backward kernels it derives (GELU 19, LayerNorm 11, softmax and
+  log-softmax 4 FLOPs per element);
+- one FLOP per output element for elementwise arithmetic (add, sub, mul, div).
+
+Reductions (the `sum` that makes a bias gradient), copies, views and index work count 0, as in
+flop_counter. All formulas are pure functions of shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch.utils import flop_counter
+
+from graphviz_core.config import ModelConfig
+
+aten = torch.ops.aten
+
+Formula = Callable[..., int]
+
+
+def _shape(x: object) -> object:
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else x
+
+
+def _on_shapes(formula: Formula) -> Formula:
+    """Call `formula` with every tensor argument (and `out_val`) replaced by its shape."""
+
+    def wrapped(*args, out_val=None, **kwargs):
+        out = tuple(_shape(o) for o in out_val) if isinstance(out_val, (tuple, list)) else _shape(out_val)
+        return formula(*(_shape(a) for a in args), out_val=out, **{k: _shape(v) for k, v in kwargs.items()})
+
+    return wrapped
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def cpu_flash_attention_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
+    """Forward of the CPU fused kernel: q@kᵀ and p@v, 2 GEMMs = 4·b·nh·s²·d (dense count, as flop_counter)."""
+    return flop_counter.sdpa_flop_count(query, key, value)
+
+
+def cpu_flash_attention_backward_flops(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:
+    """Backward of the CPU fused kernel: it recomputes q@kᵀ, then dV, dP, dQ, dK: 5 GEMMs = 10·b·nh·s²·d.
+
+    A dense count, as flop_counter's for the CUDA kernels: the causal kernel skips key blocks that are
+    wholly masked, so the arithmetic it really does is a little over half of this for long sequences.
+    """
+    return flop_counter.sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+def per_element(count: int) -> Formula:
+    """A formula of `count` FLOPs per element of the op's first output."""
+
+    def formula(*args, out_val=None, **kwargs) -> int:
+        out = out_val[0] if isinstance(out_val, tuple) and out_val and isinstance(out_val[0], tuple) else out_val
+        return count * _numel(out) if isinstance(out, tuple) else 0
+
+    return formula
+
+
+def layer_norm_backward_flops(grad_out, *args, out_val=None, **kwargs) -> int:
+    """Seed 004: 8 FLOPs/element for the input gradient, 2 for gamma's, 1 for beta's (11·b·s·h in all)."""
+    output_mask = args[-1] if args and isinstance(args[-1], (list, tuple)) else kwargs.get("output_mask", (1, 1, 1))
+    per_elem = 8 * bool(output_mask[0]) + 2 * bool(output_mask[1]) + 1 * bool(output_mask[2])
+    return per_elem * _numel(grad_out)
+
+
+_EXTRA: dict[object, Formula] = {
+    aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash_attention_flops,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: cpu_flash_attention_backward_flops,
+    aten.gelu_backward: per_element(19),  # seed 004: 76·b·s·h over a (b, s, 4h) tensor
+    aten.native_layer_norm_backward: layer_norm_backward_flops,
+    aten._softmax_backward_data: per_element(4),  # seed 004, softmax: 4·b·nh·s²
+    aten._log_softmax_backward_data: per_element(4),  # seed 004, log-softmax: 4·b·s·V
+    **{op: per_element(1) for op in (aten.add, aten.add_, aten.sub, aten.sub_, aten.mul, aten.mul_, aten.div, aten.div_)},
+}
+
+FLOP_FORMULAS: dict[object, Formula] = {
+    **flop_counter.flop_registry,
+    **{op: _on_shapes(f) for op, f in _EXTRA.items()},
+}
+
+
+def flops_of(func: object, args: tuple, kwargs: dict, out: object) -> int:
+    """FLOPs of one aten call, 0 when no formula is registered for its overload packet."""
+    formula = FLOP_FORMULAS.get(getattr(func, "_overloadpacket", None))
+    if formula is None:
+        return 0
+    return int(formula(*args, out_val=out, **kwargs))
+
+
+def seed004_backward_terms(config: ModelConfig) -> dict[str, int]:
+    """Seed 004's backward FLOPs for a GPT-2 stack, term by term (its 'Final Tally').
+
+    Per layer: pre_attn_ln 11bsh, qkv_proj 12bsh², query@key 4·b·nh·s²·d, softmax 4·b·nh·s², scaling
+    b·nh·s², attn@value 4·b·nh·s²·d, attn_out 4bsh², pre_mlp_ln 11bsh, mlp_up 16bsh², gelu 76bsh,
+    mlp_down 16bsh². Then final_ln 11bsh and lm_head 4bshV. Seed 004 derives cross_entropy's 4bsV
+    (log-softmax) but leaves it out of its total; it is listed here so the gap can be shown.
+    """
+    b, s, h, n_h, d, V, L = config.batch, config.seq, config.hidden, config.heads, config.head_dim, config.vocab, config.layers
+    per_layer = {
+        "pre_attn_ln": 11 * b * s * h,
+        "qkv_proj": 12 * b * s * h**2,
+        "query@key": 4 * b * n_h * s**2 * d,
+        "softmax": 4 * b * n_h * s**2,
+        "scaling": b * n_h * s**2,
+        "attn@value": 4 * b * n_h * s**2 * d,
+        "attn_out": 4 * b * s * h**2,
+        "pre_mlp_ln": 11 * b * s * h,
+        "mlp_up": 16 * b * s * h**2,
+        "gelu": 76 * b * s * h,
+        "mlp_down": 16 * b * s * h**2,
+    }
+    terms = {f"layers x {name}": L * value for name, value in per_layer.items()}
+    terms["final_ln"] = 11 * b * s * h
+    terms["lm_head"] = 4 * b * s * h * V
+    terms["cross_entropy (not in seed total)"] = 4 * b * s * V
+    return terms
+
+
+def seed004_backward_total(config: ModelConfig) -> int:
+    """Seed 004's closed form: n_L(48bsh² + 8·b·nh·s²·d + 5·b·nh·s² + 98bsh) + 11bsh + 4bshV."""
+    b, s, h, n_h, d, V, L = config.batch, config.seq, config.hidden, config.heads, config.head_dim, config.vocab, config.layers
+    return L * (48 * b * s * h**2 + 8 * b * n_h * s**2 * d + 5 * b * n_h * s**2 + 98 * b * s * h) + 11 * b * s * h + 4 * b * s * h * V

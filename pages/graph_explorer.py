@@ -1,0 +1,13 @@
+"""Graph explorer: pick a config, run a real backward pass, read its autograd graph."""
+
+import streamlit as st
+
+from graphviz_core.ui.capture_cache import get_capture
+from graphviz_core.ui.config_form import config_form
+from graphviz_core.ui.summary import show_summary
+
+st.title("What loss.backward() does")
+config = config_form()
+capture = get_capture(config) if config is not None else None
+if capture is not None:
+    show_summary(capture)

@@ -1,0 +1,26 @@
+"""AppTests: each page runs with no exception and shows real values from a real capture."""
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+from tests.conftest import captured
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def test_graph_explorer_runs_the_default_config_and_shows_the_real_node_count():
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    assert not at.exception
+    expected = captured("gpt2-tiny").summary.nodes
+    assert at.metric[0].label == "Nodes" and at.metric[0].value == f"{expected:,}"
+
+
+def test_an_invalid_config_is_shown_as_an_error_and_the_page_keeps_serving():
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    at.number_input(key="config.hidden").set_value(770)
+    at.number_input(key="config.heads").set_value(12)
+    at.button[0].click().run()
+    assert not at.exception
+    assert any("not divisible by 12 heads" in e.value for e in at.error)
+    assert at.metric[0].label == "Nodes"  # the last good capture is still shown

@@ -1,0 +1,235 @@
+"""The capture engine on real models with real backward passes; every exact number has its derivation."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from graphviz_core.capture import capture_backward
+from graphviz_core.config import config_from_preset
+from tests.conftest import captured
+
+
+def ops_of(capture, **where):
+    return Counter(
+        d["op"] for _, d in capture.graph.nodes(data=True) if all(d[k] == v for k, v in where.items())
+    )
+
+
+# ---- seed 000: the transformer block ----------------------------------------------------------------
+
+
+def test_seed_block_has_one_fused_attention_node_and_the_expected_kernels():
+    capture = captured("seed-block")
+    cats = capture.summary.by_category
+    assert cats["attention"] == 1  # nn.MultiheadAttention(need_weights=False) -> one fused SDPA backward node
+    assert ops_of(capture, category="attention") == {"ScaledDotProductFlashAttentionForCpuBackward0": 1}
+    assert capture.summary.by_op["NativeLayerNormBackward0"] == 2  # ln_1, ln_2
+    assert capture.summary.by_op["GeluBackward0"] == 1
+    # The block's two residuals (x + attn, x + mlp). The graph has a third AddBackward0: inside
+    # nn.MultiheadAttention the packed in-projection adds its bias separately (mm + add) when batch > 1.
+    assert ops_of(capture, op="AddBackward0", module="block") == {"AddBackward0": 2}
+    assert ops_of(capture, op="AddBackward0", module="block.attn.mha") == {"AddBackward0": 1}
+
+
+def test_seed_block_has_twelve_parameter_tensors_not_nine():
+    # Seed 000 says 9 AccumulateGrad nodes; the block has 12 parameter tensors:
+    # 2 LayerNorms x (weight, bias) = 4, MHA in_proj (weight, bias) + out_proj (weight, bias) = 4,
+    # MLP fc (weight, bias) + proj (weight, bias) = 4.
+    capture = captured("seed-block")
+    names = sorted(d["param"]["name"] for _, d in capture.graph.nodes(data=True) if d["op"] == "AccumulateGrad")
+    assert names == sorted([
+        "block.ln_1.weight", "block.ln_1.bias", "block.ln_2.weight", "block.ln_2.bias",
+        "block.attn.mha.in_proj_weight", "block.attn.mha.in_proj_bias",
+        "block.attn.mha.out_proj.weight", "block.attn.mha.out_proj.bias",
+        "block.mlp.fc.weight", "block.mlp.fc.bias", "block.mlp.proj.weight", "block.mlp.proj.bias",
+    ])
+    assert capture.summary.parameters == 12
+    # 768*2*2 (LNs) + 768*2304 + 2304 (in_proj) + 768*768 + 768 (out_proj) + 768*3072 + 3072 + 3072*768 + 768
+    assert capture.summary.parameter_count == 3072 + 1771776 + 590592 + 2362368 + 2360064
+
+
+def test_graph_size_is_the_same_for_every_batch_and_seq_except_batch_one():
+    # Seed 000 claims 50 nodes for batch 1 and 128, seq 64 and 2048. Measured on this build: 57 nodes for
+    # batch > 1 at any seq, 55 at batch 1. With batch_first=True, MHA transposes (B, T, C) -> (T, B, C);
+    # at B=1 that is still a plain view, so F.linear takes the addmm path (view -> addmm -> view) for the
+    # packed in-projection. At B>1 it is strided, so linear becomes matmul: mm + _unsafe_view, a separate
+    # bias add, and a clone for .contiguous() before the heads are split.
+    sizes = {}
+    for batch, seq, device in [(4, 64, "cpu"), (128, 64, "cpu"), (1, 64, "cpu"), (1, 2048, "cpu"), (2, 2048, "cpu"), (128, 2048, "meta")]:
+        sizes[batch, seq] = capture_backward(config_from_preset("seed-block", batch=batch, seq=seq, device=device))
+    assert {k: c.summary.nodes for k, c in sizes.items()} == {
+        (4, 64): 57, (128, 64): 57, (1, 64): 55, (1, 2048): 55, (2, 2048): 57, (128, 2048): 57}
+    batch_one = Counter(sizes[1, 64].summary.by_op)
+    batched = Counter(sizes[128, 64].summary.by_op)
+    assert dict(batch_one - batched) == {"AddmmBackward0": 1, "ViewBackward0": 2}
+    assert dict(batched - batch_one) == {"MmBackward0": 1, "UnsafeViewBackward0": 2, "AddBackward0": 1, "CloneBackward0": 1}
+    assert batched == Counter(sizes[2, 2048].summary.by_op)  # seq does not change the graph
+
+
+def test_manual_attention_is_the_unfused_graph_seed_000_warns_about():
+    sdpa = captured("gpt2-tiny", attention="sdpa")
+    manual = captured("gpt2-tiny", attention="manual")
+    assert manual.summary.by_op["SoftmaxBackward0"] == 2 and manual.summary.by_op["BmmBackward0"] == 4
+    assert "attention" not in manual.summary.by_category
+    # Per layer, the fused node is replaced by 20 nodes (19 more): q@kᵀ and att@v are each expand x2 + clone x2 +
+    # _unsafe_view x2 (reshape to 3-D) + bmm + _unsafe_view back; plus kᵀ's transpose, the scale (mul),
+    # the causal mask (masked_fill), softmax, and the view that matmul adds after the 4-D result.
+    per_layer = {"BmmBackward0": 2, "CloneBackward0": 4, "ExpandBackward0": 4, "MaskedFillBackward0": 1,
+                 "MulBackward0": 1, "SoftmaxBackward0": 1, "TransposeBackward0": 1, "UnsafeViewBackward0": 5,
+                 "ViewBackward0": 1}
+    layers = 2
+    assert dict(Counter(manual.summary.by_op) - Counter(sdpa.summary.by_op)) == {k: v * layers for k, v in per_layer.items()}
+    assert dict(Counter(sdpa.summary.by_op) - Counter(manual.summary.by_op)) == {"ScaledDotProductFlashAttentionForCpuBackward0": layers}
+    assert manual.summary.nodes - sdpa.summary.nodes == (sum(per_layer.values()) - 1) * layers == 38  # (20 - 1) * 2
+
+
+# ---- seed 004: FLOPs ----------------------------------------------------------------------------------
+
+SMALL = dict(layers=2, hidden=64, heads=4, vocab=512, batch=2, seq=32)  # b=2, s=32, h=64, nh=4, d=16, V=512
+
+
+def test_matmul_backward_flops_equal_seed_004_exactly():
+    capture = captured("gpt2-tiny", attention="manual", **SMALL)
+    b, s, h, n_h, d, V, n_L = 2, 32, 64, 4, 16, 512, 2
+    # seed 004: n_L(48bsh² + 8 b nh s² d) + 4bshV
+    #   48*2*32*64² = 12_582_912; 8*2*4*32²*16 = 1_048_576; per layer 13_631_488; x2 = 27_262_976
+    #   4*2*32*64*512 = 8_388_608                                      -> total 35_651_584
+    expected = n_L * (48 * b * s * h**2 + 8 * b * n_h * s**2 * d) + 4 * b * s * h * V
+    assert expected == 35_651_584
+    assert capture.flops.backward_by_category["matmul"] == expected
+
+
+def test_fused_attention_node_flops_include_the_recomputed_scores():
+    capture = captured("gpt2-tiny", attention="sdpa", **SMALL)
+    b, s, n_h, d = 2, 32, 4, 16
+    # The fused backward recomputes q@kᵀ, then dV = Pᵀ dO, dP = dO Vᵀ, dQ = dS K, dK = dSᵀ Q: 5 batched
+    # GEMMs of 2*b*nh*s²*d each = 10*b*nh*s²*d = 10*2*4*32²*16 = 1_310_720 per layer (the unfused graph's
+    # q@k and att@v backward nodes do 8*b*nh*s²*d = 1_048_576: the fused kernel pays 2*b*nh*s²*d more).
+    per_node = [d_["flops"] for _, d_ in capture.graph.nodes(data=True) if d_["category"] == "attention"]
+    assert per_node == [10 * b * n_h * s**2 * d] * 2 == [1_310_720, 1_310_720]
+
+
+def test_flops_of_a_backward_node_are_what_ran_inside_it():
+    capture = captured("mlp", layers=1)
+    # MLP b=4, s=8, h=64: fc Linear(64, 256) has input without grad, so its backward does only
+    # grad_W = xᵀ @ g: 2 * (b*s) * 64 * 256 = 2 * 32 * 16384 = 1_048_576. proj Linear(256, 64) does
+    # grad_in and grad_W: 2 * 2 * 32 * 256 * 64 = 2_097_152. GELU: 19 FLOPs x (4*8*256) = 155_648.
+    by_op = {d["op"] + ":" + d["module"]: d["flops"] for _, d in capture.graph.nodes(data=True) if d["flops"]}
+    assert by_op == {"AddmmBackward0:layers.0.fc": 1_048_576, "AddmmBackward0:layers.0.proj": 2_097_152,
+                     "GeluBackward0:layers.0.act": 155_648}
+
+
+# ---- memory ---------------------------------------------------------------------------------------------
+
+
+def test_saved_bytes_of_linear_gelu_linear_match_a_hand_count():
+    capture = captured("mlp", layers=1)  # b=4, s=8, h=64, float32; input x has no grad
+    saved = {d["op"] + ":" + d["module"]: d["saved_bytes"] for _, d in capture.graph.nodes(data=True) if d["saved_bytes"]}
+    bsh = 4 * 8 * 64
+    assert saved == {
+        "MseLossBackward0:": 2 * bsh * 4,  # the model output and the target: 2 x 8 KiB
+        "AddmmBackward0:layers.0.proj": 4 * bsh * 4,  # its input, GELU's output (b*s, 4h): 32 KiB; Wᵀ is a parameter
+        "GeluBackward0:layers.0.act": 4 * bsh * 4,  # its input, fc's output (b, s, 4h): 32 KiB
+        "AddmmBackward0:layers.0.fc": bsh * 4,  # x (b*s, h) for grad_W; Wᵀ not saved: x needs no grad
+    }
+    assert capture.memory.saved_bytes == 11 * bsh * 4 == 90_112
+
+
+def test_manual_attention_saves_more_than_sdpa_tensor_by_tensor():
+    sdpa = captured("gpt2-tiny", attention="sdpa", **SMALL)
+    manual = captured("gpt2-tiny", attention="manual", **SMALL)
+    b, s, h, n_h = 2, 32, 64, 4
+    f32 = 4
+    # Per layer, sdpa's fused node keeps: q, k, v (views of the one qkv output: b*s*3h*4 = 49_152),
+    # its output (b*s*h*4 = 16_384, the same storage proj saves) and the log-sum-exp (b*nh*s*4 = 1_024).
+    sdpa_layer = b * s * 3 * h * f32 + b * s * h * f32 + b * n_h * s * f32
+    # manual keeps: q, kᵀ, v reshaped to 3-D -- copies, since they are strided views (3 x 16_384 = the
+    # same 49_152), the s x s probabilities softmax saves (b*nh*s*s*4 = 32_768; att@v saves the same
+    # storage), the causal mask masked_fill saves (s*s bools = 1_024), and the output copy proj saves.
+    manual_layer = 3 * b * s * h * f32 + b * n_h * s * s * f32 + s * s * 1 + b * s * h * f32
+    assert (sdpa_layer, manual_layer) == (66_560, 99_328)
+    assert manual.memory.saved_bytes - sdpa.memory.saved_bytes == 2 * (manual_layer - sdpa_layer) == 65_536
+
+    def saved_shapes(capture, op):
+        return sorted((tuple(t["shape"]), t["dtype"]) for _, d in capture.graph.nodes(data=True)
+                      if d["op"] == op and d["module"] == "blocks.0.attn.core" for t in d["saved"])
+
+    assert saved_shapes(manual, "SoftmaxBackward0") == [((2, 4, 32, 32), "float32")]
+    assert saved_shapes(manual, "MaskedFillBackward0") == [((32, 32), "bool")]
+    assert ((2, 4, 32), "float32") in saved_shapes(sdpa, "ScaledDotProductFlashAttentionForCpuBackward0")
+
+
+def test_checkpointing_moves_memory_from_saved_tensors_to_recompute():
+    none = captured("gpt2-tiny")
+    full = captured("gpt2-tiny", checkpoint="full")
+    selective = captured("gpt2-tiny", checkpoint="selective")
+    b, s, h, n_h = 2, 32, 64, 4
+    # full: nothing inside a block is saved; each block's input (b*s*h*4 = 16 KiB) is held by the checkpoint.
+    assert full.memory.checkpoint_held_bytes == 2 * b * s * h * 4 == 32_768
+    assert full.flops.backward_recompute > 0
+    # selective: the core attention stops saving the qkv storage (b*s*3h*4 = 49_152) and the
+    # log-sum-exp (1_024); the checkpoint holds the qkv storage instead. Its output is still saved by proj.
+    assert none.memory.saved_bytes - selective.memory.saved_bytes == 2 * (b * s * 3 * h * 4 + b * n_h * s * 4)
+    assert selective.memory.checkpoint_held_bytes == 2 * b * s * 3 * h * 4
+    # The recompute is the two forward flash kernels: 4*b*nh*s²*d = 4*2*4*32²*16 = 524_288 each.
+    assert selective.flops.backward_recompute == 2 * 4 * b * n_h * s**2 * 16
+
+
+# ---- meta, determinism, modules, time ----------------------------------------------------------------
+
+
+def test_meta_counts_the_same_ops_and_flops_as_cpu_for_gpt2_small():
+    cpu = captured("gpt2-small", device="cpu")
+    meta = captured("gpt2-small", device="meta")
+    assert meta.summary.by_op == cpu.summary.by_op
+    assert meta.summary.by_category == cpu.summary.by_category
+    assert meta.flops == cpu.flops
+    assert meta.memory.saved_bytes == cpu.memory.saved_bytes
+    assert meta.time.forward_s is None and meta.time.backward_s is None
+    assert all(d["time_s"] is None and d["grad_norm"] is None for _, d in meta.graph.nodes(data=True))
+    assert cpu.summary.parameter_count == 124_439_808  # GPT-2 small, tied embeddings
+
+
+def test_node_ids_are_deterministic_strings():
+    a = capture_backward(config_from_preset("gpt2-tiny"))
+    b = capture_backward(config_from_preset("gpt2-tiny"))
+    assert list(a.graph.nodes) == list(b.graph.nodes)
+    assert list(a.graph.edges) == list(b.graph.edges)
+    assert all(isinstance(n, str) and ":" in n for n in a.graph.nodes)
+
+
+def test_every_node_carries_the_schema():
+    capture = captured("gpt2-tiny")
+    required = {"op", "category", "module", "saved_bytes", "flops", "time_s", "grad_norm", "param"}
+    for _, data in capture.graph.nodes(data=True):
+        assert required <= set(data)
+        assert data["time_s"] is not None and data["time_s"] >= 0
+        assert (data["param"] is not None) == (data["op"] == "AccumulateGrad")
+    assert sorted(capture.backward_order) == sorted(capture.graph.nodes)  # every node ran exactly once
+
+
+def test_modules_are_the_innermost_module_that_created_the_node():
+    capture = captured("gpt2-tiny")
+    module_of = {d["op"] + "@" + d["module"] for _, d in capture.graph.nodes(data=True)}
+    assert "GeluBackward0@blocks.1.mlp.act" in module_of
+    assert "ScaledDotProductFlashAttentionForCpuBackward0@blocks.0.attn.core" in module_of
+    assert "NllLossBackward0@" in module_of  # the loss is outside the model
+    # The residual adds happen in Block.forward, between its children: they belong to the block.
+    assert sum(1 for m in module_of if m.startswith("AddBackward0@blocks.0")) == 1
+    adds = [d["module"] for _, d in capture.graph.nodes(data=True) if d["op"] == "AddBackward0"]
+    assert sorted(adds) == ["", "blocks.0", "blocks.0", "blocks.1", "blocks.1"]  # "" = wte + wpe in GPT2.forward
+
+
+def test_gradient_norms_match_the_parameter_gradients():
+    capture = captured("mlp", layers=1)
+    config = capture.config
+    from graphviz_core.models import build_model, compute_loss, make_batch
+
+    model = build_model(config)
+    batch = make_batch(config, "cpu")
+    compute_loss(config, model(batch.inputs), batch.targets).backward()
+    for _, d in capture.graph.nodes(data=True):
+        if d["op"] == "AccumulateGrad":
+            grad = dict(model.named_parameters())[d["param"]["name"]].grad
+            assert d["grad_norm"] == pytest.approx(torch.linalg.vector_norm(grad).item(), rel=1e-5)

@@ -1,0 +1,78 @@
+"""The `graphviz-core` CLI: the JSON contract, the other formats, and one-line errors with exit 2."""
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from graphviz_core.cli import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "graphviz_core", *args], capture_output=True, text=True, timeout=300,
+                          env={"GRAPHVIZ_CORE_DEVICE": "cpu", "PATH": "/usr/bin:/bin"})
+
+
+def test_bad_config_exits_2_with_one_line_and_no_traceback():
+    done = run_cli("graph", "--hidden", "770", "--heads", "12")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "graphviz-core: hidden 770 is not divisible by 12 heads; pick a hidden size that is a multiple of 12 (e.g. 768)."]
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["graph", "--batch", "zero"], ["graph", "--model", "resnet"], ["graph", "--bogus"], ["nope"], [],
+     ["graph", "--preset", "gpt2-small", "--batch", "4096", "--device", "cpu"]],
+)
+def test_bad_input_is_always_one_line_exit_2(args, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_json_has_the_contract_keys_and_the_real_graph(tmp_path):
+    out = tmp_path / "g.json"
+    assert main(["graph", "--preset", "gpt2-tiny", "--format", "json", "-o", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert {"schema", "config", "device", "summary", "memory", "flops", "time", "graph"} <= set(data)
+    assert data["schema"] == 1 and data["device"] == "cpu"
+    assert set(data["config"]) >= {"model", "hidden", "heads", "layers", "vocab", "batch", "seq", "attention",
+                                   "checkpoint", "device", "dtype", "seed"}
+    assert {"nodes", "edges", "by_category", "by_op", "parameters", "parameter_count"} <= set(data["summary"])
+    assert {"saved_bytes", "parameter_bytes", "peak_bytes"} <= set(data["memory"])
+    assert {"forward", "backward", "backward_by_category"} <= set(data["flops"])
+    assert {"forward_s", "backward_s"} <= set(data["time"])
+    assert len(data["graph"]["nodes"]) == data["summary"]["nodes"]
+    assert len(data["graph"]["links"]) == data["summary"]["edges"]
+    # gpt2-tiny has 2 blocks x 12 parameter tensors + wte (tied with lm_head) + wpe + ln_f weight and bias = 28
+    assert data["summary"]["parameters"] == 28
+
+
+def test_flags_override_the_preset():
+    done = run_cli("graph", "--preset", "gpt2-tiny", "--layers", "1", "--device", "meta")
+    data = json.loads(done.stdout)
+    assert data["config"]["layers"] == 1 and data["device"] == "meta"
+    assert data["time"] == {"forward_s": None, "backward_s": None}
+
+
+def test_graphml_and_dot_describe_the_same_graph(tmp_path):
+    graphml, dot = tmp_path / "g.graphml", tmp_path / "g.dot"
+    assert main(["graph", "--preset", "mlp", "--layers", "1", "--format", "graphml", "-o", str(graphml)]) == 0
+    assert main(["graph", "--preset", "mlp", "--layers", "1", "--format", "dot", "-o", str(dot)]) == 0
+    ns = {"g": "http://graphml.graphdrawing.org/xmlns"}
+    root = ET.parse(graphml).getroot()
+    nodes = root.findall(".//g:node", ns)
+    text = dot.read_text()
+    # mlp with one layer: MSE, view, addmm, view, view, GELU, view, addmm, view, 4 AccumulateGrad, 2 t = 13
+    assert len(nodes) == text.count("[label=") == 13
+    assert text.startswith("digraph autograd {")
+
+
+def test_unwritable_output_is_exit_2(capsys):
+    assert main(["graph", "--preset", "mlp", "--format", "dot", "-o", "/nonexistent-dir/x.dot"]) == 2
+    assert "cannot write /nonexistent-dir/x.dot" in capsys.readouterr().err
