@@ -295,14 +295,22 @@ class _Run:
             return
         boundary = self.boundaries.pop()
         path = self.module_paths[module]
+        # Everything reachable from the output without crossing the inputs was created by this call.
+        # Walk through nodes a child already labelled (ops between children sit below them) but keep the
+        # child's label: the innermost module wins.
         stack = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
+        visited: set = set()
         while stack:
             node = stack.pop()
-            if node in self.labels or node in boundary or normalise_op(node.name()) == "AccumulateGrad":
+            if node in visited or node in boundary:
                 continue
-            self.labels[node] = path
-            if self.recomputed_depth:
-                self.recomputed_nodes.add(node)
+            visited.add(node)
+            if normalise_op(node.name()) == "AccumulateGrad":
+                continue
+            if node not in self.labels:
+                self.labels[node] = path
+                if self.recomputed_depth:
+                    self.recomputed_nodes.add(node)
             stack.extend(n for n, _ in node.next_functions if n is not None)
         if getattr(module, RECOMPUTED, False):
             self.recomputed_depth -= 1

@@ -4,6 +4,7 @@ import streamlit as st
 
 from graphviz_core.ui.capture_cache import get_capture
 from graphviz_core.ui.config_form import config_form
+from graphviz_core.ui.graph_view import graph_view
 from graphviz_core.ui.summary import show_summary
 
 st.title("What loss.backward() does")
@@ -11,3 +12,4 @@ config = config_form()
 capture = get_capture(config) if config is not None else None
 if capture is not None:
     show_summary(capture)
+    graph_view(capture)

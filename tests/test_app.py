@@ -24,3 +24,14 @@ def test_an_invalid_config_is_shown_as_an_error_and_the_page_keeps_serving():
     assert not at.exception
     assert any("not divisible by 12 heads" in e.value for e in at.error)
     assert at.metric[0].label == "Nodes"  # the last good capture is still shown
+
+
+def test_graph_view_hands_the_iframe_every_node():
+    import json
+    import re
+
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    assert not at.exception
+    html = at.get("iframe")[0].proto.srcdoc
+    data = json.loads(re.search(r'id="graph-data" type="application/json">(.*?)</script>', html, re.S).group(1))
+    assert len(data["nodes"]) == captured("gpt2-tiny").summary.nodes

@@ -1,0 +1,74 @@
+"""The interactive graph on the explorer page: view controls in a fragment, so they never re-run backward."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from graphviz_core.capture import Capture
+from graphviz_core.export import to_dot, to_graphml, to_json
+from graphviz_core.graph import collapse_modules, focus_module, hide_categories, module_groups, search_nodes
+from graphviz_core.render import METRICS, render_html, render_standalone_html
+
+WHOLE = "(whole model)"
+NONE = "(none)"
+BY_CATEGORY = "category"
+
+
+def apply_view(capture: Capture, *, focus: str | None, hide_shape: bool, collapse: bool, expanded: str | None):
+    """The graph the user asked to see, from the capture's graph (which is never changed)."""
+    graph = capture.graph
+    if focus:
+        graph = focus_module(graph, focus)
+    if hide_shape:
+        graph = hide_categories(graph, {"shape"})
+    if collapse:
+        graph = collapse_modules(graph, depth=2, expanded=expanded)
+    return graph
+
+
+@st.fragment
+def graph_view(capture: Capture) -> None:
+    groups = module_groups(capture.graph, depth=2)
+    top = st.columns([1.1, 1.1, 1.4, 1.4, 1.2, 1.2])
+    hide_shape = top[0].toggle("Hide shape ops", key="view.hide_shape",
+                               help="View/transpose/expand… nodes removed; edges bridged through them")
+    collapse = top[1].toggle("Collapse modules", key="view.collapse", help="Each block becomes one node with its totals")
+    expanded = top[2].selectbox("Expand one module", [NONE, *groups], key="view.expanded", disabled=not collapse)
+    focus = top[3].selectbox("Focus on", [WHOLE, *groups], key="view.focus")
+    colour = top[4].selectbox("Colour by", [BY_CATEGORY, *METRICS], key="view.colour", format_func=lambda m: METRICS.get(m, m))
+    size = top[5].selectbox("Size by", [NONE, *METRICS], key="view.size", format_func=lambda m: METRICS.get(m, m))
+    query = st.text_input("Search op, module or parameter", key="view.search", placeholder="e.g. Addmm, blocks.3.attn, wte")
+
+    view = apply_view(
+        capture,
+        focus=None if focus == WHOLE else focus,
+        hide_shape=hide_shape,
+        collapse=collapse,
+        expanded=None if expanded == NONE else expanded,
+    )
+    matches = search_nodes(view, query)
+    note = f"Showing {view.number_of_nodes():,} of {capture.summary.nodes:,} nodes"
+    if query.strip():
+        note += f" · {len(matches)} match “{query.strip()}” (pink border)"
+    st.caption(note)
+    html = render_html(
+        view,
+        title=f"autograd graph: {capture.config.preset or capture.config.model}",
+        subtitle=f"{capture.config.model} · {capture.config.layers} layers · b={capture.config.batch} · "
+                 f"s={capture.config.seq} · {capture.config.attention} · {capture.device}",
+        colour_by=None if colour == BY_CATEGORY else colour,
+        size_by=None if size == NONE else size,
+        highlight=matches,
+    )
+    st.iframe(html, height=790)
+    _downloads(capture)
+
+
+def _downloads(capture: Capture) -> None:
+    name = (capture.config.preset or capture.config.model).replace(" ", "_")
+    cols = st.columns(4)
+    cols[0].download_button("Standalone HTML", lambda: render_standalone_html(capture), f"{name}.html", "text/html",
+                            help="Works offline when opened from disk")
+    cols[1].download_button("JSON (node-link)", lambda: to_json(capture), f"{name}.json", "application/json")
+    cols[2].download_button("GraphML", lambda: to_graphml(capture.graph), f"{name}.graphml", "application/xml")
+    cols[3].download_button("DOT", lambda: to_dot(capture.graph), f"{name}.dot", "text/vnd.graphviz")

@@ -1,0 +1,82 @@
+"""The graph explorer in a real browser: it draws, counts match the capture, and nothing leaves localhost."""
+
+from urllib.parse import urlparse
+
+import pytest
+
+from graphviz_core.render import render_html
+from tests.conftest import captured
+
+pytestmark = pytest.mark.browser
+
+GRAPH_FRAME_JS = "() => window.graphStats !== undefined && window.__firstDrawMs !== undefined"
+
+
+def graph_frame(page, expected_nodes: int, timeout_s: float = 60):
+    """The iframe whose vis-network has drawn `expected_nodes` nodes (Streamlit replaces it on each view)."""
+    deadline = __import__("time").time() + timeout_s
+    seen = None
+    while __import__("time").time() < deadline:
+        for frame in page.frames:
+            try:
+                if frame.evaluate(GRAPH_FRAME_JS):
+                    seen = frame.evaluate("window.network.body.data.nodes.length")
+                    if seen == expected_nodes:
+                        return frame
+            except Exception:  # a frame torn down while Streamlit re-renders
+                continue
+        page.wait_for_timeout(250)
+    raise AssertionError(f"no graph frame drew {expected_nodes} nodes (last seen: {seen})")
+
+
+def test_page_draws_the_capture_and_requests_only_localhost(page, streamlit_url):
+    requests = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(streamlit_url)
+    capture = captured("gpt2-tiny")
+    frame = graph_frame(page, capture.summary.nodes)
+    assert frame.evaluate("window.network.body.data.edges.length") == capture.summary.edges
+    # vis-network drew every node on its canvas: each has a computed bounding box.
+    drawn = frame.evaluate("Object.keys(window.network.getPositions()).length")
+    assert drawn == capture.summary.nodes
+    hosts = {urlparse(u).hostname for u in requests if urlparse(u).scheme in ("http", "https", "ws", "wss")}
+    assert hosts <= {"127.0.0.1", "localhost"}, hosts
+
+
+def test_hiding_shape_ops_removes_exactly_the_shape_nodes(page, streamlit_url):
+    page.goto(streamlit_url)
+    capture = captured("gpt2-tiny")
+    graph_frame(page, capture.summary.nodes)
+    page.get_by_text("Hide shape ops").click()
+    shape = capture.summary.by_category["shape"]
+    frame = graph_frame(page, capture.summary.nodes - shape)
+    ops = frame.evaluate("window.network.body.data.nodes.get().map(n => n.label)")
+    assert len(ops) == capture.summary.nodes - shape == 101 - 46
+
+
+def test_collapsing_modules_draws_the_collapsed_count(page, streamlit_url):
+    page.goto(streamlit_url)
+    capture = captured("gpt2-tiny")
+    graph_frame(page, capture.summary.nodes)
+    page.get_by_text("Collapse modules").click()
+    # 6 module nodes (blocks.0, blocks.1, wte, wpe, ln_f, lm_head) + nodes outside modules: the loss's
+    # NllLoss, LogSoftmax and the view before it, plus the wte + wpe add in GPT2.forward.
+    outside = sum(1 for _, d in capture.graph.nodes(data=True) if d["module"] == "")
+    graph_frame(page, 6 + outside)
+
+
+def test_hostile_labels_show_as_text_and_run_no_script(page, tmp_path):
+    graph = captured("mlp", layers=1).graph.copy()
+    node = next(iter(graph.nodes))
+    evil = '<img src=x onerror="window.__xss=1"></script><script>window.__xss=2</script>'
+    graph.nodes[node]["module"] = evil
+    graph.nodes[node]["op"] = evil
+    path = tmp_path / "evil.html"
+    path.write_text(render_html(graph, title=evil, subtitle=evil))
+    page.goto(path.as_uri())
+    page.wait_for_function("window.__firstDrawMs !== undefined")
+    page.evaluate(f"window.showDetails({node!r})")
+    assert page.evaluate("window.__xss") is None
+    assert page.locator("#details").inner_text().count(evil) == 2  # op and module, as literal text
+    assert page.locator("h1").inner_text() == evil
+    assert page.locator("img").count() == 0

@@ -1,0 +1,44 @@
+"""View transforms over a real captured graph: hiding, collapsing, focusing, searching."""
+
+from graphviz_core.graph import collapse_modules, focus_module, hide_categories, module_groups, search_nodes
+from tests.conftest import captured
+
+
+def test_hiding_shape_ops_removes_exactly_them_and_keeps_paths():
+    graph = captured("gpt2-tiny").graph
+    shapes = {n for n, d in graph.nodes(data=True) if d["category"] == "shape"}
+    view = hide_categories(graph, {"shape"})
+    assert set(view.nodes) == set(graph.nodes) - shapes
+    # Every parameter is still reachable from the loss once edges are bridged through the shape ops.
+    root = next(n for n in graph.nodes if graph.in_degree(n) == 0)
+    reachable = set(__import__("networkx").descendants(view, root))
+    params = {n for n, d in graph.nodes(data=True) if d["op"] == "AccumulateGrad"}
+    assert params <= reachable
+    assert graph.number_of_nodes() == captured("gpt2-tiny").summary.nodes  # the capture's graph is untouched
+
+
+def test_collapsing_keeps_totals_and_expanding_opens_one_module():
+    capture = captured("gpt2-tiny")
+    graph = capture.graph
+    view = collapse_modules(graph, depth=2)
+    groups = {n: d for n, d in view.nodes(data=True) if d["category"] == "module"}
+    # gpt2-tiny at depth 2: blocks.0, blocks.1, wte, wpe, ln_f, lm_head are modules; loss nodes and the
+    # embedding add (module "") stay as they are.
+    assert sorted(d["module"] for d in groups.values()) == ["blocks.0", "blocks.1", "lm_head", "ln_f", "wpe", "wte"]
+    assert sum(d["saved_bytes"] for _, d in view.nodes(data=True)) == capture.memory.saved_bytes
+    assert sum(d["flops"] for _, d in view.nodes(data=True)) == sum(d["flops"] for _, d in graph.nodes(data=True))
+    block0 = sum(1 for _, d in graph.nodes(data=True) if d["module"].startswith("blocks.0"))
+    assert groups["module:blocks.0"]["members"] == block0
+    opened = collapse_modules(graph, depth=2, expanded="blocks.0")
+    assert opened.number_of_nodes() == view.number_of_nodes() - 1 + block0
+
+
+def test_focus_and_search():
+    graph = captured("gpt2-tiny").graph
+    focused = focus_module(graph, "blocks.1")
+    assert focused.number_of_nodes() > 0
+    assert all(d["module"].startswith("blocks.1") for _, d in focused.nodes(data=True))
+    assert module_groups(graph) == ["blocks.0", "blocks.1", "lm_head", "ln_f", "wpe", "wte"]
+    hits = search_nodes(graph, "gelu")
+    assert {graph.nodes[n]["op"] for n in hits} == {"GeluBackward0"} and len(hits) == 2
+    assert search_nodes(graph, "   ") == set()
