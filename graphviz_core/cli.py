@@ -80,23 +80,28 @@ def _expr_command(args: argparse.Namespace) -> str:
     return json.dumps(trace.to_dict(), indent=1)
 
 
+def _say(line: str) -> None:
+    """The one line a user sees on stderr."""
+    sys.stderr.write(line.rstrip("\n") + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
         text = _graph_command(args) if args.command == "graph" else _expr_command(args)
     except _BadInput as exc:
-        print(str(exc), file=sys.stderr)
+        _say(str(exc))
         return EXIT_BAD_INPUT
     except ValueError as exc:  # config, capture and expression errors a user can fix
-        print(f"graphviz-core: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        _say(f"graphviz-core: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
         return EXIT_BAD_INPUT
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as f:
                 f.write(text)
         except OSError as exc:
-            print(f"graphviz-core: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            _say(f"graphviz-core: cannot write {args.output}: {exc.strerror or exc}")
             return EXIT_BAD_INPUT
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")

@@ -123,7 +123,8 @@ def _heat(t: float) -> str:
     seg = min(int(t * 2), 1)
     local = t * 2 - seg
     a, b = stops[seg], stops[seg + 1]
-    return "#%02x%02x%02x" % tuple(round(a[i] + (b[i] - a[i]) * local) for i in range(3))
+    red, green, blue = (round(a[i] + (b[i] - a[i]) * local) for i in range(3))
+    return f"#{red:02x}{green:02x}{blue:02x}"
 
 
 def build_network(

@@ -24,57 +24,21 @@ def _cpu_unless_asked(monkeypatch):
 
 # ---- browser tests: a live Streamlit server and headless Chromium ------------------------------------
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
-ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="session")
 def streamlit_url():
     """`streamlit run app.py` on a free localhost port, for the whole session."""
-    import os
-    import subprocess
-    import sys
-    import time
-    import urllib.request
+    from graphviz_core.ui.live import serve_app
 
-    port = _free_port()
-    env = {**os.environ, "GRAPHVIZ_CORE_DEVICE": "cpu"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
-         "--server.fileWatcherType", "none"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                if response.read() == b"ok":
-                    break
-        except OSError:
-            time.sleep(0.3)
-    else:
-        proc.kill()
-        raise RuntimeError("streamlit did not start: " + proc.stderr.read().decode()[-2000:])
-    yield url
-    proc.terminate()
-    proc.wait(timeout=20)
+    with serve_app({"GRAPHVIZ_CORE_DEVICE": "cpu"}) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
 def browser():
     import os
+
+    from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS
 
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium (apt-get install chromium)")

@@ -80,3 +80,18 @@ def test_hostile_labels_show_as_text_and_run_no_script(page, tmp_path):
     assert page.locator("#details").inner_text().count(evil) == 2  # op and module, as literal text
     assert page.locator("h1").inner_text() == evil
     assert page.locator("img").count() == 0
+
+
+def test_a_48_layer_gpt2_renders_every_node(page, tmp_path):
+    from graphviz_core.capture import capture_backward
+    from graphviz_core.config import ModelConfig
+
+    # gpt2, 48 layers, unfused attention: 43 nodes per sdpa block + 19 for unfused attention (see
+    # test_capture) = 62 per layer, plus 15 outside the blocks (embeddings, ln_f, lm_head, loss).
+    capture = capture_backward(ModelConfig(model="gpt2", layers=48, attention="manual", device="meta"))
+    assert capture.summary.nodes == 62 * 48 + 15
+    path = tmp_path / "deep.html"
+    path.write_text(render_html(capture.graph))
+    page.goto(path.as_uri())
+    page.wait_for_function("window.__firstDrawMs !== undefined", timeout=60_000)
+    assert page.evaluate("window.network.body.data.nodes.length") == capture.summary.nodes

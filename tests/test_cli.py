@@ -76,3 +76,25 @@ def test_graphml_and_dot_describe_the_same_graph(tmp_path):
 def test_unwritable_output_is_exit_2(capsys):
     assert main(["graph", "--preset", "mlp", "--format", "dot", "-o", "/nonexistent-dir/x.dot"]) == 2
     assert "cannot write /nonexistent-dir/x.dot" in capsys.readouterr().err
+
+
+def test_html_is_a_standalone_page_with_every_node(tmp_path):
+    out = tmp_path / "g.html"
+    assert main(["graph", "--preset", "gpt2-tiny", "--format", "html", "-o", str(out)]) == 0
+    html = out.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "vis.Network" in html
+    # gpt2-tiny: 101 nodes (see test_capture / test_browser); each appears once in the node list
+    assert html.count('"shape":"box"') + html.count('"shape":"ellipse"') == 101
+
+
+def test_svg_uses_graphviz_dot_or_says_how_to_get_it(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    out = tmp_path / "g.svg"
+    if shutil.which("dot"):
+        assert main(["graph", "--preset", "mlp", "--layers", "1", "--format", "svg", "-o", str(out)]) == 0
+        svg = out.read_text()
+        assert "<svg" in svg and svg.count('class="node"') == 13  # the 13 nodes counted in the graphml test
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert main(["graph", "--preset", "mlp", "--format", "svg"]) == 2
+    assert "apt-get install graphviz" in capsys.readouterr().err

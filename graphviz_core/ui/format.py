@@ -14,15 +14,16 @@ def format_bytes(n: int | float | None) -> str:
     return f"{value:.1f} TiB"
 
 
-def format_flops(n: int | float | None) -> str:
+def format_flops(n: int | float | None, suffix: str = "FLOP") -> str:
+    """37_203_968 -> "37.2 MFLOP" (or "37.2 M" with suffix="", where the label already says FLOPs)."""
     if n is None:
         return "n/a"
     value = float(n)
-    for unit in ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"):
-        if abs(value) < 1000 or unit == "PFLOP":
-            return f"{value:.0f} {unit}" if unit == "FLOP" else f"{value:.2f} {unit}"
+    for prefix in ("", "k", "M", "G", "T", "P"):
+        if abs(value) < 1000 or prefix == "P":
+            return f"{value:.0f} {suffix}".rstrip() if not prefix else f"{value:.1f} {prefix}{suffix}"
         value /= 1000
-    return f"{value:.2f} PFLOP"
+    return f"{value:.1f} P{suffix}"
 
 
 def format_seconds(s: float | None) -> str:

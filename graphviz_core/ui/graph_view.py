@@ -29,15 +29,17 @@ def apply_view(capture: Capture, *, focus: str | None, hide_shape: bool, collaps
 @st.fragment
 def graph_view(capture: Capture) -> None:
     groups = module_groups(capture.graph, depth=2)
-    top = st.columns([1.1, 1.1, 1.4, 1.4, 1.2, 1.2])
-    hide_shape = top[0].toggle("Hide shape ops", key="view.hide_shape",
+    row = st.columns([1, 1, 2.2])
+    hide_shape = row[0].toggle("Hide shape ops", key="view.hide_shape",
                                help="View/transpose/expand… nodes removed; edges bridged through them")
-    collapse = top[1].toggle("Collapse modules", key="view.collapse", help="Each block becomes one node with its totals")
-    expanded = top[2].selectbox("Expand one module", [NONE, *groups], key="view.expanded", disabled=not collapse)
-    focus = top[3].selectbox("Focus on", [WHOLE, *groups], key="view.focus")
-    colour = top[4].selectbox("Colour by", [BY_CATEGORY, *METRICS], key="view.colour", format_func=lambda m: METRICS.get(m, m))
-    size = top[5].selectbox("Size by", [NONE, *METRICS], key="view.size", format_func=lambda m: METRICS.get(m, m))
-    query = st.text_input("Search op, module or parameter", key="view.search", placeholder="e.g. Addmm, blocks.3.attn, wte")
+    collapse = row[1].toggle("Collapse modules", key="view.collapse", help="Each block becomes one node with its totals")
+    query = row[2].text_input("Search op, module or parameter", key="view.search", placeholder="e.g. Addmm, blocks.3.attn, wte",
+                              label_visibility="collapsed")
+    row = st.columns(4)
+    expanded = row[0].selectbox("Expand one module", [NONE, *groups], key="view.expanded", disabled=not collapse)
+    focus = row[1].selectbox("Focus on", [WHOLE, *groups], key="view.focus")
+    colour = row[2].selectbox("Colour by", [BY_CATEGORY, *METRICS], key="view.colour", format_func=lambda m: METRICS.get(m, m))
+    size = row[3].selectbox("Size by", [NONE, *METRICS], key="view.size", format_func=lambda m: METRICS.get(m, m))
 
     view = apply_view(
         capture,
