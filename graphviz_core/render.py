@@ -71,6 +71,8 @@ def _short_op(op: str) -> str:
 
 
 def _label(data: dict) -> str:
+    if data.get("label"):
+        return data["label"]
     if data.get("param"):
         return f"{data['param']['name']}\n{tuple(data['param']['shape'])}"
     if data["category"] == "module":
@@ -85,6 +87,8 @@ def _finite_or_none(value):
 
 def node_details(node: str, data: dict) -> list[list[str]]:
     """What the details panel shows for a node, as (field, text) rows."""
+    if data.get("details"):
+        return data["details"]
     rows = [["id", node], ["op", data["op"]], ["category", data["category"]], ["module", data["module"] or "(none)"]]
     if data.get("param"):
         rows.append(["parameter", f"{data['param']['name']} {tuple(data['param']['shape'])}"])
@@ -164,8 +168,11 @@ def build_network(
             options["borderWidth"] = 5
             options["color"]["border"] = "#e6007e"
         net.add_node(node, **options)
-    for u, v in graph.edges():
-        net.add_edge(u, v)
+    for u, v, edge in graph.edges(data=True):
+        if edge.get("label"):
+            net.add_edge(u, v, label=edge["label"], font={"size": 14, "color": "#b00020", "strokeWidth": 3})
+        else:
+            net.add_edge(u, v)
     net.set_options(json.dumps({
         "physics": {"enabled": False},
         "layout": {"improvedLayout": False},

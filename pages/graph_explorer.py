@@ -5,8 +5,10 @@ import streamlit as st
 from graphviz_core.ui.capture_cache import get_capture
 from graphviz_core.ui.config_form import config_form
 from graphviz_core.ui.graph_view import graph_view
+from graphviz_core.ui.navigation import run_through_app
 from graphviz_core.ui.summary import show_summary
 
+run_through_app()
 st.title("What loss.backward() does")
 config = config_form()
 capture = get_capture(config) if config is not None else None

@@ -35,3 +35,27 @@ def test_graph_view_hands_the_iframe_every_node():
     html = at.get("iframe")[0].proto.srcdoc
     data = json.loads(re.search(r'id="graph-data" type="application/json">(.*?)</script>', html, re.S).group(1))
     assert len(data["nodes"]) == captured("gpt2-tiny").summary.nodes
+
+
+EXPRESSIONS = str(Path(__file__).resolve().parent.parent / "pages" / "toy_expressions.py")
+
+
+def test_toy_expressions_steps_to_the_end_and_shows_the_final_gradients():
+    at = AppTest.from_file(EXPRESSIONS, default_timeout=60).run()
+    assert not at.exception
+    assert at.text_input(key="expr.text").value == "(a*b + c)**2"
+    assert not at.subheader  # final gradients appear only at the end
+    # seed 003's backward has 6 steps: L, e, c.grad, d, a.grad, b.grad
+    for _ in range(6):
+        at = next(b for b in at.button if b.label == "Next ›").click().run()
+    assert at.slider(key="expr.step").value == 6
+    assert [h.value for h in at.subheader] == ["Final gradients"]
+    final = at.dataframe[-1].value
+    assert list(final["backprop (autograd)"]) == ["-24", "16", "8"]
+
+
+def test_toy_expressions_shows_a_bad_expression_as_an_error():
+    at = AppTest.from_file(EXPRESSIONS, default_timeout=60).run()
+    at.text_input(key="expr.text").set_value("__import__('os')").run()
+    assert not at.exception
+    assert any("unknown function '__import__'" in e.value for e in at.error)

@@ -95,3 +95,32 @@ def test_a_48_layer_gpt2_renders_every_node(page, tmp_path):
     page.goto(path.as_uri())
     page.wait_for_function("window.__firstDrawMs !== undefined", timeout=60_000)
     assert page.evaluate("window.network.body.data.nodes.length") == capture.summary.nodes
+
+
+def test_a_page_url_as_the_first_request_still_goes_through_the_apps_navigation(page):
+    # A fresh server, and the very first request is /toy_expressions: Streamlit would run the page file on
+    # its own (legacy pages/ mode); graphviz_core.ui.navigation reruns it through app.py's st.navigation.
+    from graphviz_core.ui.live import serve_app
+
+    with serve_app({"GRAPHVIZ_CORE_DEVICE": "cpu"}) as url:
+        page.goto(f"{url}/toy_expressions")
+        page.get_by_text("Backprop, one value at a time").wait_for(timeout=60_000)
+        nav = page.locator('[data-testid="stSidebarNav"]')
+        nav.get_by_text("Graph explorer").wait_for(timeout=30_000)
+        assert nav.get_by_text("Toy expressions").count() == 1
+        assert nav.get_by_text("app", exact=True).count() == 0  # the legacy list would name app.py "app"
+
+
+def test_toy_expression_page_requests_only_localhost_and_draws(page, streamlit_url):
+    requests = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(f"{streamlit_url}/toy_expressions")
+    # seed 003's graph: L, e, d and the variables a, b, c = 6 nodes
+    frame = graph_frame(page, 6)
+    page.get_by_text("Next ›").click()
+    page.wait_for_timeout(1500)
+    frame = graph_frame(page, 6)
+    labels = frame.evaluate("window.network.body.data.edges.get().map(e => e.label || '')")
+    assert "8" in labels  # after step 1 (L's backward), L -> e carries dL/de = 2e = 8
+    hosts = {urlparse(u).hostname for u in requests if urlparse(u).scheme in ("http", "https", "ws", "wss")}
+    assert hosts <= {"127.0.0.1", "localhost"}, hosts

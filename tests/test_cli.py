@@ -98,3 +98,19 @@ def test_svg_uses_graphviz_dot_or_says_how_to_get_it(tmp_path, monkeypatch, caps
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert main(["graph", "--preset", "mlp", "--format", "svg"]) == 2
     assert "apt-get install graphviz" in capsys.readouterr().err
+
+
+def test_expr_prints_the_trace_json():
+    done = run_cli("expr", "(a*b + c)**2", "a=2", "b=-3", "c=10", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert {"expression", "value", "grads", "numerical_grads", "steps"} <= set(data)
+    assert data["value"] == 16.0 and data["grads"] == {"a": -24.0, "b": 16.0, "c": 8.0}  # seed 003
+    assert len(data["steps"]) == 6
+
+
+@pytest.mark.parametrize("args", [["expr", "a+", "a=1"], ["expr", "a*b", "a=1"], ["expr", "a", "a=x"],
+                                  ["expr", "__import__('os')"]])
+def test_expr_bad_input_is_one_line_exit_2(args, capsys):
+    assert main(args) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         page = browser.new_page(viewport={"width": args.width, "height": args.height})
         page.goto(f"{url}/{args.path}")
         wait_for_graph(page)
-        page.wait_for_timeout(800)  # let Streamlit finish laying out the page around the frame
+        # Streamlit applies st.navigation and the page config when the script run ends; wait for that.
+        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+        page.wait_for_timeout(2500)
         page.screenshot(path=args.output, full_page=True)
         browser.close()
     sys.stderr.write(f"wrote {args.output}\n")

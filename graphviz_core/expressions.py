@@ -1,0 +1,549 @@
+"""Toy scalar expressions: a safe parser, and a step-by-step trace of real torch autograd over them.
+
+`parse_expression` accepts numbers, variable names, + - * / **, unary minus, parentheses and the functions
+exp, log, sqrt, tanh, sigmoid, relu, sin, cos, abs -- checked node by node against a whitelist on Python's
+`ast`; nothing is ever passed to `eval`. `trace_expression` builds the expression from one float64 torch
+scalar per variable, runs backward with node hooks, and records each step in the order autograd runs it
+(seed 003's walkthrough), plus a central finite difference per variable.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+import networkx as nx
+import torch
+
+MAX_LENGTH = 500  # characters
+MAX_OPERATIONS = 100
+MAX_CONSTANT = 1e6  # |numbers| typed into an expression
+FINITE_DIFFERENCE_EPS = 1e-6
+FUNCTIONS = ("exp", "log", "sqrt", "tanh", "sigmoid", "relu", "sin", "cos", "abs")
+_BINARY = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**"}
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+# Seed 003's two examples and a fan-out, each with the values it is worked with.
+EXPRESSION_PRESETS: dict[str, tuple[str, dict[str, float]]] = {
+    "seed 003: L = (a·b + c)²": ("(a*b + c)**2", {"a": 2.0, "b": -3.0, "c": 10.0}),
+    "seed 003: one neuron, L = (w·x + b − y)²": ("(w*x + b - y)**2", {"w": 3.0, "x": 2.0, "b": 1.0, "y": 4.0}),
+    "fan-out: a used twice, L = a·b + a²": ("a*b + a**2", {"a": 3.0, "b": -2.0}),
+    "activations: L = sigmoid(w·x) · tanh(x)": ("sigmoid(w*x) * tanh(x)", {"w": 0.5, "x": 1.5}),
+}
+
+
+# ---- the expression tree ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Num:
+    value: float
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+
+
+@dataclass(frozen=True)
+class BinOp:
+    op: str  # one of + - * / **
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True)
+class Neg:
+    operand: Expr
+
+
+@dataclass(frozen=True)
+class Call:
+    function: str
+    argument: Expr
+
+
+Expr = Num | Var | BinOp | Neg | Call
+
+
+def _where(node: ast.AST) -> str:
+    return f" at column {getattr(node, 'col_offset', 0) + 1}"
+
+
+def parse_expression(text: str) -> Expr:
+    """The expression tree for `text`, or a ValueError whose one sentence points at the problem."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("the expression is empty; type one such as (a*b + c)**2.")
+    if len(text) > MAX_LENGTH:
+        raise ValueError(f"the expression is {len(text)} characters long; the limit is {MAX_LENGTH}.")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as exc:
+        column = f" at column {exc.offset}" if exc.offset else ""
+        raise ValueError(f"syntax error{column}: {exc.msg}.") from None
+    except (RecursionError, MemoryError):
+        raise ValueError("the expression is nested too deeply.") from None
+    counter = [0]
+    try:
+        return _convert(tree.body, counter)
+    except RecursionError:
+        raise ValueError("the expression is nested too deeply.") from None
+
+
+def _convert(node: ast.AST, counter: list[int]) -> Expr:
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
+            raise ValueError(f"only numbers are allowed as constants, not {node.value!r}{_where(node)}.")
+        try:
+            value = float(node.value)
+        except OverflowError:  # an integer literal with hundreds of digits
+            value = math.inf
+        if not math.isfinite(value) or abs(value) > MAX_CONSTANT:
+            raise ValueError(f"the number {node.value!r}{_where(node)} is too large (limit {MAX_CONSTANT:g}).")
+        return Num(value)
+    if isinstance(node, ast.Name):
+        if node.id.startswith("_") or not _NAME.match(node.id):
+            raise ValueError(f"the name {node.id!r}{_where(node)} is not allowed; use letters, digits and _.")
+        if node.id in FUNCTIONS:
+            raise ValueError(f"{node.id!r}{_where(node)} is a function; call it, e.g. {node.id}(x).")
+        return Var(node.id)
+    counter[0] += 1
+    if counter[0] > MAX_OPERATIONS:
+        raise ValueError(f"the expression has more than {MAX_OPERATIONS} operations; make it shorter.")
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        return BinOp(_BINARY[type(node.op)], _convert(node.left, counter), _convert(node.right, counter))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return Neg(_convert(node.operand, counter))
+    if isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name):
+            raise ValueError(f"only the functions {', '.join(FUNCTIONS)} can be called{_where(node)}.")
+        if node.func.id not in FUNCTIONS:
+            raise ValueError(f"unknown function {node.func.id!r}{_where(node)}; allowed: {', '.join(FUNCTIONS)}.")
+        if len(node.args) != 1 or node.keywords:
+            raise ValueError(f"{node.func.id}(){_where(node)} takes exactly one argument.")
+        return Call(node.func.id, _convert(node.args[0], counter))
+    if isinstance(node, ast.Attribute):
+        raise ValueError(f"attribute access (.{node.attr}){_where(node)} is not allowed.")
+    if isinstance(node, ast.BinOp):
+        raise ValueError(f"the operator {type(node.op).__name__}{_where(node)} is not allowed; use + - * / **.")
+    raise ValueError(f"{type(node).__name__}{_where(node)} is not allowed in an expression.")
+
+
+def variables_of(expr: Expr) -> list[str]:
+    """Variable names in order of first appearance."""
+    seen: dict[str, None] = {}
+    for node in _walk(expr):
+        if isinstance(node, Var):
+            seen.setdefault(node.name, None)
+    return list(seen)
+
+
+def _walk(expr: Expr) -> Iterable[Expr]:
+    yield expr
+    if isinstance(expr, BinOp):
+        yield from _walk(expr.left)
+        yield from _walk(expr.right)
+    elif isinstance(expr, (Neg,)):
+        yield from _walk(expr.operand)
+    elif isinstance(expr, Call):
+        yield from _walk(expr.argument)
+
+
+def parse_assignments(items: Iterable[str]) -> dict[str, float]:
+    """["a=2", "b=-3"] -> {"a": 2.0, "b": -3.0}, with a sentence for anything malformed."""
+    values = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not _NAME.match(name.strip()):
+            raise ValueError(f"expected NAME=VALUE, got {item!r}.")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"the value of {name.strip()} is not a number: {raw!r}.") from None
+        if not math.isfinite(value):
+            raise ValueError(f"the value of {name.strip()} must be finite, got {raw!r}.")
+        values[name.strip()] = value
+    return values
+
+
+# ---- evaluation and trace --------------------------------------------------------------------------------
+
+_TORCH_FUNCTIONS = {
+    "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
+    "relu": torch.relu, "sin": torch.sin, "cos": torch.cos, "abs": torch.abs,
+}
+_TORCH_BINARY = {"+": torch.add, "-": torch.sub, "*": torch.mul, "/": torch.div, "**": torch.pow}
+
+
+@dataclass(frozen=True)
+class EdgeStep:
+    """The gradient one backward step sends to one input."""
+
+    to: str  # the input's name (a variable or an intermediate)
+    local: float  # ∂(this node)/∂(input), from the forward values
+    local_text: str  # how the local derivative is computed, e.g. "b = -3"
+    grad: float  # upstream × local, as autograd computed it
+
+
+@dataclass(frozen=True)
+class Step:
+    """One node of the backward pass, in the order autograd ran it."""
+
+    index: int
+    node: str  # our name for it: an intermediate (d, e, L) or a variable (a.grad)
+    op: str  # PyTorch's node name: MulBackward0, AccumulateGrad…
+    formula: str  # d = a * b
+    upstream: float  # dL/d(node): the gradient arriving
+    edges: tuple[EdgeStep, ...] = ()
+    accumulated: float | None = None  # for AccumulateGrad: the variable's .grad after this step
+
+
+@dataclass(frozen=True)
+class Intermediate:
+    name: str
+    formula: str  # "a * b"
+    value: float
+    inputs: tuple[str, ...]  # names of inputs that carry gradient (variables or intermediates)
+    op: str | None  # PyTorch's backward node (MulBackward0), None when only constants feed it
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Forward values, every backward step, final gradients and their finite-difference check."""
+
+    expression: str
+    values: dict[str, float]
+    value: float
+    intermediates: tuple[Intermediate, ...]
+    steps: tuple[Step, ...]
+    grads: dict[str, float | None]  # None for a detached variable: no path from L reaches it
+    numerical_grads: dict[str, float]
+    epsilon: float
+    detached: tuple[str, ...] = ()
+    backward_passes: int = 1
+    grads_after_each_pass: tuple[dict[str, float | None], ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["steps"] = [asdict(s) for s in self.steps]
+        return data
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}" if x >= 0 else f"({x:g})"
+
+
+def _names(expr: Expr, variables: Iterable[str]) -> dict[int, str]:
+    """Names for intermediates, in evaluation order: the next free letters after the variables (seed 003's
+    d, e), t1, t2… once letters run out; the root is always L."""
+    taken = set(variables) | {"L"}
+    letters = [c for c in "defghijkmnopqrstuvwxyz" if c not in taken]
+    names: dict[int, str] = {}
+    order = [n for n in _postorder(expr) if isinstance(n, (BinOp, Neg, Call))]
+    for i, node in enumerate(order):
+        names[id(node)] = "L" if node is expr else (letters[i] if i < len(letters) else f"t{i + 1}")
+    return names
+
+
+def _postorder(expr: Expr) -> list[Expr]:
+    out: list[Expr] = []
+
+    def visit(node: Expr) -> None:
+        if isinstance(node, BinOp):
+            visit(node.left)
+            visit(node.right)
+        elif isinstance(node, Neg):
+            visit(node.operand)
+        elif isinstance(node, Call):
+            visit(node.argument)
+        out.append(node)
+
+    visit(expr)
+    return out
+
+
+def _safe(compute) -> float:
+    """A display-only derivative: NaN where float maths fails (autograd's own gradient is reported anyway)."""
+    try:
+        return float(compute())
+    except (ZeroDivisionError, OverflowError, ValueError):
+        return math.nan
+
+
+def _local_derivatives(node: Expr, args: list[float], result: float) -> list[tuple[float, str]]:
+    """∂result/∂arg for each argument, with the computation written out (for the step table)."""
+    if isinstance(node, Neg):
+        return [(-1.0, "-1")]
+    if isinstance(node, Call):
+        x = args[0]
+        table = {
+            "exp": (lambda: math.exp(x), f"exp({_fmt(x)})"),
+            "log": (lambda: 1 / x, f"1/{_fmt(x)}"),
+            "sqrt": (lambda: 1 / (2 * result), f"1/(2·sqrt({_fmt(x)}))"),
+            "tanh": (lambda: 1 - result**2, f"1 - tanh({_fmt(x)})²"),
+            "sigmoid": (lambda: result * (1 - result), f"σ·(1-σ) = {_fmt(result)}·{_fmt(1 - result)}"),
+            "relu": (lambda: 1.0 if x > 0 else 0.0, f"1 if {_fmt(x)} > 0 else 0"),
+            "sin": (lambda: math.cos(x), f"cos({_fmt(x)})"),
+            "cos": (lambda: -math.sin(x), f"-sin({_fmt(x)})"),
+            "abs": (lambda: math.copysign(1.0, x) if x else 0.0, f"sign({_fmt(x)})"),
+        }
+        compute, text = table[node.function]
+        return [(_safe(compute), text)]
+    x, y = args
+    if node.op == "+":
+        return [(1.0, "1"), (1.0, "1")]
+    if node.op == "-":
+        return [(1.0, "1"), (-1.0, "-1")]
+    if node.op == "*":
+        return [(y, _fmt(y)), (x, _fmt(x))]
+    if node.op == "/":
+        return [(_safe(lambda: 1 / y), f"1/{_fmt(y)}"), (_safe(lambda: -x / y**2), f"-{_fmt(x)}/{_fmt(y)}²")]
+    return [(_safe(lambda: y * x ** (y - 1)), f"{_fmt(y)}·{_fmt(x)}^{_fmt(y - 1)}"),
+            (_safe(lambda: result * math.log(x)), f"{_fmt(x)}^{_fmt(y)}·ln {_fmt(x)}")]
+
+
+def _formula(node: Expr, child_text: list[str]) -> str:
+    if isinstance(node, BinOp):
+        return f"{child_text[0]} {node.op} {child_text[1]}"
+    if isinstance(node, Neg):
+        return f"-{child_text[0]}"
+    return f"{node.function}({child_text[0]})"
+
+
+def _evaluate_float(expr: Expr, values: dict[str, float]) -> float:
+    """The expression in plain float64 torch, without autograd (used for finite differences)."""
+    with torch.no_grad():
+        tensors = {k: torch.tensor(v, dtype=torch.float64) for k, v in values.items()}
+        return float(_build(expr, tensors, {}, set(), {})[0])
+
+
+def _build(expr, tensors, names, detached, record):
+    """Evaluate `expr` with torch ops; `record[id(node)]` = (tensor, name, formula, input names)."""
+
+    def visit(node):
+        if isinstance(node, Num):
+            return torch.tensor(node.value, dtype=torch.float64), _fmt(node.value), None
+        if isinstance(node, Var):
+            tensor = tensors[node.name]
+            return (tensor.detach() if node.name in detached else tensor), node.name, node.name
+        children = [node.left, node.right] if isinstance(node, BinOp) else [node.operand if isinstance(node, Neg) else node.argument]
+        visited = [visit(c) for c in children]
+        operands = [v[0] for v in visited]
+        if isinstance(node, BinOp):
+            out = _TORCH_BINARY[node.op](operands[0], operands[1])
+        elif isinstance(node, Neg):
+            out = torch.neg(operands[0])
+        else:
+            out = _TORCH_FUNCTIONS[node.function](operands[0])
+        name = names.get(id(node), "?")
+        record[id(node)] = (node, out, name, _formula(node, [v[1] for v in visited]),
+                            [v[2] for v in visited], [float(o.detach()) for o in operands])
+        return out, name, name
+
+    return visit(expr)
+
+
+def trace_expression(
+    text: str,
+    values: dict[str, float],
+    *,
+    detach: Iterable[str] = (),
+    backward_passes: int = 1,
+    epsilon: float = FINITE_DIFFERENCE_EPS,
+) -> Trace:
+    """Run forward + backward on `text` with real torch autograd and record every backward step.
+
+    `detach`: variables used through `.detach()` (their path disappears, their gradient stays None).
+    `backward_passes`: 2 runs backward twice without zeroing, so .grad accumulates (seed 001: += not =).
+    """
+    expr = parse_expression(text)
+    variables = variables_of(expr)
+    missing = [v for v in variables if v not in values]
+    if missing:
+        raise ValueError(f"give a value for {', '.join(missing)} (e.g. {missing[0]}=1).")
+    unknown_detach = sorted(set(detach) - set(variables))
+    if unknown_detach:
+        raise ValueError(f"cannot detach {', '.join(unknown_detach)}: not a variable of this expression.")
+    if backward_passes not in (1, 2):
+        raise ValueError("backward_passes must be 1 or 2.")
+    detached = set(detach)
+    tensors = {v: torch.tensor(float(values[v]), dtype=torch.float64, requires_grad=True) for v in variables}
+    names = _names(expr, variables)
+    record: dict[int, tuple] = {}
+    output, _, _ = _build(expr, tensors, names, detached, record)
+    value = float(output.detach())
+    if not math.isfinite(value):
+        raise ValueError(f"the expression evaluates to {value} at these values (overflow or an undefined "
+                         f"operation such as log of a negative number); change the values.")
+    intermediates = tuple(
+        Intermediate(name, formula, float(tensor.detach()), tuple(i for i in inputs if i is not None and i not in detached),
+                     tensor.grad_fn.name() if tensor.grad_fn is not None else None)
+        for _node, tensor, name, formula, inputs, _args in sorted(record.values(), key=lambda r: _order_key(r[2], names))
+    )
+    steps: list[Step] = []
+    per_pass: list[dict[str, float | None]] = []
+    if output.grad_fn is not None:
+        by_node = {tensor.grad_fn: rec for rec in record.values() for tensor in [rec[1]] if tensor.grad_fn is not None}
+        leaf_of = {}
+        for name, tensor in tensors.items():
+            if name not in detached:
+                leaf_of[_accumulate_node(output.grad_fn, tensor)] = name
+        handles = _hook_steps(output.grad_fn, by_node, leaf_of, tensors, steps)
+        for pass_index in range(backward_passes):
+            output.backward(retain_graph=pass_index + 1 < backward_passes)
+            per_pass.append({v: (None if tensors[v].grad is None else float(tensors[v].grad)) for v in variables})
+        for handle in handles:
+            handle.remove()
+    else:
+        per_pass = [{v: None for v in variables}] * backward_passes
+    grads = per_pass[-1]
+    if any(g is not None and not math.isfinite(g) for g in grads.values()):
+        raise ValueError("a gradient is not finite at these values (e.g. sqrt or log at 0); change the values.")
+    numerical = {v: _central_difference(expr, values, v, epsilon) for v in variables}
+    return Trace(text.strip(), {v: float(values[v]) for v in variables}, value, intermediates, tuple(steps), grads,
+                 numerical, epsilon, tuple(sorted(detached)), backward_passes, tuple(per_pass))
+
+
+def _order_key(name: str, names: dict[int, str]) -> int:
+    order = list(names.values())
+    return order.index(name) if name in order else len(order)
+
+
+def _accumulate_node(root, tensor):
+    """The AccumulateGrad node of leaf `tensor` in the graph under `root` (None if not reached)."""
+    stack, seen = [root], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if getattr(node, "variable", None) is tensor:
+            return node
+        stack.extend(n for n, _ in node.next_functions)
+    return None
+
+
+def _hook_steps(root, by_node, leaf_of, tensors, steps):
+    handles = []
+    stack, seen = [root], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        stack.extend(n for n, _ in node.next_functions)
+        if node in by_node:
+            handles.append(node.register_hook(_op_hook(node, by_node[node], by_node, leaf_of, steps)))
+        elif node in leaf_of:
+            handles.append(node.register_prehook(_leaf_hook(leaf_of[node], tensors, steps)))
+    return handles
+
+
+def _op_hook(node, rec, by_node, leaf_of, steps):
+    expr_node, tensor, name, formula, inputs, args = rec
+
+    def hook(grad_inputs, grad_outputs):
+        upstream = float(grad_outputs[0])
+        locals_ = _local_derivatives(expr_node, args, float(tensor.detach()))
+        edges = []
+        for (child, _), grad, (local, local_text), input_name in zip(node.next_functions, grad_inputs, locals_, inputs, strict=True):
+            if child is None or grad is None or input_name is None:
+                continue  # a constant or a detached variable: no gradient flows there
+            edges.append(EdgeStep(input_name, local, local_text, float(grad)))
+        steps.append(Step(len(steps), name, node.name(), f"{name} = {formula}", upstream, tuple(edges)))
+
+    return hook
+
+
+def _leaf_hook(name, tensors, steps):
+    # A pre-hook: it runs before AccumulateGrad adds into .grad, so "before" is still the old value.
+    def hook(grad_outputs):
+        incoming = float(grad_outputs[0])
+        before = tensors[name].grad
+        after = incoming + (0.0 if before is None else float(before))
+        steps.append(Step(len(steps), name, "AccumulateGrad", f"{name}.grad += dL/d{name}", incoming, (), after))
+
+    return hook
+
+
+def _central_difference(expr: Expr, values: dict[str, float], name: str, epsilon: float) -> float:
+    """(f(x + ε) - f(x - ε)) / 2ε, evaluated in float64 with every other variable fixed."""
+    up = {**values, name: values[name] + epsilon}
+    down = {**values, name: values[name] - epsilon}
+    return (_evaluate_float(expr, up) - _evaluate_float(expr, down)) / (2 * epsilon)
+
+
+# ---- the trace as a graph (DESIGN.md's schema), for the shared renderer ----------------------------------
+
+
+def trace_graph(trace: Trace, revealed_steps: int) -> nx.DiGraph:
+    """The expression's backward graph after `revealed_steps` steps: forward values on every node,
+    gradients on the edges (and nodes) that backward has reached so far."""
+    from graphviz_core.categories import category_of
+
+    done = trace.steps[:revealed_steps]
+    upstream = {s.node: s.upstream for s in done if s.op != "AccumulateGrad"}
+    accumulated = {s.node: s.accumulated for s in done if s.op == "AccumulateGrad"}
+    edge_grads = {(s.node, e.to): e.grad for s in done for e in s.edges}
+    graph = nx.DiGraph()
+    for item in reversed(trace.intermediates):  # the root (L) first, as in a capture
+        lines = [f"{item.name} = {item.formula}", f"= {item.value:g}"]
+        if item.name in upstream:
+            lines.append(f"dL/d{item.name} = {upstream[item.name]:g}")
+        graph.add_node(item.name, **_schema_node(item.op or "constant", category_of(item.op) if item.op else "other",
+                                                 "\n".join(lines), _node_rows(trace, item.name)))
+    for name, value in trace.values.items():
+        lines = [f"{name} = {value:g}"]
+        if name in trace.detached:
+            lines.append("detached: grad None")
+        elif name in accumulated:
+            lines.append(f"grad = {accumulated[name]:g}")
+        graph.add_node(name, **_schema_node("AccumulateGrad", "accumulate_grad", "\n".join(lines), _node_rows(trace, name)))
+    for item in trace.intermediates:
+        for child in item.inputs:
+            grad = edge_grads.get((item.name, child))
+            graph.add_edge(item.name, child, label="" if grad is None else f"{grad:g}")
+    return graph
+
+
+def _schema_node(op: str, category: str, label: str, details: list[list[str]]) -> dict:
+    return dict(op=op, category=category, module="", saved_bytes=0, flops=0, recompute_flops=0, time_s=None,
+                grad_norm=None, param=None, saved=[], label=label, details=details)
+
+
+def _node_rows(trace: Trace, name: str) -> list[list[str]]:
+    rows = [["name", name]]
+    for item in trace.intermediates:
+        if item.name == name:
+            rows += [["formula", f"{name} = {item.formula}"], ["value", f"{item.value:g}"], ["autograd node", item.op or "(constant)"]]
+    if name in trace.values:
+        rows += [["value", f"{trace.values[name]:g}"],
+                 ["gradient", "None (detached)" if trace.grads.get(name) is None else f"{trace.grads[name]:g}"],
+                 ["finite difference", f"{trace.numerical_grads[name]:.8g} (ε = {trace.epsilon:g})"]]
+    for step in trace.steps:
+        if step.node == name:
+            rows.append([f"step {step.index}", f"upstream dL/d{name} = {step.upstream:g}"])
+    return rows
+
+
+def step_table(trace: Trace, revealed_steps: int) -> list[dict[str, str]]:
+    """Seed 003's table (gradient, computation, value) for the steps revealed so far."""
+    rows = [{"step": "", "gradient": "dL/dL", "computation": "by definition", "value": "1"}]
+    contributions: dict[str, list[float]] = {}
+    for step in trace.steps[:revealed_steps]:
+        if step.op == "AccumulateGrad":
+            parts = contributions.get(step.node, [step.upstream])
+            how = " + ".join(_fmt(p) for p in parts) + (f" (sum over {len(parts)} paths)" if len(parts) > 1 else "")
+            rows.append({"step": str(step.index), "gradient": f"{step.node}.grad",
+                         "computation": f"{step.node}.grad += {how}", "value": f"{step.accumulated:g}"})
+            continue
+        for edge in step.edges:
+            contributions.setdefault(edge.to, []).append(edge.grad)
+            rows.append({"step": str(step.index), "gradient": f"dL/d{edge.to} (via {step.node})",
+                         "computation": f"dL/d{step.node} × d{step.node}/d{edge.to} = {_fmt(step.upstream)} × {edge.local_text}",
+                         "value": f"{edge.grad:g}"})
+    return rows

@@ -1,0 +1,135 @@
+"""The toy-expression page's widgets: expression and values, seed 001 toggles, and a backward stepper."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from graphviz_core.expressions import (
+    EXPRESSION_PRESETS,
+    Trace,
+    parse_expression,
+    step_table,
+    trace_expression,
+    trace_graph,
+    variables_of,
+)
+from graphviz_core.render import render_html
+
+KEY = "expr"
+
+
+def _load_preset() -> None:
+    text, values = EXPRESSION_PRESETS[st.session_state[f"{KEY}.preset"]]
+    st.session_state[f"{KEY}.text"] = text
+    for name, value in values.items():
+        st.session_state[f"{KEY}.var.{name}"] = value
+    st.session_state[f"{KEY}.step"] = 0
+    st.session_state[f"{KEY}.detach"] = []
+
+
+def expression_inputs() -> Trace | None:
+    """Preset, expression, one input per variable and the seed 001 toggles; the trace, or None after st.error."""
+    if f"{KEY}.preset" not in st.session_state:
+        st.session_state[f"{KEY}.preset"] = next(iter(EXPRESSION_PRESETS))
+        _load_preset()
+    st.selectbox("Preset", list(EXPRESSION_PRESETS), key=f"{KEY}.preset", on_change=_load_preset)
+    text = st.text_input("Expression", key=f"{KEY}.text",
+                         help="numbers, variables, + - * / **, unary minus, parentheses, and "
+                              "exp log sqrt tanh sigmoid relu sin cos abs")
+    try:
+        variables = variables_of(parse_expression(text))
+    except ValueError as exc:
+        st.error(f"Expression: {exc}")
+        return None
+    values = {}
+    if variables:
+        cols = st.columns(min(len(variables), 6))
+        for i, name in enumerate(variables):
+            st.session_state.setdefault(f"{KEY}.var.{name}", 1.0)
+            values[name] = cols[i % len(cols)].number_input(name, key=f"{KEY}.var.{name}", format="%g", step=0.5)
+    left, right = st.columns(2)
+    current = [v for v in st.session_state.get(f"{KEY}.detach", []) if v in variables]
+    st.session_state[f"{KEY}.detach"] = current
+    detach = left.multiselect("Detach (seed 001: the path disappears, .grad stays None)", variables, key=f"{KEY}.detach")
+    twice = right.toggle("Run backward twice without zeroing .grad (seed 001: += not =)", key=f"{KEY}.twice")
+    try:
+        return trace_expression(text, values, detach=detach, backward_passes=2 if twice else 1)
+    except ValueError as exc:
+        st.error(str(exc))
+        return None
+
+
+def _move(delta: int | None, total: int) -> None:
+    step = st.session_state.get(f"{KEY}.step", 0)
+    st.session_state[f"{KEY}.step"] = total if delta is None else min(max(step + delta, 0), total)
+
+
+def _toggle_play(total: int) -> None:
+    playing = not st.session_state.get(f"{KEY}.playing", False)
+    st.session_state[f"{KEY}.playing"] = playing
+    if playing and st.session_state.get(f"{KEY}.step", 0) >= total:
+        st.session_state[f"{KEY}.step"] = 0
+
+
+def backward_stepper(trace: Trace) -> None:
+    """Step controls, the graph with the current step highlighted, seed 003's table, and the final check."""
+    total = len(trace.steps)
+    st.session_state[f"{KEY}.step"] = min(st.session_state.get(f"{KEY}.step", 0), total)
+    playing = st.session_state.get(f"{KEY}.playing", False)
+
+    @st.fragment(run_every=0.9 if playing else None)
+    def stepper() -> None:
+        if st.session_state.get(f"{KEY}.playing") and st.session_state[f"{KEY}.step"] < total:
+            st.session_state[f"{KEY}.step"] += 1
+        elif st.session_state.get(f"{KEY}.playing"):
+            st.session_state[f"{KEY}.playing"] = False
+            st.rerun()
+        cols = st.columns([1, 1, 1, 1, 1.2])
+        # Plain characters, not Material icons: those load a font from fonts.gstatic.com.
+        cols[0].button("« Start", on_click=_move, args=(-total, total), width="stretch")
+        cols[1].button("‹ Previous", on_click=_move, args=(-1, total), width="stretch")
+        cols[2].button("Next ›", on_click=_move, args=(1, total), width="stretch", type="primary")
+        cols[3].button("End »", on_click=_move, args=(None, total), width="stretch")
+        playing_now = st.session_state.get(f"{KEY}.playing")
+        cols[4].button("❚❚ Pause" if playing_now else "▶ Play", on_click=_toggle_play, args=(total,), width="stretch")
+        step = st.slider("Backward step", 0, total, key=f"{KEY}.step",
+                         help="0 = after the forward pass; each step is one autograd node running")
+        current = trace.steps[step - 1] if step else None
+        st.markdown(f"**Forward:** L = {trace.value:g}. " + (
+            f"**Step {step} of {total}:** `{current.op}` for **{current.node}** "
+            f"(upstream gradient {current.upstream:g})" if current else f"{total} backward steps to go."))
+        graph = trace_graph(trace, step)
+        st.iframe(render_html(graph, title=f"L = {trace.expression}", subtitle="forward values on nodes, gradients on edges",
+                              highlight={current.node} if current else frozenset(), height_px=430), height=450)
+        st.dataframe(pd.DataFrame(step_table(trace, step)), hide_index=True, width="stretch")
+        if step == total:
+            final_gradients(trace)
+        else:
+            st.caption("Step to the end to see the final gradients and their finite-difference check.")
+
+    stepper()
+
+
+def final_gradients(trace: Trace) -> None:
+    st.subheader("Final gradients")
+    rows = []
+    for name in trace.values:
+        grad = trace.grads[name]
+        numerical = trace.numerical_grads[name]
+        rows.append({
+            "variable": name,
+            "backprop (autograd)": "None (detached)" if grad is None else f"{grad:g}",
+            f"numerical (central, ε = {trace.epsilon:g})": f"{numerical:.9g}",
+            "|difference|": "n/a" if grad is None else f"{abs(grad - numerical):.2e}",
+        })
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    if trace.backward_passes == 2:
+        first, second = trace.grads_after_each_pass
+        st.info("Backward ran twice without zeroing: .grad accumulated (+=). After pass 1: "
+                + ", ".join(f"{k} = {v}" for k, v in first.items()) + "; after pass 2: "
+                + ", ".join(f"{k} = {v}" for k, v in second.items()) + ". Zeroing (optimizer.zero_grad()) "
+                "between passes would leave the pass-1 values.")
+    if trace.detached:
+        st.info(f"Detached: {', '.join(trace.detached)} — no path from L reaches it, so its .grad is None; the "
+                "finite difference still moves L, which is exactly what detaching hides from the optimizer.")

@@ -1,0 +1,188 @@
+"""Toy expressions: seed 003's numbers exactly, real autograd, finite differences, and a parser that
+never executes anything."""
+
+import math
+import time
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from graphviz_core.expressions import (
+    EXPRESSION_PRESETS,
+    FUNCTIONS,
+    parse_expression,
+    step_table,
+    trace_expression,
+    trace_graph,
+)
+
+
+def test_seed_003_walkthrough_exactly():
+    trace = trace_expression("(a*b + c)**2", {"a": 2, "b": -3, "c": 10})
+    # forward: d = a*b = 2*(-3) = -6; e = d + c = -6 + 10 = 4; L = e**2 = 16
+    assert [(i.name, i.value) for i in trace.intermediates] == [("d", -6.0), ("e", 4.0), ("L", 16.0)]
+    assert trace.value == 16.0
+    # backward: dL/de = 2e = 8; dL/dd = dL/de * 1 = 8; dL/dc = 8 * 1 = 8; dL/da = dL/dd * b = 8*(-3) = -24;
+    # dL/db = dL/dd * a = 8*2 = 16
+    upstream = {s.node: s.upstream for s in trace.steps if s.op != "AccumulateGrad"}
+    assert upstream == {"L": 1.0, "e": 8.0, "d": 8.0}
+    assert trace.grads == {"a": -24.0, "b": 16.0, "c": 8.0}
+    # The order autograd ran the nodes: L, e, then c's accumulation before d (its edge came first), a, b.
+    assert [(s.node, s.op) for s in trace.steps] == [
+        ("L", "PowBackward1"), ("e", "AddBackward0"), ("c", "AccumulateGrad"), ("d", "MulBackward0"),
+        ("a", "AccumulateGrad"), ("b", "AccumulateGrad")]
+    d_step = next(s for s in trace.steps if s.node == "d")
+    assert [(e.to, e.local, e.grad) for e in d_step.edges] == [("a", -3.0, -24.0), ("b", 2.0, 16.0)]
+
+
+def test_single_neuron_against_a_hand_derivation():
+    # L = (w*x + b - y)**2, w=3, x=2, b=1, y=4: z = 6, a = 7, e = a - y = 3, L = 9; dL/de = 2e = 6;
+    # dL/dw = 6 * x = 12, dL/dx = 6 * w = 18, dL/db = 6, dL/dy = -6
+    trace = trace_expression("(w*x + b - y)**2", {"w": 3, "x": 2, "b": 1, "y": 4})
+    assert trace.value == 9.0
+    assert trace.grads == {"w": 12.0, "x": 18.0, "b": 6.0, "y": -6.0}
+
+
+@pytest.mark.parametrize("name", list(EXPRESSION_PRESETS))
+def test_every_preset_matches_torch_and_finite_differences(name):
+    text, values = EXPRESSION_PRESETS[name]
+    trace = trace_expression(text, values)
+    # torch directly, written out by hand for each preset
+    t = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in values.items()}
+    direct = {
+        "(a*b + c)**2": lambda: (t["a"] * t["b"] + t["c"]) ** 2,
+        "(w*x + b - y)**2": lambda: (t["w"] * t["x"] + t["b"] - t["y"]) ** 2,
+        "a*b + a**2": lambda: t["a"] * t["b"] + t["a"] ** 2,
+        "sigmoid(w*x) * tanh(x)": lambda: torch.sigmoid(t["w"] * t["x"]) * torch.tanh(t["x"]),
+    }[text]()
+    direct.backward()
+    for var in values:
+        assert trace.grads[var] == t[var].grad.item()
+        assert trace.numerical_grads[var] == pytest.approx(trace.grads[var], rel=1e-6, abs=1e-9)
+
+
+def test_fan_out_gradient_is_the_sum_over_paths():
+    # L = a*b + a**2 at a=3, b=-2: via the product dL/da = b = -2, via the square 2a = 6; sum 4
+    trace = trace_expression("a*b + a**2", {"a": 3, "b": -2})
+    into_a = sorted(e.grad for s in trace.steps for e in s.edges if e.to == "a")
+    assert into_a == [-2.0, 6.0]
+    assert trace.grads["a"] == sum(into_a) == 4.0
+    rows = step_table(trace, len(trace.steps))
+    assert {"step": "3", "gradient": "a.grad", "computation": "a.grad += 6 + (-2) (sum over 2 paths)", "value": "4"} in rows
+
+
+def test_detach_removes_the_path_and_leaves_grad_none():
+    trace = trace_expression("(a*b + c)**2", {"a": 2, "b": -3, "c": 10}, detach=["a"])
+    # a is used through a.detach(): the product still multiplies by 2, so b and c keep their gradients
+    assert trace.grads == {"a": None, "b": 16.0, "c": 8.0}
+    assert all(e.to != "a" for s in trace.steps for e in s.edges)
+    assert ("d", "a") not in trace_graph(trace, len(trace.steps)).edges
+    assert trace.numerical_grads["a"] == pytest.approx(-24.0, rel=1e-6)  # L still depends on a
+
+
+def test_two_backward_passes_without_zeroing_accumulate():
+    trace = trace_expression("(a*b + c)**2", {"a": 2, "b": -3, "c": 10}, backward_passes=2)
+    # pass 1: -24, 16, 8; pass 2 adds the same again: .grad += grad -> -48, 32, 16
+    assert trace.grads_after_each_pass == ({"a": -24.0, "b": 16.0, "c": 8.0}, {"a": -48.0, "b": 32.0, "c": 16.0})
+    second_a = [s for s in trace.steps if s.node == "a"][1]
+    assert (second_a.upstream, second_a.accumulated) == (-24.0, -48.0)
+
+
+def test_graph_reveals_gradients_step_by_step():
+    trace = trace_expression("(a*b + c)**2", {"a": 2, "b": -3, "c": 10})
+    before = trace_graph(trace, 0)
+    assert all(label == "" for _, _, label in before.edges(data="label"))
+    after_two = trace_graph(trace, 2)  # L and e have run: L->e carries 8, e->d and e->c carry 8
+    assert {(u, v): lab for u, v, lab in after_two.edges(data="label")} == {
+        ("L", "e"): "8", ("e", "d"): "8", ("e", "c"): "8", ("d", "a"): "", ("d", "b"): ""}
+
+
+# ---- the parser ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("__import__('os').system('x')", "only the functions"),
+        ("__import__('os')", "unknown function '__import__'"),
+        ("a.__class__", "attribute access"),
+        ("(lambda: 1)()", "only the functions"),
+        ("lambda x: x", "Lambda at column 1 is not allowed"),
+        ("[x for x in a]", "ListComp"),
+        ("open('f')", "unknown function 'open'"),
+        ("a ** 1e400", "too large"),
+        ("a +", "syntax error"),
+        ("exp(a, b)", "takes exactly one argument"),
+        ("a // b", "operator FloorDiv"),
+        ("__a + 1", "the name '__a'"),
+        ("'text'", "only numbers"),
+        ("a" * 501, "the limit is 500"),
+        ("+".join(["a"] * 102), "more than 100 operations"),  # 102 terms = 101 additions
+        ("", "empty"),
+    ],
+)
+def test_hostile_or_bad_input_gets_one_sentence(text, message):
+    with pytest.raises(ValueError, match=message):
+        trace_expression(text, {"a": 1.0, "b": 2.0, "x": 1.0})
+
+
+def test_missing_values_overflow_and_nan_are_sentences():
+    with pytest.raises(ValueError, match="give a value for c"):
+        trace_expression("a + c", {"a": 1})
+    with pytest.raises(ValueError, match="evaluates to inf"):
+        trace_expression("exp(a)**a", {"a": 50})
+    with pytest.raises(ValueError, match="evaluates to nan"):
+        trace_expression("log(a)", {"a": -1})
+
+
+NUMBERS = st.floats(min_value=-5, max_value=5, allow_nan=False).map(lambda v: f"{v:.3g}")
+LEAVES = st.one_of(st.sampled_from(["a", "b", "c"]), NUMBERS)
+
+
+def _expressions():
+    return st.recursive(
+        LEAVES,
+        lambda inner: st.one_of(
+            st.tuples(inner, st.sampled_from(["+", "-", "*", "/", "**"]), inner).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
+            inner.map(lambda e: f"-({e})"),
+            st.tuples(st.sampled_from(FUNCTIONS), inner).map(lambda t: f"{t[0]}({t[1]})"),
+        ),
+        max_leaves=12,
+    )
+
+
+@settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(_expressions(), st.floats(-3, 3), st.floats(-3, 3), st.floats(-3, 3))
+def test_generated_expressions_parse_and_trace_or_say_why(text, a, b, c):
+    parse_expression(text)  # well-formed: must parse
+    try:
+        trace = trace_expression(text, {"a": a, "b": b, "c": c})
+    except ValueError as exc:  # overflow / NaN / division by zero at these values: a sentence, not a crash
+        assert str(exc)
+        return
+    assert math.isfinite(trace.value)
+
+
+@settings(max_examples=300, deadline=1000)
+@given(st.text(max_size=300))
+def test_arbitrary_text_never_escapes_the_parser(text):
+    started = time.perf_counter()
+    try:
+        parse_expression(text)
+    except ValueError:
+        pass
+    assert time.perf_counter() - started < 1.0
+
+
+def test_deep_nesting_and_long_input_are_handled_promptly():
+    started = time.perf_counter()
+    assert parse_expression("(" * 100 + "a" + ")" * 100).name == "a"  # parentheses make no nodes
+    for text, message in [("(" * 240 + "a" + ")" * 240, "nested too deeply|syntax error"),
+                          ("-" * 499 + "a", "more than 100 operations"),
+                          ("a" + "**a" * 150, "more than 100 operations"),
+                          ("9" * 499, "too large")]:
+        with pytest.raises(ValueError, match=message):
+            parse_expression(text)
+    assert time.perf_counter() - started < 2.0
