@@ -107,8 +107,11 @@ def capture_backward(config: ModelConfig, progress: Progress | None = None) -> C
     say = progress or (lambda phase: None)
     device = resolve_device(config.device)
     check_budget(config, device)
-    # On meta the fused-attention swap must cover the backward too: checkpointing recomputes there.
-    meta_kernels = _fused_attention_on_meta(torch.cuda.is_available()) if device == "meta" else contextlib.nullcontext()
+    # On meta, mirror the attention kernels of the device `auto` would pick (GRAPHVIZ_CORE_DEVICE included),
+    # and for the backward too: checkpointing recomputes there.
+    meta_kernels = contextlib.nullcontext()
+    if device == "meta":
+        meta_kernels = _fused_attention_on_meta(resolve_device("auto") == "cuda")
     with device_guard(device), meta_kernels:
         return _Run(config, device, say).capture()
 
@@ -155,8 +158,8 @@ _META_SDPA_LOCK = threading.Lock()
 def _fused_attention_on_meta(cuda: bool) -> Iterator[None]:
     """On meta, SDPA takes its unfused math path; route meta calls to the fused kernel a real device runs.
 
-    The target is this build's CPU kernel, or CUDA's (efficient for float32, flash for half) where CUDA is
-    available, so a meta dry run shows the graph the real run would have. nn.MultiheadAttention calls SDPA
+    The target is this build's CPU kernel, or CUDA's (efficient for float32, flash for half) where `auto`
+    picks CUDA, so a meta dry run shows the graph the real run would have. nn.MultiheadAttention calls SDPA
     through the same module global, so swapping it covers both; calls on other devices (other threads'
     captures) go to the original untouched.
     """

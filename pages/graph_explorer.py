@@ -7,6 +7,7 @@ from graphviz_core.ui.config_form import config_form
 from graphviz_core.ui.graph_view import graph_view
 from graphviz_core.ui.navigation import run_through_app
 from graphviz_core.ui.summary import show_summary
+from graphviz_core.ui.textbook_view import show_textbook_comparison
 
 run_through_app()
 st.title("What loss.backward() does")
@@ -15,3 +16,4 @@ capture = get_capture(config) if config is not None else None
 if capture is not None:
     show_summary(capture)
     graph_view(capture)
+    show_textbook_comparison(capture)

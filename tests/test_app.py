@@ -59,3 +59,12 @@ def test_toy_expressions_shows_a_bad_expression_as_an_error():
     at.text_input(key="expr.text").set_value("__import__('os')").run()
     assert not at.exception
     assert any("unknown function '__import__'" in e.value for e in at.error)
+
+
+def test_graph_explorer_shows_the_textbook_comparison_with_real_numbers():
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    assert [h.value for h in at.subheader] == ["Measured vs textbook"]
+    flops = at.table[1].value
+    # gpt2-tiny: lm_head backward 4*b*s*h*V = 4*2*32*64*512 = 8_388_608 -> "8.4 MFLOP", measured = textbook
+    assert flops.loc["lm_head (4bshV)", "measured"] == "8.4 MFLOP"
+    assert flops.loc["lm_head (4bshV)", "measured / textbook"] == "1.000"

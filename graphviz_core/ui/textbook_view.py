@@ -1,0 +1,38 @@
+"""The "measured vs textbook" panels: formula, measurement, difference and its reason, side by side."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from graphviz_core.capture import Capture
+from graphviz_core.textbook import Comparison, backward_flops, memory_per_layer
+from graphviz_core.ui.format import format_bytes, format_flops
+
+
+def _table(rows: list[Comparison], fmt) -> pd.DataFrame:
+    return pd.DataFrame([
+        {
+            "term": r.term,
+            "textbook": "—" if r.textbook is None else fmt(r.textbook),
+            "measured": fmt(r.measured),
+            "measured / textbook": "—" if not r.textbook else f"{r.measured / r.textbook:.3f}",
+            "why they differ": r.note,
+        }
+        for r in rows
+    ])
+
+
+def show_textbook_comparison(capture: Capture) -> None:
+    memory = memory_per_layer(capture)
+    flops = backward_flops(capture)
+    if not memory and not flops:
+        st.caption("Textbook comparisons cover the transformer models (block, gpt2).")
+        return
+    st.subheader("Measured vs textbook")
+    if memory:
+        st.markdown("**Activation memory of one layer** (saved for backward, mean over the blocks) — seed 002")
+        st.table(_table(memory, format_bytes).set_index("term"))
+    if flops:
+        st.markdown("**Backward FLOPs** — seed 004, term by term")
+        st.table(_table(flops, format_flops).set_index("term"))
