@@ -142,15 +142,21 @@ def variables_of(expr: Expr) -> list[str]:
     return list(seen)
 
 
+def _children(expr: Expr) -> list[Expr]:
+    """The operands of a node, left to right (none for numbers and variables)."""
+    if isinstance(expr, BinOp):
+        return [expr.left, expr.right]
+    if isinstance(expr, Neg):
+        return [expr.operand]
+    if isinstance(expr, Call):
+        return [expr.argument]
+    return []
+
+
 def _walk(expr: Expr) -> Iterable[Expr]:
     yield expr
-    if isinstance(expr, BinOp):
-        yield from _walk(expr.left)
-        yield from _walk(expr.right)
-    elif isinstance(expr, (Neg,)):
-        yield from _walk(expr.operand)
-    elif isinstance(expr, Call):
-        yield from _walk(expr.argument)
+    for child in _children(expr):
+        yield from _walk(child)
 
 
 def parse_assignments(items: Iterable[str]) -> dict[str, float]:
@@ -253,13 +259,8 @@ def _postorder(expr: Expr) -> list[Expr]:
     out: list[Expr] = []
 
     def visit(node: Expr) -> None:
-        if isinstance(node, BinOp):
-            visit(node.left)
-            visit(node.right)
-        elif isinstance(node, Neg):
-            visit(node.operand)
-        elif isinstance(node, Call):
-            visit(node.argument)
+        for child in _children(node):
+            visit(child)
         out.append(node)
 
     visit(expr)
@@ -330,8 +331,7 @@ def _build(expr, tensors, names, detached, record):
         if isinstance(node, Var):
             tensor = tensors[node.name]
             return (tensor.detach() if node.name in detached else tensor), node.name, node.name
-        children = [node.left, node.right] if isinstance(node, BinOp) else [node.operand if isinstance(node, Neg) else node.argument]
-        visited = [visit(c) for c in children]
+        visited = [visit(c) for c in _children(node)]
         operands = [v[0] for v in visited]
         if isinstance(node, BinOp):
             out = _TORCH_BINARY[node.op](operands[0], operands[1])
