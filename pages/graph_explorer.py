@@ -10,7 +10,8 @@ from graphviz_core.ui.summary import show_summary
 from graphviz_core.ui.textbook_view import show_textbook_comparison
 
 run_through_app()
-st.title("What loss.backward() does")
+st.title("Inside the backward pass")
+st.caption("A real forward and backward pass of the model on the left: every autograd node it ran, what each saved and cost.")
 config = config_form()
 capture = get_capture(config) if config is not None else None
 if capture is not None:
