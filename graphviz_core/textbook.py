@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from graphviz_core.capture import Capture
-from graphviz_core.flops import seed004_backward_terms
+from graphviz_core.flops import seed004_backward_terms, seed004_backward_total
 from graphviz_core.memory import korthikanti_layer_bytes, layer_bytes_without_dropout, seed002_as_written_bytes
 
 _BLOCK = re.compile(r"^(blocks\.\d+|block)(\.|$)")
@@ -106,7 +106,7 @@ def backward_flops(capture: Capture) -> list[Comparison]:
     if capture.flops.backward_recompute:
         rows.append(Comparison("checkpointing: forward recomputed in backward", None, capture.flops.backward_recompute,
                                "already inside the rows above, in the node that triggered the recompute."))
-    rows.append(Comparison("total backward", sum(seed[k] for k in seed if "not in seed" not in k),
+    rows.append(Comparison("total backward", seed004_backward_total(config),
                            capture.flops.backward,
                            "seed 004's closed form vs everything that ran; the rows above account for the gap."))
     return rows
