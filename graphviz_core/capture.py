@@ -112,8 +112,12 @@ def capture_backward(config: ModelConfig, progress: Progress | None = None) -> C
     meta_kernels = contextlib.nullcontext()
     if device == "meta":
         meta_kernels = _fused_attention_on_meta(resolve_device("auto") == "cuda")
-    with device_guard(device), meta_kernels:
-        return _Run(config, device, say).capture()
+    run = _Run(config, device, say)
+    try:
+        with device_guard(device), meta_kernels:
+            return run.capture()
+    finally:
+        run.release()
 
 
 class _Packed:
@@ -248,6 +252,18 @@ class _Run:
         self.ended: dict[str, object] = {}
         self.norm_parts: dict[str, list[torch.Tensor]] = {}
         self.backward_order: list[str] = []
+        self.node_hooks: list = []
+        self.param_names: dict = {}
+        self.module_paths: dict = {}
+
+    def release(self) -> None:
+        """Drop every reference to autograd nodes, modules and tensors. The node hooks' closures point back
+        at this object, so without this the model and its gradients would live until a cyclic GC pass."""
+        for handle in self.node_hooks:
+            handle.remove()
+        for store in (self.node_hooks, self.labels, self.boundaries, self.recomputed_nodes, self.started,
+                      self.ended, self.norm_parts, self.param_names, self.module_paths):
+            store.clear()
 
     # ---- hooks -------------------------------------------------------------------------------------
 
@@ -383,8 +399,8 @@ class _Run:
         saves_of = self._collect_saves(nodes, ids)
         for node in nodes:
             is_leaf = normalise_op(node.name()) == "AccumulateGrad"
-            node.register_prehook(self.node_pre(ids[node]))
-            node.register_hook(self.node_post(ids[node], is_leaf))
+            self.node_hooks.append(node.register_prehook(self.node_pre(ids[node])))
+            self.node_hooks.append(node.register_hook(self.node_post(ids[node], is_leaf)))
 
         self.say("running the backward pass")
         self.phase = "backward"
