@@ -68,3 +68,25 @@ def test_graph_explorer_shows_the_textbook_comparison_with_real_numbers():
     # gpt2-tiny: lm_head backward 4*b*s*h*V = 4*2*32*64*512 = 8_388_608 -> "8.4 MFLOP", measured = textbook
     assert flops.loc["lm_head (4bshV)", "measured"] == "8.4 MFLOP"
     assert flops.loc["lm_head (4bshV)", "measured / textbook"] == "1.000"
+
+
+def test_a_config_too_big_for_this_machine_is_refused_with_a_sentence(monkeypatch):
+    monkeypatch.setenv("GRAPHVIZ_CORE_CPU_BUDGET_BYTES", str(2**30))  # a 1 GiB budget
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    at.selectbox(key="config.preset").set_value("gpt2-small").run()
+    at.selectbox(key="config.device").set_value("cpu")
+    at.number_input(key="config.batch").set_value(16)
+    at.button[0].click().run()
+    assert not at.exception
+    # gpt2-small at b=16, s=1024 needs far more than 1 GiB (logits alone: 3 x 16*1024*50257 x 4 B ≈ 9.2 GiB)
+    assert any("budget there is 1.0 GiB" in e.value and "'meta'" in e.value for e in at.error)
+
+
+def test_the_llama_70b_shape_preset_runs_on_meta_from_the_form():
+    at = AppTest.from_file(APP, default_timeout=180).run()
+    at.selectbox(key="config.preset").set_value("llama-70b-shape").run()
+    at.number_input(key="config.layers").set_value(4)  # same per-layer graph as 80 layers, faster to render
+    at.button[0].click().run()
+    assert not at.exception
+    assert at.metric[0].value == f"{captured('llama-70b-shape', layers=4).summary.nodes:,}"
+    assert any("shapes only" in c.value for c in at.caption)
