@@ -394,7 +394,7 @@ class _Run:
         del output
 
         self.say("walking the autograd graph")
-        nodes = _preorder(loss.grad_fn)
+        nodes = autograd_nodes(loss.grad_fn)
         ids = {node: f"{normalise_op(node.name())}:{i}" for i, node in enumerate(nodes)}
         saves_of = self._collect_saves(nodes, ids)
         for node in nodes:
@@ -562,7 +562,7 @@ class _Run:
         return math.sqrt(sum(float(p) ** 2 for p in parts))
 
 
-def _preorder(root) -> list:
+def autograd_nodes(root) -> list:
     """Every node reachable from `root`, in deterministic pre-order (next_functions order)."""
     order, seen, stack = [], set(), [root]
     while stack:

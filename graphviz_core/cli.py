@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from graphviz_core.config import ATTENTIONS, CHECKPOINTS, DEVICES, DTYPES, MODELS, PRESETS, resolve_config
 
 EXIT_BAD_INPUT = 2
+INT_FLAGS = ("hidden", "heads", "layers", "vocab", "batch", "seq", "context", "seed")
+CHOICE_FLAGS = {"model": MODELS, "attention": ATTENTIONS, "checkpoint": CHECKPOINTS, "device": DEVICES, "dtype": DTYPES}
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -30,14 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
 
     graph = commands.add_parser("graph", help="capture a real backward pass and export its autograd graph")
-    graph.add_argument("--model", choices=MODELS)
     graph.add_argument("--preset", choices=list(PRESETS))
-    for name in ("hidden", "heads", "layers", "vocab", "batch", "seq", "context", "seed"):
+    for name, choices in CHOICE_FLAGS.items():
+        graph.add_argument(f"--{name}", choices=choices)
+    for name in INT_FLAGS:
         graph.add_argument(f"--{name}", type=int)
-    graph.add_argument("--attention", choices=ATTENTIONS)
-    graph.add_argument("--checkpoint", choices=CHECKPOINTS)
-    graph.add_argument("--device", choices=DEVICES)
-    graph.add_argument("--dtype", choices=DTYPES)
     graph.add_argument("--format", choices=("json", "html", "graphml", "dot", "svg"), default="json")
     graph.add_argument("-o", "--output", help="file to write (default: stdout)")
 
@@ -53,9 +52,7 @@ def _graph_command(args: argparse.Namespace) -> str:
     from graphviz_core.capture import capture_backward
     from graphviz_core.export import to_dot, to_graphml, to_json, to_svg
 
-    fields = {name: getattr(args, name) for name in (
-        "model", "hidden", "heads", "layers", "vocab", "batch", "seq", "context", "seed", "attention",
-        "checkpoint", "device", "dtype")}
+    fields = {name: getattr(args, name) for name in (*CHOICE_FLAGS, *INT_FLAGS)}
     config = resolve_config(args.preset, **fields)
     capture = capture_backward(config)
     if args.format == "json":

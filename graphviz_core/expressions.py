@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 import networkx as nx
 import torch
 
+from graphviz_core.capture import autograd_nodes
+
 MAX_LENGTH = 500  # characters
 MAX_OPERATIONS = 100
 MAX_CONSTANT = 1e6  # |numbers| typed into an expression
@@ -382,17 +384,12 @@ def trace_expression(
     intermediates = tuple(
         Intermediate(name, formula, float(tensor.detach()), tuple(i for i in inputs if i is not None and i not in detached),
                      tensor.grad_fn.name() if tensor.grad_fn is not None else None)
-        for _node, tensor, name, formula, inputs, _args in sorted(record.values(), key=lambda r: _order_key(r[2], names))
+        for _node, tensor, name, formula, inputs, _args in record.values()  # filled in evaluation order
     )
     steps: list[Step] = []
     per_pass: list[dict[str, float | None]] = []
     if output.grad_fn is not None:
-        by_node = {tensor.grad_fn: rec for rec in record.values() for tensor in [rec[1]] if tensor.grad_fn is not None}
-        leaf_of = {}
-        for name, tensor in tensors.items():
-            if name not in detached:
-                leaf_of[_accumulate_node(output.grad_fn, tensor)] = name
-        handles = _hook_steps(output.grad_fn, by_node, leaf_of, tensors, steps)
+        handles = _hook_steps(output.grad_fn, record, tensors, detached, steps)
         for pass_index in range(backward_passes):
             output.backward(retain_graph=pass_index + 1 < backward_passes)
             per_pass.append({v: (None if tensors[v].grad is None else float(tensors[v].grad)) for v in variables})
@@ -408,42 +405,20 @@ def trace_expression(
                  numerical, epsilon, tuple(sorted(detached)), backward_passes, tuple(per_pass))
 
 
-def _order_key(name: str, names: dict[int, str]) -> int:
-    order = list(names.values())
-    return order.index(name) if name in order else len(order)
-
-
-def _accumulate_node(root, tensor):
-    """The AccumulateGrad node of leaf `tensor` in the graph under `root` (None if not reached)."""
-    stack, seen = [root], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if getattr(node, "variable", None) is tensor:
-            return node
-        stack.extend(n for n, _ in node.next_functions)
-    return None
-
-
-def _hook_steps(root, by_node, leaf_of, tensors, steps):
+def _hook_steps(root, record, tensors, detached, steps):
+    """Hook every node of the expression's backward graph: op nodes record their edges, leaves their +=."""
+    op_records = {rec[1].grad_fn: rec for rec in record.values() if rec[1].grad_fn is not None}
+    leaves = {id(tensor): name for name, tensor in tensors.items() if name not in detached}
     handles = []
-    stack, seen = [root], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        stack.extend(n for n, _ in node.next_functions)
-        if node in by_node:
-            handles.append(node.register_hook(_op_hook(node, by_node[node], by_node, leaf_of, steps)))
-        elif node in leaf_of:
-            handles.append(node.register_prehook(_leaf_hook(leaf_of[node], tensors, steps)))
+    for node in autograd_nodes(root):
+        if node in op_records:
+            handles.append(node.register_hook(_op_hook(node, op_records[node], steps)))
+        elif id(getattr(node, "variable", None)) in leaves:
+            handles.append(node.register_prehook(_leaf_hook(leaves[id(node.variable)], tensors, steps)))
     return handles
 
 
-def _op_hook(node, rec, by_node, leaf_of, steps):
+def _op_hook(node, rec, steps):
     expr_node, tensor, name, formula, inputs, args = rec
 
     def hook(grad_inputs, grad_outputs):

@@ -173,7 +173,7 @@ def build_network(
             net.add_edge(u, v, label=edge["label"], font={"size": 14, "color": "#b00020", "strokeWidth": 3})
         else:
             net.add_edge(u, v)
-    net.set_options(json.dumps({
+    net.set_options(json.dumps({  # pyvis parses this into a plain dict on net.options
         "physics": {"enabled": False},
         "layout": {"improvedLayout": False},
         "edges": {"smooth": False, "arrows": {"to": {"enabled": True, "scaleFactor": 0.5}}, "color": {"color": "#8a8a8a"}},
@@ -210,18 +210,13 @@ def render_html(
         nonce=secrets.token_urlsafe(16),
         vis_js=Markup(vis_js.replace("</script", "<\\/script")),
         vis_css=Markup(vis_css.replace("</style", "<\\/style")),
-        data={"nodes": nodes, "edges": edges, "options": _options_dict(net), "details": details},
+        data={"nodes": nodes, "edges": edges, "options": net.options, "details": details},
         legend=legend,
         metric_note=(f"colour: {METRICS[colour_by]}" if colour_by else "") + (f"  size: {METRICS[size_by]}" if size_by else ""),
         height_px=height_px,
         node_count=len(nodes),
         edge_count=len(edges),
     )
-
-
-def _options_dict(net: Network) -> dict:
-    options = net.options
-    return json.loads(options.to_json()) if hasattr(options, "to_json") else dict(options)
 
 
 def render_standalone_html(capture) -> str:

@@ -5,29 +5,10 @@ from urllib.parse import urlparse
 import pytest
 
 from graphviz_core.render import render_html
+from graphviz_core.ui.live import graph_frame
 from tests.conftest import captured
 
 pytestmark = pytest.mark.browser
-
-GRAPH_FRAME_JS = "() => window.graphStats !== undefined && window.__firstDrawMs !== undefined"
-
-
-def graph_frame(page, expected_nodes: int, timeout_s: float = 60):
-    """The iframe whose vis-network has drawn `expected_nodes` nodes (Streamlit replaces it on each view)."""
-    deadline = __import__("time").time() + timeout_s
-    seen = None
-    while __import__("time").time() < deadline:
-        for frame in page.frames:
-            try:
-                if frame.evaluate(GRAPH_FRAME_JS):
-                    seen = frame.evaluate("window.network.body.data.nodes.length")
-                    if seen == expected_nodes:
-                        return frame
-            except Exception:  # a frame torn down while Streamlit re-renders
-                continue
-        page.wait_for_timeout(250)
-    raise AssertionError(f"no graph frame drew {expected_nodes} nodes (last seen: {seen})")
-
 
 def test_page_draws_the_capture_and_requests_only_localhost(page, streamlit_url):
     requests = []
@@ -87,8 +68,11 @@ def test_a_48_layer_gpt2_renders_every_node(page, tmp_path):
     from graphviz_core.capture import capture_backward
     from graphviz_core.config import ModelConfig
 
-    # gpt2, 48 layers, unfused attention: 43 nodes per sdpa block + 19 for unfused attention (see
-    # test_capture) = 62 per layer, plus 15 outside the blocks (embeddings, ln_f, lm_head, loss).
+    # gpt2, 48 layers, unfused attention. One sdpa block has 43 nodes: 12 AccumulateGrad + 4 Addmm + 4 T
+    # for its four Linears, 12 View (2 per Linear, q/k/v heads, the merged output), 4 Transpose, 1 Split,
+    # the fused attention node, 2 LayerNorm, 1 GELU, 2 residual Add. Unfused attention adds 19 (see
+    # test_capture): 62 per layer. Outside the blocks, 15: NllLoss, LogSoftmax, View (loss); UnsafeView,
+    # Mm, View, T (lm_head); LayerNorm + 2 AccumulateGrad (ln_f); Add, 2 Embedding, 2 AccumulateGrad.
     capture = capture_backward(ModelConfig(model="gpt2", layers=48, attention="manual", device="meta"))
     assert capture.summary.nodes == 62 * 48 + 15
     path = tmp_path / "deep.html"

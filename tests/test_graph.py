@@ -1,5 +1,7 @@
 """View transforms over a real captured graph: hiding, collapsing, focusing, searching."""
 
+import networkx as nx
+
 from graphviz_core.graph import collapse_modules, focus_module, hide_categories, module_groups, search_nodes
 from tests.conftest import captured
 
@@ -11,7 +13,7 @@ def test_hiding_shape_ops_removes_exactly_them_and_keeps_paths():
     assert set(view.nodes) == set(graph.nodes) - shapes
     # Every parameter is still reachable from the loss once edges are bridged through the shape ops.
     root = next(n for n in graph.nodes if graph.in_degree(n) == 0)
-    reachable = set(__import__("networkx").descendants(view, root))
+    reachable = set(nx.descendants(view, root))
     params = {n for n, d in graph.nodes(data=True) if d["op"] == "AccumulateGrad"}
     assert params <= reachable
     assert graph.number_of_nodes() == captured("gpt2-tiny").summary.nodes  # the capture's graph is untouched

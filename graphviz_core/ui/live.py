@@ -54,3 +54,26 @@ def serve_app(env: dict | None = None, timeout_s: float = 90) -> Iterator[str]:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def graph_frame(page, expected_nodes: int | None = None, timeout_s: float = 60):
+    """The frame whose vis-network page has drawn (`expected_nodes` nodes, when given).
+
+    Streamlit embeds the graph in an iframe and replaces it whenever the view changes, so frames are
+    searched afresh until one matches or `timeout_s` passes.
+    """
+    deadline = time.time() + timeout_s
+    seen = None
+    while time.time() < deadline:
+        for frame in page.frames:
+            try:
+                if not frame.evaluate("() => window.__firstDrawMs !== undefined && window.network !== undefined"):
+                    continue
+                seen = frame.evaluate("window.network.body.data.nodes.length")
+            except Exception:  # noqa: BLE001 - a frame torn down while Streamlit re-renders
+                continue
+            if expected_nodes is None or seen == expected_nodes:
+                return frame
+        page.wait_for_timeout(250)
+    wanted = "a graph" if expected_nodes is None else f"{expected_nodes} nodes"
+    raise TimeoutError(f"no frame drew {wanted} within {timeout_s:g} s (last seen: {seen})")

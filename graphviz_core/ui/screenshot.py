@@ -8,23 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS, serve_app
-
-
-def wait_for_graph(page, timeout_s: float = 90) -> None:
-    """Until some frame's vis-network has drawn (Streamlit embeds the graph in an iframe)."""
-    deadline_ms = timeout_s * 1000
-    waited = 0
-    while waited < deadline_ms:
-        for frame in page.frames:
-            try:
-                if frame.evaluate("() => window.__firstDrawMs !== undefined"):
-                    return
-            except Exception:  # noqa: BLE001 - frames come and go while Streamlit re-renders
-                continue
-        page.wait_for_timeout(250)
-        waited += 250
-    raise TimeoutError("the graph did not draw")
+from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS, graph_frame, serve_app
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": args.width, "height": args.height})
         page.goto(f"{url}/{args.path}")
-        wait_for_graph(page)
+        graph_frame(page, timeout_s=90)
         # Streamlit applies st.navigation and the page config when the script run ends; wait for that.
         page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
         page.wait_for_timeout(2500)
