@@ -1,4 +1,4 @@
-"""Graph explorer: pick a config, run a real backward pass, read its autograd graph."""
+"""Graph explorer: pick a config, run a real backward pass, read its autograd graph and its panels."""
 
 import streamlit as st
 
@@ -16,5 +16,9 @@ config = config_form()
 capture = get_capture(config) if config is not None else None
 if capture is not None:
     show_summary(capture)
-    graph_view(capture)
-    show_textbook_comparison(capture)
+    # One tab per panel; each panel reads the same capture (nothing here re-runs the backward pass).
+    graph_tab, textbook_tab = st.tabs(["Graph", "Measured vs textbook"])
+    with graph_tab:
+        graph_view(capture)
+    with textbook_tab:
+        show_textbook_comparison(capture)
