@@ -31,6 +31,7 @@ from graphviz_core.config import ModelConfig
 from graphviz_core.device import check_budget, device_guard, resolve_device, synchronize
 from graphviz_core.flops import flops_of
 from graphviz_core.models import RECOMPUTED, build_model, compute_loss, make_batch
+from graphviz_core.timeline import MemoryTimeline, StorageObserver
 
 Progress = Callable[[str], None]
 
@@ -62,7 +63,7 @@ class MemorySummary:
     saved_bytes: int  # tensors saved for backward, storages de-duplicated, parameters excluded
     parameter_bytes: int
     gradient_bytes: int  # .grad of every parameter reached
-    peak_bytes: int | None  # CUDA max_memory_allocated over forward + backward; None where not measurable
+    peak_bytes: int  # CUDA max_memory_allocated over forward + backward; elsewhere the timeline's peak
     baseline_bytes: int | None  # allocated before the forward (parameters, inputs); CUDA only
     checkpoint_held_bytes: int  # inputs that checkpointed regions keep for recomputation (not saved tensors)
     saved_bytes_by_category: dict[str, int]
@@ -97,6 +98,7 @@ class Capture:
     loss: float | None
     save_order: tuple[SaveEvent, ...] = field(repr=False)
     backward_order: tuple[str, ...] = field(repr=False)
+    timeline: MemoryTimeline | None = field(default=None, repr=False)  # graphviz_core.timeline
 
 
 def capture_backward(config: ModelConfig, progress: Progress | None = None) -> Capture:
@@ -255,12 +257,14 @@ class _Run:
         self.node_hooks: list = []
         self.param_names: dict = {}
         self.module_paths: dict = {}
+        self.storages = StorageObserver(device, skip=lambda: self.paused)  # the memory timeline
 
     def release(self) -> None:
         """Drop every reference to autograd nodes, modules and tensors. The node hooks' closures point back
         at this object, so without this the model and its gradients would live until a cyclic GC pass."""
         for handle in self.node_hooks:
             handle.remove()
+        self.storages.release()
         for store in (self.node_hooks, self.labels, self.boundaries, self.recomputed_nodes, self.started,
                       self.ended, self.norm_parts, self.param_names, self.module_paths):
             store.clear()
@@ -376,6 +380,9 @@ class _Run:
         self.module_paths = {m: name for name, m in model.named_modules()}
         handles = [m.register_forward_pre_hook(self.module_pre, with_kwargs=True) for m in model.modules()]
         handles += [m.register_forward_hook(self.module_post, with_kwargs=True, always_call=True) for m in model.modules()]
+        self.storages.track_existing(model.parameters(), parameters=True)
+        self.storages.track_existing((batch.inputs, batch.targets), parameters=False)
+        self.storages.watch_modules(model)
         peak = baseline = None
         if device == "cuda":
             torch.cuda.synchronize()
@@ -385,7 +392,7 @@ class _Run:
         self.say("running the forward pass")
         self.phase = "forward"
         started = time.perf_counter()
-        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack), _FlopCounter(self):
+        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack), _FlopCounter(self), self.storages.forward():
             output = model(batch.inputs)
             loss = compute_loss(config, output, batch.targets)
         synchronize(device)
@@ -397,19 +404,23 @@ class _Run:
         nodes = autograd_nodes(loss.grad_fn)
         ids = {node: f"{normalise_op(node.name())}:{i}" for i, node in enumerate(nodes)}
         saves_of = self._collect_saves(nodes, ids)
+        saved = {self.saves[i].storage_key for found in saves_of.values() for i in found if not self.saves[i].is_parameter}
+        self.storages.end_forward(saved, self.checkpoint_held)
         for node in nodes:
             is_leaf = normalise_op(node.name()) == "AccumulateGrad"
             self.node_hooks.append(node.register_prehook(self.node_pre(ids[node])))
             self.node_hooks.append(node.register_hook(self.node_post(ids[node], is_leaf)))
+        self.storages.watch_backward(nodes, ids)
 
         self.say("running the backward pass")
         self.phase = "backward"
         started = time.perf_counter()
-        with _FlopCounter(self):
+        with _FlopCounter(self), self.storages.backward():
             loss.backward()
         synchronize(device)
         backward_s = time.perf_counter() - started
         self.phase = "done"
+        self.storages.end_backward(model.parameters())
         for handle in handles:
             handle.remove()
         if device == "cuda":
@@ -513,6 +524,7 @@ class _Run:
         backward_total = sum(self.flops_by_node.values()) + self.flops_unattributed
         checkpoint_held = sum(b for key, b in self.checkpoint_held.items() if key not in first_save)
         real = self.real
+        timeline = self.storages.timeline(lambda n: graph.nodes[n]["module"] if n in graph else "")
         return Capture(
             config=self.config,
             device=self.device,
@@ -529,7 +541,7 @@ class _Run:
                 saved_bytes=sum(counted_bytes.values()),
                 parameter_bytes=parameter_bytes,
                 gradient_bytes=parameter_bytes,
-                peak_bytes=peak,
+                peak_bytes=peak if peak is not None else timeline.peak_bytes,
                 baseline_bytes=baseline,
                 checkpoint_held_bytes=checkpoint_held,
                 saved_bytes_by_category={k: v for k, v in sorted(saved_by_category.items()) if v},
@@ -545,6 +557,7 @@ class _Run:
             loss=float(loss.detach()) if real else None,
             save_order=tuple(save_events),
             backward_order=tuple(self.backward_order),
+            timeline=timeline,
         )
 
     def _elapsed(self, node_id: str) -> float | None:

@@ -14,6 +14,7 @@ import subprocess
 import networkx as nx
 
 from graphviz_core.capture import Capture
+from graphviz_core.training_step import memory_details
 
 SCHEMA_VERSION = 1
 FORMATS = ("json", "html", "graphml", "dot", "svg")
@@ -57,7 +58,7 @@ def capture_to_dict(capture: Capture) -> dict:
             "device": capture.device,
             "loss": capture.loss,
             "summary": dataclasses.asdict(capture.summary),
-            "memory": dataclasses.asdict(capture.memory),
+            "memory": {**dataclasses.asdict(capture.memory), **memory_details(capture)},
             "flops": dataclasses.asdict(capture.flops),
             "time": dataclasses.asdict(capture.time),
             "backward_order": list(capture.backward_order),

@@ -1,0 +1,283 @@
+"""The memory timeline: bytes live at every step of one forward + backward, by kind, from tracking storages.
+
+`StorageObserver` is a small context-manager-style observer of one run, as PyTorch's own
+`torch.distributed._tools.mem_tracker.MemTracker`: a dispatch mode sees every storage an aten op creates,
+and a weak reference with a callback sees it freed. Steps are the forward's aten ops (named by op and the
+innermost module running) and then the backward's autograd nodes in the order the engine ran them. On
+CUDA each step also samples `torch.cuda.memory_allocated()`, the allocator's own count.
+
+Kinds: a storage is a *parameter* (existed before the forward, owned by the model), a *gradient* (ends up
+as a parameter's `.grad`), a *saved activation* (alive at the end of the forward because autograd saved it
+for backward), *held for recompute* (an input a checkpointed region keeps so it can re-run its forward),
+*recomputed* (created in backward by checkpointing re-running a forward) or a *temporary* (everything else:
+the batch, outputs that die young, gradients flowing between nodes).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+KINDS = ("parameters", "gradients", "saved activations", "held for recompute", "recomputed", "temporaries")
+
+
+@dataclass(frozen=True)
+class TimelineStep:
+    """Bytes live at the high-water moment of one step, by kind (the same order as KINDS)."""
+
+    index: int
+    phase: str  # "start", "forward" or "backward"
+    label: str  # aten op (forward) or autograd node id (backward)
+    module: str  # innermost module running (forward) or the node's module (backward)
+    bytes_by_kind: tuple[int, ...]
+    allocator_bytes: int | None  # torch.cuda.memory_allocated() at the step's end; None off CUDA
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes_by_kind)
+
+
+@dataclass(frozen=True)
+class MemoryTimeline:
+    """Every step of one run, and the peak over all of them."""
+
+    steps: tuple[TimelineStep, ...]
+    peak_bytes: int  # highest total of tracked storages at any moment
+    peak_step: int  # index into steps
+    activation_peak_bytes: int  # highest total of everything but parameters and gradients
+    forward_end_step: int  # index of the last forward step
+
+    @property
+    def peak(self) -> TimelineStep:
+        return self.steps[self.peak_step]
+
+    def to_dict(self) -> dict:
+        """The JSON form (`memory.timeline` in the CLI's output): kinds once, then one row per step."""
+        return {
+            "kinds": list(KINDS),
+            "peak_bytes": self.peak_bytes,
+            "peak_step": self.peak_step,
+            "activation_peak_bytes": self.activation_peak_bytes,
+            "forward_end_step": self.forward_end_step,
+            "steps": [
+                {
+                    "phase": s.phase,
+                    "label": s.label,
+                    "module": s.module,
+                    "bytes": list(s.bytes_by_kind),
+                    "total_bytes": s.total_bytes,
+                    "allocator_bytes": s.allocator_bytes,
+                }
+                for s in self.steps
+            ],
+        }
+
+
+class _Record:
+    """One storage: its size, its kind (decided when the forward or backward ends) and its weak reference."""
+
+    __slots__ = ("kind", "nbytes", "ref")
+
+    def __init__(self, nbytes: int, kind: int) -> None:
+        self.nbytes = nbytes
+        self.kind = kind
+        self.ref: weakref.ref | None = None
+
+
+_PARAM, _GRAD, _SAVED, _HELD, _RECOMPUTED, _TEMP = range(len(KINDS))
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, observer: StorageObserver) -> None:
+        super().__init__()
+        self.observer = observer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.observer._after_op(func, out)
+        return out
+
+
+class StorageObserver:
+    """Tracks every storage created and freed during one forward + backward; `timeline()` summarises it.
+
+    The capture calls, in order: `track_existing` (parameters, batch), `forward()` as a context around the
+    forward, `end_forward(saved, held)`, `watch_backward(nodes, ids)`, `backward()` around the backward,
+    `end_backward(parameters)`, then `timeline(modules_of)`. `skip` says when the capture's own bookkeeping
+    (gradient norms) is running, whose tensors are not the model's memory.
+    """
+
+    def __init__(self, device: str, skip: Callable[[], bool] = lambda: False) -> None:
+        self.cuda = device == "cuda"
+        self.skip = skip
+        self.live: dict[int, _Record] = {}  # storage _cdata -> record; unique among live storages
+        self.events: list[tuple[int, _Record, int]] = []  # (step, record, +1 alloc / -1 free)
+        self.steps: list[list] = [["start", "", "", None]]  # phase, label, module, allocator bytes
+        self.module_stack: list[str] = []
+        self.phase = "start"
+        self.recompute_depth = 0
+        self.forward_end = 0
+        self.handles: list = []
+
+    # ---- storages -------------------------------------------------------------------------------------
+
+    def _track(self, t: torch.Tensor, kind: int) -> _Record | None:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in self.live:
+            return None
+        record = _Record(storage.nbytes(), kind)
+        record.ref = weakref.ref(storage, self._freed(key, record))
+        self.live[key] = record
+        self.events.append((len(self.steps) - 1, record, 1))
+        return record
+
+    def _freed(self, key: int, record: _Record):
+        def callback(_ref) -> None:
+            if self.live.get(key) is record:
+                del self.live[key]
+            self.events.append((len(self.steps) - 1, record, -1))
+
+        return callback
+
+    def track_existing(self, tensors: Iterable[torch.Tensor], parameters: bool) -> None:
+        for t in tensors:
+            self._track(t, _PARAM if parameters else _TEMP)
+
+    def _after_op(self, func, out) -> None:
+        if self.skip():
+            return
+        if self.phase == "forward":
+            self.steps.append(["forward", func.__name__, self.module_stack[-1] if self.module_stack else "", None])
+        kind = _RECOMPUTED if self.recompute_depth else _TEMP
+        for t in _tensors(out):
+            self._track(t, kind)
+        if self.cuda:
+            self.steps[-1][3] = torch.cuda.memory_allocated()
+
+    # ---- phases ---------------------------------------------------------------------------------------
+
+    def watch_modules(self, model: nn.Module) -> None:
+        """Module hooks name the module running each forward op, and tell recomputation in backward."""
+        paths = {m: name for name, m in model.named_modules()}
+
+        def pre(module, args):
+            if self.phase == "backward":
+                self.recompute_depth += 1
+            else:
+                self.module_stack.append(paths[module])
+
+        def post(module, args, output):
+            if self.phase == "backward":
+                self.recompute_depth -= 1
+            elif self.module_stack:
+                self.module_stack.pop()
+
+        for module in paths:
+            self.handles.append(module.register_forward_pre_hook(pre))
+            self.handles.append(module.register_forward_hook(post, always_call=True))
+
+    def forward(self) -> _Phase:
+        return _Phase(self, "forward")
+
+    def end_forward(self, saved_keys: set[int], held_keys: Iterable[int]) -> None:
+        """Storages alive now that autograd saved are saved activations; inputs kept by checkpoints are held."""
+        self.forward_end = len(self.steps) - 1
+        held = set(held_keys)
+        for key, record in self.live.items():
+            if record.kind != _TEMP:
+                continue
+            if key in saved_keys:
+                record.kind = _SAVED
+            elif key in held:
+                record.kind = _HELD
+
+    def watch_backward(self, nodes: list, ids: dict) -> None:
+        for node in nodes:
+            self.handles.append(node.register_prehook(self._node_started(ids[node])))
+
+    def _node_started(self, node_id: str):
+        def hook(grad_outputs):
+            self.steps.append(["backward", node_id, "", torch.cuda.memory_allocated() if self.cuda else None])
+
+        return hook
+
+    def backward(self) -> _Phase:
+        self.steps.append(["backward", "backward starts", "", torch.cuda.memory_allocated() if self.cuda else None])
+        return _Phase(self, "backward")
+
+    def end_backward(self, parameters: Iterable[torch.Tensor]) -> None:
+        """Storages that became a parameter's .grad are gradients from the moment they were made."""
+        for p in parameters:
+            if p.grad is not None:
+                record = self.live.get(p.grad.untyped_storage()._cdata)
+                if record is not None and record.kind in (_TEMP, _RECOMPUTED):
+                    record.kind = _GRAD
+
+    def release(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        self.live.clear()
+
+    # ---- result ---------------------------------------------------------------------------------------
+
+    def timeline(self, module_of: Callable[[str], str]) -> MemoryTimeline:
+        """Per step, the breakdown at its highest total; `module_of(node_id)` names backward steps' modules."""
+        live = [0] * len(KINDS)
+        total = 0
+        best: list[tuple[int, ...] | None] = [None] * len(self.steps)
+        best_total = [-1] * len(self.steps)
+        peak, peak_step, activation_peak = 0, 0, 0
+        events = self.events
+        i = 0
+        for step in range(len(self.steps)):
+            while i < len(events) and events[i][0] == step:
+                _, record, sign = events[i]
+                live[record.kind] += sign * record.nbytes
+                total += sign * record.nbytes
+                i += 1
+                if total > best_total[step]:
+                    best_total[step], best[step] = total, tuple(live)
+                if total > peak:
+                    peak, peak_step = total, step
+                activation_peak = max(activation_peak, total - live[_PARAM] - live[_GRAD])
+            if best[step] is None:  # nothing happened in this step: it holds what the last one ended with
+                best_total[step], best[step] = total, tuple(live)
+        steps = tuple(
+            TimelineStep(
+                index, phase, label, module_of(label) if phase == "backward" else module, best[index], allocator
+            )
+            for index, (phase, label, module, allocator) in enumerate(self.steps)
+        )
+        return MemoryTimeline(steps, peak, peak_step, activation_peak, self.forward_end)
+
+
+class _Phase:
+    """Enters the dispatch mode for one phase of the run."""
+
+    def __init__(self, observer: StorageObserver, phase: str) -> None:
+        self.observer = observer
+        self.phase = phase
+        self.mode = _Mode(observer)
+
+    def __enter__(self) -> StorageObserver:
+        self.observer.phase = self.phase
+        self.mode.__enter__()
+        return self.observer
+
+    def __exit__(self, *exc) -> None:
+        self.mode.__exit__(*exc)
+
+
+def _tensors(obj: object) -> Iterable[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _tensors(item)
