@@ -19,3 +19,18 @@ def test_core_imports_no_streamlit_or_pyvis():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[] False"
+
+
+def test_cli_json_capture_imports_no_ui_and_no_dynamo():
+    # torch._dynamo costs 1-2 s to import; a TorchDispatchMode subclass imports it on its first aten call
+    # unless it opts out (issue 13), and that import used to land inside the timed forward (issue 12).
+    code = (
+        "import os, sys\n"
+        "from graphviz_core.cli import main\n"
+        "assert main(['graph', '--preset', 'gpt2-tiny', '--device', 'cpu', '--format', 'json', '-o', os.devnull]) == 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('streamlit', 'pyvis', 'transformers')"
+        " or m.startswith('torch._dynamo')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

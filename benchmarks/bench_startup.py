@@ -1,0 +1,178 @@
+"""Start-up speed: cold server to first graph drawn in headless Chromium, a warm revisit, and the CLI's wall time.
+
+- cold start: wall time from launching `streamlit run app.py` (a fresh process, so every import and every
+  one-time initialisation is paid) until the default graph has drawn in a new browser tab that was
+  pointed at the server as soon as it answered. Chromium is started before the clock starts.
+- warm revisit: a new tab (a new Streamlit session) on the same server, from `goto` to the graph drawn.
+- CLI: wall time of `python -m graphviz_core graph --preset gpt2-tiny --format json` in a fresh process.
+- first capture's forward time vs a second capture's in the same process (issue 12 item 8: one-time
+  warm-up must not be charged to the user's measurement).
+
+"Drawn" means vis-network's first `afterDrawing` event fired in the graph's frame (`window.__firstDrawMs`),
+checked every 50 ms. Medians and minimums over --rounds fresh servers; goals from issue 13.
+
+    python benchmarks/bench_startup.py [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from playwright.sync_api import sync_playwright
+
+from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+GOALS_S = {"cold start -> first graph": 3.0, "warm revisit -> graph": 1.0, "CLI graph --format json": 3.0}
+FIRST_FORWARD = (
+    "import time\n"
+    "from graphviz_core.capture import capture_backward\n"
+    "from graphviz_core.config import config_from_preset\n"
+    "c = [capture_backward(config_from_preset('gpt2-tiny', device='cpu')) for _ in range(2)]\n"
+    "print(c[0].time.forward_s, c[1].time.forward_s)\n"
+)
+
+
+def _env() -> dict:
+    return {**os.environ, "GRAPHVIZ_CORE_DEVICE": "cpu", "PYTHONPATH": str(ROOT)}
+
+
+def _wait_drawn(page, started: float, timeout_s: float = 120) -> float:
+    """Seconds from `started` until some frame of `page` has drawn its graph."""
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        for frame in page.frames:
+            try:
+                if frame.evaluate("() => window.__firstDrawMs !== undefined && window.network !== undefined"):
+                    return time.perf_counter() - started
+            except Exception:  # noqa: BLE001 - a frame torn down while Streamlit re-renders
+                continue
+        page.wait_for_timeout(50)
+    raise TimeoutError("no graph drawn")
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                if response.read() == b"ok":
+                    return
+        except OSError:
+            if proc.poll() is not None or time.perf_counter() > deadline:
+                raise RuntimeError("streamlit did not start") from None
+            time.sleep(0.02)
+
+
+def server_round(browser) -> tuple[float, float, float]:
+    """(seconds to HTTP health, cold start to first graph, warm revisit) for one fresh server."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(ROOT / "app.py"),
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+            "--server.fileWatcherType",
+            "none",
+        ],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_healthy(url, proc)
+        healthy = time.perf_counter() - started
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        page.goto(url)
+        cold = _wait_drawn(page, started)
+        context.close()
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        revisit_started = time.perf_counter()
+        page.goto(url)
+        warm = _wait_drawn(page, revisit_started)
+        context.close()
+        return healthy, cold, warm
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def cli_round() -> float:
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "graphviz_core", "graph", "--preset", "gpt2-tiny", "--format", "json", "-o", os.devnull],
+        cwd=ROOT,
+        env=_env(),
+        check=True,
+    )
+    return time.perf_counter() - started
+
+
+def _report(name: str, values: list[float]) -> None:
+    median = statistics.median(values)
+    goal = GOALS_S.get(name)
+    verdict = f"(goal <= {goal:g} s: {'met' if median <= goal else 'NOT met'})" if goal else ""
+    print(f"{name}: median {median:.2f} s, min {min(values):.2f} s {[round(v, 2) for v in values]} {verdict}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    healthy, cold, warm, cli, first, second = [], [], [], [], [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        for _ in range(args.rounds):
+            h, c, w = server_round(browser)
+            healthy.append(h)
+            cold.append(c)
+            warm.append(w)
+        browser.close()
+    for _ in range(args.rounds):
+        cli.append(cli_round())
+        done = subprocess.run(
+            [sys.executable, "-c", FIRST_FORWARD], cwd=ROOT, env=_env(), check=True, capture_output=True, text=True
+        )
+        a, b = (float(x) for x in done.stdout.split())
+        first.append(a)
+        second.append(b)
+    print(f"{args.rounds} rounds, each with a fresh server / process; load average {os.getloadavg()[0]:.2f}")
+    _report("server answers HTTP", healthy)
+    _report("cold start -> first graph", cold)
+    _report("warm revisit -> graph", warm)
+    _report("CLI graph --format json", cli)
+    ratios = [a / b for a, b in zip(first, second, strict=True)]
+    print(
+        f"gpt2-tiny forward, first capture in a process: median {statistics.median(first) * 1000:.1f} ms; "
+        f"second: {statistics.median(second) * 1000:.1f} ms; paired ratio median {statistics.median(ratios):.2f}x "
+        f"(one-time warm-up kept out of the timed forward)"
+    )
+
+
+if __name__ == "__main__":
+    main()
