@@ -97,6 +97,10 @@ class _Mode(TorchDispatchMode):
         super().__init__()
         self.observer = observer
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # as capture._FlopCounter: no torch._dynamo import (1-2 s) and no wrapper on every op
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.observer._after_op(func, out)
