@@ -6,8 +6,10 @@ STAMP := $(VENV)/.installed
 # open range in pyproject.toml is already satisfied. On a GPU box, override: make TORCH_SPEC=torch test
 TORCH_SPEC ?= torch==2.13.0
 PORT ?= 8501
+# `make serve` binds HOST: localhost unless the operator names an address (HOST=0.0.0.0 for every interface).
+HOST ?= 127.0.0.1
 
-.PHONY: run test lint bench chromium graphviz screenshot
+.PHONY: run serve test lint bench chromium graphviz screenshot
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -26,7 +28,15 @@ graphviz:
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 run: $(STAMP)
-	$(VENV)/bin/streamlit run app.py --server.port $(PORT)
+	$(VENV)/bin/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT)
+
+# For a team: .streamlit/config.toml's safe settings (headless, no usage stats, no error details in the
+# browser, XSRF on, cross-origin refused, uploads off), the address chosen here, and the capture limits
+# from the environment (README, "Run it for your team").
+serve: $(STAMP)
+	$(VENV)/bin/streamlit run app.py --server.address $(HOST) --server.port $(PORT) --server.headless true \
+		--browser.gatherUsageStats false --client.showErrorDetails none --server.enableXsrfProtection true \
+		--server.enableCORS true --server.maxUploadSize 1
 
 test: $(STAMP) chromium graphviz
 	$(VENV)/bin/ruff check graphviz_core pages app.py tests benchmarks

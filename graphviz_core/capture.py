@@ -27,9 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from graphviz_core.admission import Ticket, admit
 from graphviz_core.categories import category_of, normalise_op
 from graphviz_core.config import ModelConfig
-from graphviz_core.device import check_budget, device_guard, resolve_device, synchronize
+from graphviz_core.device import device_guard, resolve_device, synchronize
 from graphviz_core.flops import flops_of
 from graphviz_core.models import RECOMPUTED, build_model, compute_loss, make_batch
 from graphviz_core.timeline import MemoryTimeline, StorageObserver
@@ -102,25 +103,26 @@ class Capture:
     timeline: MemoryTimeline | None = field(default=None, repr=False)  # graphviz_core.timeline
 
 
-def capture_backward(config: ModelConfig, progress: Progress | None = None) -> Capture:
+def capture_backward(config: ModelConfig, progress: Progress | None = None, ticket: Ticket | None = None) -> Capture:
     """Build the model, run forward + backward once with instrumentation, and return the Capture.
 
-    Raises ValueError (CaptureError) with an actionable sentence for configs that cannot run here.
+    Raises ValueError (CaptureError) with an actionable sentence for configs that cannot run here, and
+    CaptureCancelled when `ticket` is cancelled (checked while queued and at every module and node).
     """
     say = progress or (lambda phase: None)
     device = resolve_device(config.device)
-    check_budget(config, device)
     # On meta, mirror the attention kernels of the device `auto` would pick (GRAPHVIZ_CORE_DEVICE included),
     # and for the backward too: checkpointing recomputes there.
     meta_kernels = contextlib.nullcontext()
     if device == "meta":
         meta_kernels = _fused_attention_on_meta(resolve_device("auto") == "cuda")
-    run = _Run(config, device, say)
-    try:
-        with device_guard(device), meta_kernels:
-            return run.capture()
-    finally:
-        run.release()
+    with admit(config, device, ticket) as admitted:  # waits its turn; reserves the estimated bytes
+        run = _Run(config, device, say, admitted.check)
+        try:
+            with device_guard(device), meta_kernels:
+                return run.capture()
+        finally:
+            run.release()
 
 
 class _Packed:
@@ -234,10 +236,11 @@ def _saved_fields(node: object) -> tuple[str, ...]:
 class _Run:
     """The mutable state of one capture; `capture()` turns it into a frozen Capture."""
 
-    def __init__(self, config: ModelConfig, device: str, say: Progress) -> None:
+    def __init__(self, config: ModelConfig, device: str, say: Progress, check: Callable[[], None]) -> None:
         self.config = config
         self.device = device
         self.say = say
+        self.check = check  # raises CaptureCancelled; called at module and node boundaries
         self.real = device != "meta"
         # forward
         self.phase = "setup"
@@ -303,6 +306,7 @@ class _Run:
         return packed.tensor
 
     def module_pre(self, module, args, kwargs):
+        self.check()
         if self.phase == "backward":
             self.recompute_depth += 1
             return
@@ -347,6 +351,7 @@ class _Run:
 
     def node_pre(self, node_id: str):
         def hook(grad_outputs):
+            self.check()
             self.current = node_id
             self.backward_order.append(node_id)
             self.started[node_id] = self._clock()

@@ -1,4 +1,5 @@
-"""Picks the device for a capture, refuses configs that will not fit, and serialises GPU captures.
+"""Picks the device for a capture, estimates what a config costs (bytes, FLOPs), measures each device's
+memory budget, and turns out-of-memory into a sentence. `graphviz_core.admission` decides who runs when.
 
 CUDA is never initialised at import time: everything that asks CUDA anything is inside a function.
 """
@@ -8,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -19,9 +20,9 @@ DEVICE_ENV = "GRAPHVIZ_CORE_DEVICE"  # overrides what `auto` picks, e.g. GRAPHVI
 CPU_BUDGET_ENV = "GRAPHVIZ_CORE_CPU_BUDGET_BYTES"
 CUDA_BUDGET_ENV = "GRAPHVIZ_CORE_CUDA_BUDGET_BYTES"
 BYTES_PER = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-# Several Streamlit sessions share one process; one GPU capture at a time keeps them from OOM-ing each other.
-_GPU_CAPTURES = threading.BoundedSemaphore(1)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# Share of the free memory a capture may plan to use: the estimate is rough and the server needs headroom.
+CPU_BUDGET_SHARE = 0.6
 
 
 class CaptureError(ValueError):
@@ -39,7 +40,9 @@ def resolve_device(requested: str) -> str:
         else:
             return "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
-        raise CaptureError("device 'cuda' was asked for but this machine has no usable CUDA device; use 'cpu' or 'meta'.")
+        raise CaptureError(
+            "device 'cuda' was asked for but this machine has no usable CUDA device; use 'cpu' or 'meta'."
+        )
     return requested
 
 
@@ -60,6 +63,20 @@ def estimate_peak_bytes(config: ModelConfig) -> int:
     return int(elem * (2 * params + L * per_layer_elems + logits))
 
 
+def estimate_training_flops(config: ModelConfig) -> int:
+    """A rough count of forward + backward FLOPs, used only to refuse configs that would run for minutes.
+
+    6 FLOPs per parameter per token for the matmuls (2 forward, 4 backward; Kaplan et al. 2020), with the
+    tied lm_head counted by its embedding, plus attention's scores and weighted sum: 4·s²·h per sequence
+    per layer forward, twice that backward (12·b·s²·h per layer), which dominates at long sequences.
+    """
+    tokens = config.batch * config.seq
+    flops = 6 * parameter_count_estimate(config) * tokens
+    if config.model != "mlp":
+        flops += 12 * config.layers * config.batch * config.seq * config.seq * config.hidden
+    return int(flops)
+
+
 def parameter_count_estimate(config: ModelConfig) -> int:
     """Parameters of the model `config` builds (exact for the shipped models)."""
     h, L = config.hidden, config.layers
@@ -73,7 +90,11 @@ def parameter_count_estimate(config: ModelConfig) -> int:
 
 
 def memory_budget_bytes(device: str) -> int | None:
-    """How much memory a capture may plan to use on `device`; None for meta (nothing is allocated)."""
+    """How much memory captures may plan to use on `device` together; None for meta (nothing is allocated).
+
+    CPU: 60% of the room left, where the room is the smaller of the machine's MemAvailable and what the
+    container's memory limit (cgroup v2 or v1) still allows; GRAPHVIZ_CORE_CPU_BUDGET_BYTES overrides it.
+    """
     if device == "meta":
         return None
     if device == "cuda":
@@ -85,7 +106,42 @@ def memory_budget_bytes(device: str) -> int | None:
     env = os.environ.get(CPU_BUDGET_ENV)
     if env:
         return int(env)
-    return int(_available_ram_bytes() * 0.6)
+    room = _available_ram_bytes()
+    container = container_room_bytes()
+    if container is not None:
+        room = min(room, container)
+    return int(room * CPU_BUDGET_SHARE)
+
+
+def container_room_bytes(root: Path | None = None) -> int | None:
+    """Bytes this process's cgroup may still allocate before its limit (reclaimable page cache counted as
+    free); None when no limit is set. Reads cgroup v2 (`memory.max`) or v1 (`memory/memory.limit_in_bytes`).
+    """
+    root = root or CGROUP_ROOT
+    for limit_file, usage_file, inactive_key in (
+        ("memory.max", "memory.current", "inactive_file"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "total_inactive_file"),
+    ):
+        raw = _read(root / limit_file)
+        if raw is None:
+            continue
+        if raw == "max" or int(raw) >= 2**60:  # v1 writes "no limit" as a page-rounded 2**63
+            return None
+        limit = int(raw)
+        usage = int(_read(root / usage_file) or 0)
+        stat = _read(root / Path(limit_file).parent / "memory.stat") or ""
+        inactive = next(
+            (int(v) for k, v in (line.split() for line in stat.splitlines() if line) if k == inactive_key), 0
+        )
+        return max(0, limit - usage + inactive)
+    return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (OSError, ValueError):
+        return None
 
 
 def _available_ram_bytes() -> int:
@@ -99,43 +155,43 @@ def _available_ram_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def check_budget(config: ModelConfig, device: str) -> None:
-    """Raise CaptureError, with what to change, when `config` will not fit on `device`."""
-    budget = memory_budget_bytes(device)
-    if budget is None:
+def check_budget(config: ModelConfig, device: str, budget: int | None = None) -> None:
+    """Raise CaptureError, with what to change, when `config` will not fit on `device`'s budget (measured
+    now unless given)."""
+    if device == "meta":
         return
+    budget = memory_budget_bytes(device) if budget is None else budget
     need = estimate_peak_bytes(config)
     if need > budget:
+        env = CPU_BUDGET_ENV if device == "cpu" else CUDA_BUDGET_ENV
         raise CaptureError(
             f"this config needs about {need / 2**30:.1f} GiB on {device} but the budget there is "
-            f"{budget / 2**30:.1f} GiB; lower batch or seq, use checkpoint 'full', or run it on device 'meta' "
-            f"(shapes only)."
+            f"{budget / 2**30:.1f} GiB (the free memory, or {env}); lower batch or seq, use checkpoint "
+            f"'full', or run it on device 'meta' (shapes only)."
         )
 
 
 @contextlib.contextmanager
 def device_guard(device: str) -> Iterator[None]:
-    """Serialise GPU captures and turn out-of-memory into a CaptureError after memory is released."""
-    lock = _GPU_CAPTURES if device == "cuda" else contextlib.nullcontext()
-    with lock:
-        out_of_memory = None
-        try:
-            yield
-        except torch.cuda.OutOfMemoryError as exc:
-            out_of_memory = str(exc).splitlines()[0]
-        except RuntimeError as exc:
-            if "can't allocate memory" not in str(exc) and "out of memory" not in str(exc).lower():
-                raise
-            out_of_memory = str(exc).splitlines()[0]
-        # Release outside the except block: the exception's traceback holds frames that hold tensors.
-        if out_of_memory is not None:
-            gc.collect()
-            if device == "cuda":
-                torch.cuda.empty_cache()
-            raise CaptureError(
-                f"out of memory on {device} ({out_of_memory}); try a smaller batch or seq, checkpoint 'full' or "
-                f"'selective', or a 'meta' dry run."
-            )
+    """Turn out-of-memory into a CaptureError after memory is released (admission serialises GPU captures)."""
+    out_of_memory = None
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as exc:
+        out_of_memory = str(exc).splitlines()[0]
+    except RuntimeError as exc:
+        if "can't allocate memory" not in str(exc) and "out of memory" not in str(exc).lower():
+            raise
+        out_of_memory = str(exc).splitlines()[0]
+    # Release outside the except block: the exception's traceback holds frames that hold tensors.
+    if out_of_memory is not None:
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        raise CaptureError(
+            f"out of memory on {device} ({out_of_memory}); try a smaller batch or seq, checkpoint 'full' or "
+            f"'selective', or a 'meta' dry run."
+        )
 
 
 def synchronize(device: str) -> None:

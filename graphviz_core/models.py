@@ -7,6 +7,7 @@ of autograd nodes stays honest: nothing the loss creates is charged to the model
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -198,10 +199,16 @@ class Batch:
     targets: torch.Tensor
 
 
+# Initialisation draws from torch's one global generator; captures in other threads (other sessions) seed
+# and draw from it too, so seeding and building happen under one lock, and the caller's state is restored.
+_BUILD_LOCK = threading.Lock()
+
+
 def build_model(config: ModelConfig) -> nn.Module:
     """The model for `config`, in training mode, on the current default device (see torch.device ctx)."""
-    torch.manual_seed(config.seed)
-    model = {"mlp": MLP, "block": BlockModel, "gpt2": GPT2}[config.model](config)
+    with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = {"mlp": MLP, "block": BlockModel, "gpt2": GPT2}[config.model](config)
     return model.to(TORCH_DTYPES[config.dtype]).train()
 
 

@@ -9,7 +9,7 @@ import streamlit as st
 
 from graphviz_core.capture import Capture, capture_backward
 from graphviz_core.config import ModelConfig
-from graphviz_core.ui.format import format_seconds
+from graphviz_core.ui.format import escape_markdown, format_seconds
 
 MAX_CACHED = 8
 
@@ -37,7 +37,7 @@ def get_capture(config: ModelConfig) -> Capture | None:
                 state="complete",
             )
     except ValueError as exc:
-        st.error(str(exc))
+        st.error(escape_markdown(exc))
         return None
     with store["lock"]:
         store["captures"][config] = capture

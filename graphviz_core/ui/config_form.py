@@ -16,6 +16,7 @@ from graphviz_core.config import (
     ModelConfig,
     config_from_preset,
 )
+from graphviz_core.ui.format import escape_markdown
 
 SIZE_FIELDS = ("hidden", "heads", "layers", "vocab", "batch", "seq")
 CHOICE_FIELDS = {"model": MODELS, "attention": ATTENTIONS, "checkpoint": CHECKPOINTS, "device": DEVICES, "dtype": DTYPES}
@@ -67,5 +68,5 @@ def config_form(key: str = "config") -> ModelConfig | None:
         except ValueError as exc:
             st.session_state[f"{key}.error"] = str(exc)
     if f"{key}.error" in st.session_state:
-        sidebar.error(st.session_state[f"{key}.error"])
+        sidebar.error(escape_markdown(st.session_state[f"{key}.error"]))
     return st.session_state[f"{key}.applied"]

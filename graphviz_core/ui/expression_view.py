@@ -15,6 +15,7 @@ from graphviz_core.expressions import (
     variables_of,
 )
 from graphviz_core.render import render_html
+from graphviz_core.ui.format import escape_markdown
 
 KEY = "expr"
 
@@ -40,14 +41,14 @@ def expression_inputs() -> Trace | None:
     try:
         variables = variables_of(parse_expression(text))
     except ValueError as exc:
-        st.error(f"Expression: {exc}")
+        st.error("Expression: " + escape_markdown(exc))
         return None
     values = {}
     if variables:
         cols = st.columns(min(len(variables), 6))
         for i, name in enumerate(variables):
             st.session_state.setdefault(f"{KEY}.var.{name}", 1.0)
-            values[name] = cols[i % len(cols)].number_input(name, key=f"{KEY}.var.{name}", format="%g", step=0.5)
+            values[name] = cols[i % len(cols)].number_input(escape_markdown(name), key=f"{KEY}.var.{name}", format="%g", step=0.5)
     left, right = st.columns(2)
     current = [v for v in st.session_state.get(f"{KEY}.detach", []) if v in variables]
     st.session_state[f"{KEY}.detach"] = current
@@ -56,7 +57,7 @@ def expression_inputs() -> Trace | None:
     try:
         return trace_expression(text, values, detach=detach, backward_passes=2 if twice else 1)
     except ValueError as exc:
-        st.error(str(exc))
+        st.error(escape_markdown(exc))
         return None
 
 
@@ -97,7 +98,7 @@ def backward_stepper(trace: Trace) -> None:
                          help="0 = after the forward pass; each step is one autograd node running")
         current = trace.steps[step - 1] if step else None
         st.markdown(f"**Forward:** L = {trace.value:g}. " + (
-            f"**Step {step} of {total}:** `{current.op}` for **{current.node}** "
+            f"**Step {step} of {total}:** `{current.op}` for **{escape_markdown(current.node)}** "
             f"(upstream gradient {current.upstream:g})" if current else f"{total} backward steps to go."))
         graph = trace_graph(trace, step)
         st.iframe(render_html(graph, title=f"L = {trace.expression}", subtitle="forward values on nodes, gradients on edges",
@@ -127,9 +128,9 @@ def final_gradients(trace: Trace) -> None:
     if trace.backward_passes == 2:
         first, second = trace.grads_after_each_pass
         st.info("Backward ran twice without zeroing: .grad accumulated (+=). After pass 1: "
-                + ", ".join(f"{k} = {v}" for k, v in first.items()) + "; after pass 2: "
-                + ", ".join(f"{k} = {v}" for k, v in second.items()) + ". Zeroing (optimizer.zero_grad()) "
+                + escape_markdown(", ".join(f"{k} = {v}" for k, v in first.items())) + "; after pass 2: "
+                + escape_markdown(", ".join(f"{k} = {v}" for k, v in second.items())) + ". Zeroing (optimizer.zero_grad()) "
                 "between passes would leave the pass-1 values.")
     if trace.detached:
-        st.info(f"Detached: {', '.join(trace.detached)} — no path from L reaches it, so its .grad is None; the "
+        st.info(f"Detached: {escape_markdown(', '.join(trace.detached))} — no path from L reaches it, so its .grad is None; the "
                 "finite difference still moves L, which is exactly what detaching hides from the optimizer.")

@@ -8,6 +8,7 @@ from graphviz_core.capture import Capture
 from graphviz_core.export import to_dot, to_graphml, to_json
 from graphviz_core.graph import collapse_modules, focus_module, hide_categories, module_groups, search_nodes
 from graphviz_core.render import METRICS, render_html, render_standalone_html
+from graphviz_core.ui.format import escape_markdown
 
 WHOLE = "(whole model)"
 NONE = "(none)"
@@ -51,7 +52,7 @@ def graph_view(capture: Capture) -> None:
     matches = search_nodes(view, query)
     note = f"Showing {view.number_of_nodes():,} of {capture.summary.nodes:,} nodes"
     if query.strip():
-        note += f" · {len(matches)} match “{query.strip()}” (pink border)"
+        note += f" · {len(matches)} match “{escape_markdown(query.strip())}” (pink border)"
     st.caption(note)
     html = render_html(
         view,
@@ -67,10 +68,12 @@ def graph_view(capture: Capture) -> None:
 
 
 def _downloads(capture: Capture) -> None:
+    # on_click="ignore": a click that reran the fragment dropped the other buttons' deferred files, so a
+    # second download clicked soon after failed ("Deferred file ... not found").
     name = (capture.config.preset or capture.config.model).replace(" ", "_")
     cols = st.columns(4)
     cols[0].download_button("Standalone HTML", lambda: render_standalone_html(capture), f"{name}.html", "text/html",
-                            help="Works offline when opened from disk")
-    cols[1].download_button("JSON (node-link)", lambda: to_json(capture), f"{name}.json", "application/json")
-    cols[2].download_button("GraphML", lambda: to_graphml(capture.graph), f"{name}.graphml", "application/xml")
-    cols[3].download_button("DOT", lambda: to_dot(capture.graph), f"{name}.dot", "text/vnd.graphviz")
+                            help="Works offline when opened from disk", on_click="ignore")
+    cols[1].download_button("JSON (node-link)", lambda: to_json(capture), f"{name}.json", "application/json", on_click="ignore")
+    cols[2].download_button("GraphML", lambda: to_graphml(capture.graph), f"{name}.graphml", "application/xml", on_click="ignore")
+    cols[3].download_button("DOT", lambda: to_dot(capture.graph), f"{name}.dot", "text/vnd.graphviz", on_click="ignore")

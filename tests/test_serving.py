@@ -1,0 +1,125 @@
+"""Serving for a team: the shipped Streamlit settings, user text shown literally, downloads that all arrive."""
+
+import json
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import tomllib
+
+from graphviz_core.ui.format import escape_markdown
+from graphviz_core.ui.live import graph_frame
+from tests.conftest import captured
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGE = "![x](http://example.com/t.png)"
+LATEX = r"$\href{http://example.com/l}{click}$"
+
+
+def test_the_shipped_settings_are_safe_for_a_shared_server():
+    config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    assert config["server"]["address"] == "127.0.0.1"  # localhost unless the operator binds elsewhere
+    assert config["server"]["headless"] is True
+    assert config["server"]["enableXsrfProtection"] is True
+    assert config["server"]["enableCORS"] is True  # Streamlit's "refuse cross-origin requests"
+    assert config["server"]["maxUploadSize"] == 1
+    assert config["browser"]["gatherUsageStats"] is False
+    assert config["client"]["showErrorDetails"] == "none"
+    makefile = (ROOT / "Makefile").read_text()
+    serve = makefile[makefile.index("\nserve:") :]
+    assert "--server.address $(HOST)" in serve and "HOST ?= 127.0.0.1" in makefile
+    run = makefile[makefile.index("\nrun:") : makefile.index("\nserve:")]
+    assert "--server.address 127.0.0.1" in run
+
+
+@pytest.mark.parametrize(
+    ("typed", "shown"),
+    [
+        (IMAGE, r"\!\[x\]\(http⁠\:\/\/example\.com\/t\.png\)"),
+        (LATEX, r"\$\\href\{http⁠\:\/\/example\.com\/l\}\{click\}\$"),
+        ("a_b * c", r"a\_b \* c"),
+        (":material/home:", r"\:material\/home\:"),
+        ("www.x.org a@b.c", r"www⁠\.x\.org a\@⁠b\.c"),
+    ],
+)
+def test_escaped_markdown_keeps_every_markup_character_literal(typed, shown):
+    # "⁠" above is U+2060 WORD JOINER: it keeps GFM from turning a bare URL or address into a link
+    assert escape_markdown(typed) == shown
+
+
+def _outside(requests):
+    return {
+        u
+        for u in requests
+        if urlparse(u).scheme in ("http", "https", "ws", "wss")
+        and urlparse(u).hostname not in ("127.0.0.1", "localhost")
+    }
+
+
+def _main_document_markup(page):
+    """Images and links in the app's own DOM, and any rendered LaTeX (graph iframes are not included)."""
+    return page.evaluate(
+        """() => ({img: document.querySelectorAll('img').length,
+                   a: [...document.querySelectorAll('a')].map(a => a.href).filter(h => h.includes('example.com')),
+                   katex: document.querySelectorAll('.katex').length})"""
+    )
+
+
+@pytest.mark.browser
+def test_markup_typed_in_the_search_box_is_shown_as_text(page, streamlit_url):
+    requests = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(streamlit_url)
+    graph_frame(page, captured("gpt2-tiny").summary.nodes)
+    before = _main_document_markup(page)
+    for typed in (IMAGE, LATEX):
+        box = page.get_by_label("Search op, module or parameter")
+        box.fill(typed)
+        box.press("Enter")
+        # the caption echoes the query literally: "0 match “![x](http://example.com/t.png)”" (+ word joiner)
+        page.wait_for_function(
+            "t => [...document.querySelectorAll('[data-testid=stCaptionContainer]')]"
+            ".some(c => c.innerText.replaceAll('\u2060', '').includes('match “' + t + '”'))",
+            arg=typed,
+            timeout=30_000,
+        )
+    page.wait_for_timeout(500)
+    assert _main_document_markup(page) == before
+    assert not _outside(requests)
+
+
+@pytest.mark.browser
+def test_markup_typed_in_the_expression_box_is_shown_as_text(page, streamlit_url):
+    requests = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(f"{streamlit_url}/toy_expressions")
+    graph_frame(page, 6)
+    before = _main_document_markup(page)
+    for typed in (IMAGE, LATEX):
+        box = page.get_by_label("Expression", exact=True).and_(page.locator("input"))
+        box.fill(typed)
+        box.press("Enter")
+        page.locator('[data-testid="stAlert"]').first.wait_for(timeout=30_000)
+        page.wait_for_timeout(500)
+        assert _main_document_markup(page) == before, typed
+    assert not _outside(requests)
+
+
+@pytest.mark.browser
+def test_four_downloads_clicked_in_quick_succession_all_arrive(page, streamlit_url):
+    page.goto(streamlit_url)
+    capture = captured("gpt2-tiny")
+    graph_frame(page, capture.summary.nodes)
+    names = ["Standalone HTML", "JSON (node-link)", "GraphML", "DOT"]
+    downloads = []
+    page.on("download", lambda d: downloads.append(d))
+    for name in names:
+        page.get_by_role("button", name=name).click()
+        page.wait_for_timeout(100)
+    page.wait_for_timeout(3000)
+    assert sorted(d.suggested_filename for d in downloads) == sorted(
+        ["gpt2-tiny.html", "gpt2-tiny.json", "gpt2-tiny.graphml", "gpt2-tiny.dot"]
+    )
+    got = {d.suggested_filename: Path(d.path()).read_text() for d in downloads}
+    assert json.loads(got["gpt2-tiny.json"])["summary"]["nodes"] == capture.summary.nodes  # 101
+    assert got["gpt2-tiny.graphml"].count("<node ") == capture.summary.nodes
