@@ -78,6 +78,10 @@ class FlopSummary:
     backward_by_category: dict[str, int]
     backward_unattributed: int  # ran between nodes: the engine summing gradients where paths meet
     backward_recompute: int  # forward ops re-run by checkpointing inside backward
+    # Where the work went, for flop_analysis: forward FLOPs by innermost module, and both passes by aten op.
+    forward_by_module: dict[str, int] = field(default_factory=dict)
+    forward_by_op: dict[str, int] = field(default_factory=dict)
+    backward_by_op: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -161,7 +165,7 @@ class _FlopCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if not self.run.paused:
-            self.run.charge(flops_of(func, args, kwargs, out))
+            self.run.charge(flops_of(func, args, kwargs, out), func)
         return out
 
 
@@ -260,6 +264,10 @@ class _Run:
         self.flops_by_node: Counter[str] = Counter()
         self.recompute_by_node: Counter[str] = Counter()
         self.flops_unattributed = 0
+        self.module_stack: list[str] = []  # forward: the modules whose forward is running, innermost last
+        self.flops_forward_by_module: Counter[str] = Counter()
+        self.flops_by_op: dict[str, Counter[str]] = {"forward": Counter(), "backward": Counter()}
+        self.io_bytes: dict[str, int] = {}  # node id -> bytes of the gradients it read and wrote
         self.started: dict[str, object] = {}
         self.ended: dict[str, object] = {}
         self.norm_parts: dict[str, list[torch.Tensor]] = {}
@@ -281,11 +289,14 @@ class _Run:
 
     # ---- hooks -------------------------------------------------------------------------------------
 
-    def charge(self, flops: int) -> None:
+    def charge(self, flops: int, func: object = None) -> None:
         if not flops:
             return
+        if self.phase in self.flops_by_op:
+            self.flops_by_op[self.phase][str(getattr(func, "_overloadpacket", func))] += flops
         if self.phase == "forward":
             self.flops_forward += flops
+            self.flops_forward_by_module[self.module_stack[-1] if self.module_stack else ""] += flops
         elif self.current is None:
             self.flops_unattributed += flops
         else:
@@ -312,6 +323,7 @@ class _Run:
             return
         if self.phase != "forward":
             return
+        self.module_stack.append(self.module_paths[module])
         inputs = list(_tensors((args, kwargs)))
         self.boundaries.append({t.grad_fn for t in inputs if t.grad_fn is not None})
         if getattr(module, RECOMPUTED, False):
@@ -328,6 +340,7 @@ class _Run:
         if self.phase != "forward":
             return
         boundary = self.boundaries.pop()
+        self.module_stack.pop()
         path = self.module_paths[module]
         # Everything reachable from the output without crossing the inputs was created by this call.
         # Walk through nodes a child already labelled (ops between children sit below them) but keep the
@@ -362,6 +375,7 @@ class _Run:
         def hook(grad_inputs, grad_outputs):
             self.ended[node_id] = self._clock()
             self.current = None
+            self.io_bytes[node_id] = sum(g.numel() * g.element_size() for g in (*grad_inputs, *grad_outputs) if g is not None)
             if self.real:
                 self.paused = True
                 grads = grad_outputs if is_leaf else grad_inputs
@@ -510,6 +524,7 @@ class _Run:
                 saved_bytes=counted_bytes[node_id],
                 flops=self.flops_by_node[node_id],
                 recompute_flops=self.recompute_by_node[node_id],
+                grad_io_bytes=self.io_bytes.get(node_id, 0),
                 time_s=self._elapsed(node_id),
                 grad_norm=self._norm(node_id),
                 param=param,
@@ -569,6 +584,9 @@ class _Run:
                 backward_by_category={k: v for k, v in sorted(flops_by_category.items()) if v},
                 backward_unattributed=self.flops_unattributed,
                 backward_recompute=sum(self.recompute_by_node.values()),
+                forward_by_module=dict(sorted(self.flops_forward_by_module.items())),
+                forward_by_op=dict(sorted(self.flops_by_op["forward"].items())),
+                backward_by_op=dict(sorted(self.flops_by_op["backward"].items())),
             ),
             time=TimeSummary(forward_s if real else None, backward_s if real else None),
             loss=float(loss.detach()) if real else None,

@@ -5,35 +5,43 @@ from __future__ import annotations
 import re
 
 
+def _scaled(value: float, base: float, units: tuple[str, ...], decimals_of) -> tuple[str, str]:
+    """The first unit in which `value`, rounded as it will be printed, stays below `base`.
+
+    Rounding first is what keeps thresholds honest: 1023.96 B prints as "1.0 KiB", never "1024.0 KiB".
+    """
+    for i, unit in enumerate(units):
+        decimals = decimals_of(unit)
+        rounded = round(value, decimals)
+        if abs(rounded) < base or i == len(units) - 1:
+            return f"{rounded:.{decimals}f}", unit
+        value /= base
+    raise AssertionError("unreachable")
+
+
 def format_bytes(n: int | float | None) -> str:
+    """1536 -> "1.5 KiB"; whole bytes below 1 KiB ("512 B"); binary units up to TiB."""
     if n is None:
         return "n/a"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
+    number, unit = _scaled(float(n), 1024, ("B", "KiB", "MiB", "GiB", "TiB"), lambda u: 0 if u == "B" else 1)
+    return f"{number} {unit}"
 
 
 def format_flops(n: int | float | None, suffix: str = "FLOP") -> str:
-    """37_203_968 -> "37.2 MFLOP" (or "37.2 M" with suffix="", where the label already says FLOPs)."""
+    """37_203_968 -> "37.2 MFLOP"; suffix="FLOP/s" for rates. Decimal prefixes up to E."""
     if n is None:
         return "n/a"
-    value = float(n)
-    for prefix in ("", "k", "M", "G", "T", "P"):
-        if abs(value) < 1000 or prefix == "P":
-            return f"{value:.0f} {suffix}".rstrip() if not prefix else f"{value:.1f} {prefix}{suffix}"
-        value /= 1000
-    return f"{value:.1f} P{suffix}"
+    number, prefix = _scaled(float(n), 1000, ("", "k", "M", "G", "T", "P", "E"), lambda p: 0 if p == "" else 1)
+    return f"{number} {prefix}{suffix}".rstrip()
 
 
 def format_seconds(s: float | None) -> str:
+    """0.0000123 -> "12 µs", 0.0123 -> "12.3 ms", 12.3 -> "12.30 s"."""
     if s is None:
         return "n/a"
-    if s < 1e-3:
+    if round(s * 1e6) < 1000:
         return f"{s * 1e6:.0f} µs"
-    if s < 1:
+    if round(s * 1e3, 1) < 1000:
         return f"{s * 1e3:.1f} ms"
     return f"{s:.2f} s"
 
@@ -57,3 +65,8 @@ def escape_markdown(text: object) -> str:
     escaped = _AUTOLINK.sub(lambda m: m.group(1) + WORD_JOINER + m.group(2) if m.group(1) else m.group(3) + WORD_JOINER,
                             escaped)
     return escaped.replace("\n", "  \n")
+
+
+def format_ratio(x: float | None) -> str:
+    """2.4999 -> "2.50×" (how many times)."""
+    return "n/a" if x is None else f"{x:.2f}×"

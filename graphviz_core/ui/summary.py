@@ -16,7 +16,7 @@ def show_summary(capture: Capture) -> None:
     cols[1].metric("Edges", f"{s.edges:,}")
     cols[2].metric("Parameters", f"{s.parameters} tensors", f"{s.parameter_count:,} scalars", delta_color="off")
     cols[3].metric("Saved for backward", format_bytes(m.saved_bytes), help="storages de-duplicated, parameters excluded")
-    cols[4].metric("Backward FLOPs", format_flops(f.backward, suffix=""), f"forward {format_flops(f.forward)}", delta_color="off")
+    cols[4].metric("Backward FLOPs", format_flops(f.backward), f"forward {format_flops(f.forward)}", delta_color="off")
     cols[5].metric("Backward time", format_seconds(t.backward_s), f"forward {format_seconds(t.forward_s)}", delta_color="off")
     if capture.loss is not None:
         st.caption(f"Loss {capture.loss:.4f} on {capture.device} · {capture.config.dtype} · config "
