@@ -1,4 +1,5 @@
-"""The `graphviz-core` command line: `graph` captures and exports, `expr` traces a toy expression.
+"""The `graphviz-core` command line: `graph` captures and exports, `expr` traces a toy expression, `compare`
+diffs two configs.
 
 Every subcommand exits 0 on success and 2 with one line on stderr for bad input, never a traceback.
 """
@@ -32,11 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
 
     graph = commands.add_parser("graph", help="capture a real backward pass and export its autograd graph")
-    graph.add_argument("--preset", choices=list(PRESETS))
-    for name, choices in CHOICE_FLAGS.items():
-        graph.add_argument(f"--{name}", choices=choices)
-    for name in INT_FLAGS:
-        graph.add_argument(f"--{name}", type=int)
+    _add_config_flags(graph)
     graph.add_argument("--format", choices=("json", "html", "graphml", "dot", "svg"), default="json")
     graph.add_argument("-o", "--output", help="file to write (default: stdout)")
 
@@ -45,16 +42,52 @@ def build_parser() -> argparse.ArgumentParser:
     expr.add_argument("values", nargs="*", help="NAME=VALUE for every variable, e.g. a=2 b=-3 c=10")
     expr.add_argument("--format", choices=("json",), default="json")
     expr.add_argument("-o", "--output", help="file to write (default: stdout)")
+    compare = commands.add_parser(
+        "compare", help="capture two configs and print their diff as JSON",
+        description="Config A's flags, then --vs and config B's flags. B starts from A's flags (or from its own "
+                    "--preset, when given) and overrides them: `compare --preset gpt2-tiny --vs --attention manual`.",
+    )
+    _add_config_flags(compare)
+    compare.add_argument("--vs", nargs=argparse.REMAINDER, required=True, metavar="B_FLAGS",
+                         help="config B's flags (same flags as A's)")
+    compare.add_argument("-o", "--output", help="file to write (default: stdout)")
     return parser
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=list(PRESETS))
+    for name, choices in CHOICE_FLAGS.items():
+        parser.add_argument(f"--{name}", choices=choices)
+    for name in INT_FLAGS:
+        parser.add_argument(f"--{name}", type=int)
+
+
+def _config_of(args: argparse.Namespace):
+    return resolve_config(args.preset, **{name: getattr(args, name) for name in (*CHOICE_FLAGS, *INT_FLAGS)})
+
+
+def _compare_command(args: argparse.Namespace) -> str:
+    import json
+
+    from graphviz_core.capture import capture_backward
+    from graphviz_core.compare import compare_captures
+
+    b_parser = _OneLineParser(prog="graphviz-core compare ... --vs")
+    _add_config_flags(b_parser)
+    b_args = b_parser.parse_args(args.vs)
+    if b_args.preset is None:  # B inherits A's flags, then overrides them
+        for name in ("preset", *CHOICE_FLAGS, *INT_FLAGS):
+            if getattr(b_args, name) is None:
+                setattr(b_args, name, getattr(args, name))
+    config_a, config_b = _config_of(args), _config_of(b_args)
+    return json.dumps(compare_captures(capture_backward(config_a), capture_backward(config_b)).to_dict(), indent=1)
 
 
 def _graph_command(args: argparse.Namespace) -> str:
     from graphviz_core.capture import capture_backward
     from graphviz_core.export import to_dot, to_graphml, to_json, to_svg
 
-    fields = {name: getattr(args, name) for name in (*CHOICE_FLAGS, *INT_FLAGS)}
-    config = resolve_config(args.preset, **fields)
-    capture = capture_backward(config)
+    capture = capture_backward(_config_of(args))
     if args.format == "json":
         return to_json(capture)
     if args.format == "graphml":
@@ -86,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        text = _graph_command(args) if args.command == "graph" else _expr_command(args)
+        text = {"graph": _graph_command, "expr": _expr_command, "compare": _compare_command}[args.command](args)
     except _BadInput as exc:
         _say(str(exc))
         return EXIT_BAD_INPUT

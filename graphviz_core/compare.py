@@ -1,0 +1,192 @@
+"""The difference between two captures: headline deltas, a node-by-node graph diff, per-layer totals, and
+one sentence per config field that differs saying what it changed and why.
+
+Nodes are matched by (module, op, position), where position is the node's rank among the nodes of the same
+module and op in the capture's deterministic numbering, so inserting ops elsewhere does not shift a match.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from graphviz_core.capture import Capture
+from graphviz_core.flop_analysis import layer_of
+
+Key = tuple[str, str, int]
+
+
+@dataclass(frozen=True)
+class Headline:
+    name: str
+    unit: str  # "nodes", "bytes", "FLOP", "s", "scalars"
+    a: float | None
+    b: float | None
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.a is None or self.b is None else self.b - self.a
+
+
+@dataclass(frozen=True)
+class CountDelta:
+    name: str  # an op or a module
+    a_nodes: int
+    b_nodes: int
+
+    @property
+    def delta(self) -> int:
+        return self.b_nodes - self.a_nodes
+
+
+@dataclass(frozen=True)
+class LayerPair:
+    layer: str
+    a_saved_bytes: int
+    b_saved_bytes: int
+    a_flop: int  # forward + backward
+    b_flop: int
+    a_nodes: int
+    b_nodes: int
+
+
+@dataclass(frozen=True)
+class ChangedNode:
+    a_node: str
+    b_node: str
+    fields: tuple[str, ...]  # which of saved_bytes / flops differ
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: Capture
+    b: Capture
+    headline: tuple[Headline, ...]
+    by_op: tuple[CountDelta, ...]  # only ops whose count differs
+    by_module: tuple[CountDelta, ...]  # only modules whose count differs
+    per_layer: tuple[LayerPair, ...]
+    only_a: frozenset[str]
+    only_b: frozenset[str]
+    changed: tuple[ChangedNode, ...]
+    nodes_per_layer_delta: int | None  # when every numbered layer changed by the same count
+    explanations: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": 1,
+            "a": {"config": self.a.config.to_dict(), "device": self.a.device},
+            "b": {"config": self.b.config.to_dict(), "device": self.b.device},
+            "differing_fields": differing_fields(self.a, self.b),
+            "headline": [{"name": h.name, "unit": h.unit, "a": h.a, "b": h.b, "delta": h.delta} for h in self.headline],
+            "nodes_per_layer_delta": self.nodes_per_layer_delta,
+            "by_op": [{"op": c.name, "a": c.a_nodes, "b": c.b_nodes, "delta": c.delta} for c in self.by_op],
+            "by_module": [{"module": c.name, "a": c.a_nodes, "b": c.b_nodes, "delta": c.delta} for c in self.by_module],
+            "per_layer": [dataclasses.asdict(p) for p in self.per_layer],
+            "only_a": sorted(self.only_a, key=_number),
+            "only_b": sorted(self.only_b, key=_number),
+            "changed": [dataclasses.asdict(c) for c in self.changed],
+            "explanations": list(self.explanations),
+        }
+
+
+def _number(node: str) -> int:
+    return int(node.rpartition(":")[2])
+
+
+def match_keys(capture: Capture) -> dict[Key, str]:
+    """(module, op, position) -> node id."""
+    seen: Counter[tuple[str, str]] = Counter()
+    keys: dict[Key, str] = {}
+    for node in sorted(capture.graph.nodes, key=_number):
+        data = capture.graph.nodes[node]
+        pair = (data["module"], data["op"])
+        keys[(*pair, seen[pair])] = node
+        seen[pair] += 1
+    return keys
+
+
+def differing_fields(a: Capture, b: Capture) -> dict[str, list]:
+    ca, cb = a.config.to_dict(), b.config.to_dict()
+    return {k: [ca[k], cb.get(k)] for k in ca if ca[k] != cb.get(k) and k != "preset"}
+
+
+def _count_deltas(a: Counter, b: Counter) -> tuple[CountDelta, ...]:
+    names = sorted(set(a) | set(b), key=lambda n: (-abs(b[n] - a[n]), n))
+    return tuple(CountDelta(n, a[n], b[n]) for n in names if a[n] != b[n])
+
+
+def _per_layer(capture: Capture) -> dict[str, list[int]]:
+    """layer -> [saved bytes, forward + backward FLOPs, nodes]."""
+    out: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for _, d in capture.graph.nodes(data=True):
+        row = out[layer_of(d["module"])]
+        row[0] += d["saved_bytes"]
+        row[1] += d["flops"]
+        row[2] += 1
+    for module, flops in capture.flops.forward_by_module.items():
+        out[layer_of(module)][1] += flops
+    return out
+
+
+def _layer_order(name: str) -> tuple:
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in name.split("."))
+
+
+def compare_captures(a: Capture, b: Capture) -> Comparison:
+    """Everything that differs between two captures (A is the reference, deltas are B − A)."""
+    keys_a, keys_b = match_keys(a), match_keys(b)
+    only_a = frozenset(keys_a[k] for k in keys_a.keys() - keys_b.keys())
+    only_b = frozenset(keys_b[k] for k in keys_b.keys() - keys_a.keys())
+    changed = []
+    for key in sorted(keys_a.keys() & keys_b.keys(), key=lambda k: _number(keys_a[k])):
+        da, db = a.graph.nodes[keys_a[key]], b.graph.nodes[keys_b[key]]
+        fields = tuple(f for f in ("saved_bytes", "flops") if da[f] != db[f])
+        if fields:
+            changed.append(ChangedNode(keys_a[key], keys_b[key], fields))
+
+    ops_a = Counter(d["op"] for _, d in a.graph.nodes(data=True))
+    ops_b = Counter(d["op"] for _, d in b.graph.nodes(data=True))
+    mods_a = Counter(d["module"] for _, d in a.graph.nodes(data=True))
+    mods_b = Counter(d["module"] for _, d in b.graph.nodes(data=True))
+    layers_a, layers_b = _per_layer(a), _per_layer(b)
+    zero = [0, 0, 0]
+    per_layer = tuple(
+        LayerPair(
+            name, *(x for pair in zip(layers_a.get(name, zero), layers_b.get(name, zero), strict=True) for x in pair)
+        )
+        for name in sorted(set(layers_a) | set(layers_b), key=_layer_order)
+    )
+    numbered = [p for p in per_layer if any(part.isdigit() for part in p.layer.split("."))]
+    deltas = {p.b_nodes - p.a_nodes for p in numbered if p.a_nodes and p.b_nodes}
+    per_layer_delta = deltas.pop() if len(deltas) == 1 else None
+
+    def time_total(c: Capture) -> float | None:
+        return None if c.time.backward_s is None else c.time.forward_s + c.time.backward_s
+
+    headline = (
+        Headline("Nodes", "nodes", a.summary.nodes, b.summary.nodes),
+        Headline("Edges", "edges", a.summary.edges, b.summary.edges),
+        Headline("Parameters", "scalars", a.summary.parameter_count, b.summary.parameter_count),
+        Headline("Saved for backward", "bytes", a.memory.saved_bytes, b.memory.saved_bytes),
+        Headline("Peak memory", "bytes", a.memory.peak_bytes, b.memory.peak_bytes),
+        Headline("Forward FLOPs", "FLOP", a.flops.forward, b.flops.forward),
+        Headline("Backward FLOPs", "FLOP", a.flops.backward, b.flops.backward),
+        Headline("Forward + backward time", "s", time_total(a), time_total(b)),
+    )
+    comparison = Comparison(
+        a,
+        b,
+        headline,
+        _count_deltas(ops_a, ops_b),
+        _count_deltas(mods_a, mods_b),
+        per_layer,
+        only_a,
+        only_b,
+        tuple(changed),
+        per_layer_delta,
+        (),
+    )
+    from graphviz_core.compare_reasons import explain  # the sentences read the finished comparison
+
+    return dataclasses.replace(comparison, explanations=tuple(explain(comparison)))

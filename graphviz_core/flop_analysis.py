@@ -1,0 +1,254 @@
+"""Where a capture's FLOPs and time went: per layer, per op family, per node, and against 6·N·tokens.
+
+Pure functions of one `Capture`; they return numbers in frozen dataclasses (units in the field names),
+and `graphviz_core.ui.format` turns them into text.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+
+from graphviz_core.capture import Capture
+
+# Aten op (as the capture records it, "aten.mm") -> the family whose backward/forward ratio we report.
+FAMILIES: dict[str, str] = {
+    "aten.mm": "linear layers (mm, addmm)",
+    "aten.addmm": "linear layers (mm, addmm)",
+    "aten.bmm": "batched matmul (bmm: q·kᵀ and p·v when attention is spelled out)",
+    "aten.baddbmm": "batched matmul (bmm: q·kᵀ and p·v when attention is spelled out)",
+    "aten.convolution": "convolution",
+    "aten.convolution_backward": "convolution",
+    "aten.add": "elementwise (add, sub, mul, div)",
+    "aten.add_": "elementwise (add, sub, mul, div)",
+    "aten.sub": "elementwise (add, sub, mul, div)",
+    "aten.sub_": "elementwise (add, sub, mul, div)",
+    "aten.mul": "elementwise (add, sub, mul, div)",
+    "aten.mul_": "elementwise (add, sub, mul, div)",
+    "aten.div": "elementwise (add, sub, mul, div)",
+    "aten.div_": "elementwise (add, sub, mul, div)",
+    "aten.gelu_backward": "GELU",
+    "aten.native_layer_norm_backward": "LayerNorm",
+    "aten._softmax_backward_data": "softmax",
+    "aten._log_softmax_backward_data": "log-softmax (loss)",
+}
+FUSED_ATTENTION = "fused attention (one kernel: q·kᵀ, softmax, p·v)"
+# What each family's backward/forward ratio is expected to be, and why.
+EXPECTED: dict[str, tuple[float | None, str]] = {
+    "linear layers (mm, addmm)": (2.0, "y = x·W needs dx = dy·Wᵀ and dW = xᵀ·dy: two matmuls of the forward's size"),
+    "batched matmul (bmm: q·kᵀ and p·v when attention is spelled out)": (
+        2.0,
+        "two matmuls per forward matmul, as a linear layer",
+    ),
+    FUSED_ATTENTION: (
+        2.5,
+        "forward 2 matmuls (q·kᵀ, p·v); backward 5: it recomputes q·kᵀ (nothing s×s was kept), then dV, dP, dQ, dK",
+    ),
+    "convolution": (2.0, "input gradient and weight gradient, each a convolution of the forward's size"),
+    "elementwise (add, sub, mul, div)": (
+        1.0,
+        "one op per element each way; backward adds are the engine summing gradients where paths meet",
+    ),
+    "GELU": (None, "forward not counted (no forward formula); backward 19 FLOP/element (seed 004)"),
+    "LayerNorm": (None, "forward not counted (no forward formula); backward 11 FLOP/element (seed 004)"),
+    "softmax": (None, "forward not counted (no forward formula); backward 4 FLOP/element (seed 004)"),
+    "log-softmax (loss)": (None, "forward not counted (no forward formula); backward 4 FLOP/element (seed 004)"),
+}
+FOLKLORE_RATIO = 2.0
+
+
+def family_of(op: str) -> str:
+    if "scaled_dot_product" in op or "flash_attention" in op or "efficient_attention" in op:
+        return FUSED_ATTENTION
+    return FAMILIES.get(op, f"other ({op})")
+
+
+def layer_of(module: str) -> str:
+    """The layer a module belongs to: its path up to the first numeric part ("blocks.3.attn.qkv" -> "blocks.3"),
+    else its first part ("lm_head"); "" (ops outside every module: the loss) -> "(loss and glue)"."""
+    if not module:
+        return "(loss and glue)"
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return parts[0]
+
+
+@dataclass(frozen=True)
+class LayerFlops:
+    layer: str
+    forward_flop: int
+    backward_flop: int
+
+
+def flops_per_layer(capture: Capture) -> list[LayerFlops]:
+    """Forward and backward FLOPs per layer, in forward order (the loss last)."""
+    forward: Counter[str] = Counter()
+    for module, flops in capture.flops.forward_by_module.items():
+        forward[layer_of(module)] += flops
+    backward: Counter[str] = Counter()
+    # Node ids are numbered from the loss (pre-order), so the largest number of a layer is nearest the input.
+    depth: dict[str, int] = {}
+    for node, data in capture.graph.nodes(data=True):
+        layer = layer_of(data["module"])
+        backward[layer] += data["flops"]
+        depth[layer] = max(depth.get(layer, -1), int(node.rpartition(":")[2]))
+    if capture.flops.backward_unattributed:
+        backward["(gradient sums between nodes)"] += capture.flops.backward_unattributed
+    layers = set(forward) | {k for k, v in backward.items() if v}
+    order = sorted(layers, key=lambda name: (-depth.get(name, -1), _natural(name)))
+    return [LayerFlops(name, forward[name], backward[name]) for name in order]
+
+
+def _natural(name: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else p for p in name.split("."))
+
+
+@dataclass(frozen=True)
+class FamilyRatio:
+    family: str
+    forward_flop: int
+    backward_flop: int
+    ratio: float | None  # backward / forward; None where the forward is not counted
+    expected_ratio: float | None
+    why: str
+
+
+def ratios_by_family(capture: Capture) -> list[FamilyRatio]:
+    """Backward/forward FLOPs per op family, measured from the aten ops each pass ran (largest first)."""
+    forward: Counter[str] = Counter()
+    backward: Counter[str] = Counter()
+    for op, flops in capture.flops.forward_by_op.items():
+        forward[family_of(op)] += flops
+    for op, flops in capture.flops.backward_by_op.items():
+        backward[family_of(op)] += flops
+    rows = []
+    for family in sorted(set(forward) | set(backward), key=lambda f: -(forward[f] + backward[f])):
+        expected, why = EXPECTED.get(family, (None, "no stated expectation"))
+        ratio = backward[family] / forward[family] if forward[family] else None
+        rows.append(FamilyRatio(family, forward[family], backward[family], ratio, expected, why))
+    return rows
+
+
+def overall_ratio(capture: Capture) -> float | None:
+    return capture.flops.backward / capture.flops.forward if capture.flops.forward else None
+
+
+@dataclass(frozen=True)
+class RuleTerm:
+    term: str
+    flop: int
+
+
+@dataclass(frozen=True)
+class RuleOfThumb:
+    """Measured forward + backward next to 6·N·tokens + the attention term, and the gap term by term."""
+
+    tokens: int
+    parameters: int
+    six_n_tokens_flop: int
+    attention_flop: int  # 12·L·b·s²·h: q·kᵀ and p·v, dense, forward ×3 for training
+    rule_flop: int
+    measured_flop: int
+    gap: tuple[RuleTerm, ...]  # rule + sum(gap) == measured, exactly
+
+
+def rule_of_thumb(capture: Capture) -> RuleOfThumb:
+    config = capture.config
+    tokens = config.batch * config.seq
+    n = capture.summary.parameter_count
+    six_n = 6 * n * tokens
+    has_attention = config.model != "mlp"
+    attention = 12 * config.layers * config.batch * config.seq**2 * config.hidden if has_attention else 0
+    f, b = capture.flops.forward_by_op, capture.flops.backward_by_op
+
+    def total(ops: dict[str, int], family: str) -> int:
+        return sum(v for op, v in ops.items() if family_of(op) == family)
+
+    linear = "linear layers (mm, addmm)"
+    linear_forward, linear_backward = total(f, linear), total(b, linear)
+    attn_families = (FUSED_ATTENTION, "batched matmul (bmm: q·kᵀ and p·v when attention is spelled out)")
+    attention_measured = sum(total(f, fam) + total(b, fam) for fam in attn_families)
+    matmul_params = linear_forward // (2 * tokens) if tokens else 0
+    measured = capture.flops.forward + capture.flops.backward
+    gap = [
+        RuleTerm(
+            f"{n - matmul_params:,} of the {n:,} parameters do no matrix multiply (embedding lookups, biases, "
+            f"norm gains; a tied table counts once): 6 × that × tokens is never spent",
+            -6 * (n - matmul_params) * tokens,
+        ),
+        RuleTerm(
+            "linear layers' backward is not exactly 2× their forward (e.g. no gradient for an input that needs none)",
+            linear_backward - 2 * linear_forward,
+        ),
+        RuleTerm(
+            "attention measured vs 12·L·b·s²·h: the fused kernel recomputes q·kᵀ in backward (2.5× forward, not 2×)",
+            attention_measured - attention,
+        ),
+    ]
+    other = measured - (6 * matmul_params * tokens + (linear_backward - 2 * linear_forward)) - attention_measured
+    gap.append(RuleTerm("LayerNorm, GELU, softmax, loss and elementwise ops (the rule counts only matmuls)", other))
+    # A rounding remainder from matmul_params' integer division keeps the sum exact.
+    remainder = measured - (six_n + attention + sum(t.flop for t in gap))
+    if remainder:
+        gap.append(
+            RuleTerm("linear FLOPs not a whole multiple of 2·tokens (rounding of the parameter count)", remainder)
+        )
+    return RuleOfThumb(tokens, n, six_n, attention, six_n + attention, measured, tuple(gap))
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    node: str
+    op: str
+    module: str
+    category: str
+    flop: int
+    time_s: float | None  # as measured, instrumentation included
+    net_time_s: float | None  # time_s minus the per-node instrumentation overhead, floored at 0
+    flop_per_s: float | None  # flop / net_time_s; None when the node ran within the overhead (net time 0)
+    bytes_moved: int  # gradients read and written + tensors saved for it (read back), parameters included
+    intensity_flop_per_byte: float | None
+
+
+def instrumentation_overhead_s(capture: Capture) -> float | None:
+    """Per-node overhead of the timing hooks and FLOP counter, measured in this run: the median time of the
+    shape nodes (view, transpose, expand…), which do no arithmetic, so their time is almost all overhead."""
+    times = [
+        d["time_s"] for _, d in capture.graph.nodes(data=True) if d["category"] == "shape" and d["time_s"] is not None
+    ]
+    return statistics.median(times) if times else None
+
+
+def node_costs(capture: Capture) -> list[NodeCost]:
+    overhead = instrumentation_overhead_s(capture) or 0.0
+    rows = []
+    for node, d in capture.graph.nodes(data=True):
+        moved = d.get("grad_io_bytes", 0) + sum(s["bytes"] for s in d["saved"])
+        time_s = d["time_s"]
+        net = None if time_s is None else max(time_s - overhead, 0.0)
+        rows.append(
+            NodeCost(
+                node,
+                d["op"],
+                d["module"],
+                d["category"],
+                d["flops"],
+                time_s,
+                net,
+                d["flops"] / net if net and d["flops"] else None,
+                moved,
+                d["flops"] / moved if moved and d["flops"] else None,
+            )
+        )
+    return rows
+
+
+def top_nodes(capture: Capture, by: str, n: int = 10) -> list[NodeCost]:
+    """The n nodes with the most FLOPs (by="flop") or time (by="time_s"), largest first."""
+    if by not in ("flop", "time_s"):
+        raise ValueError(f"top nodes by {by!r}: choose 'flop' or 'time_s'.")
+    rows = [r for r in node_costs(capture) if getattr(r, by)]
+    return sorted(rows, key=lambda r: -getattr(r, by))[:n]

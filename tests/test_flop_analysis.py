@@ -1,0 +1,97 @@
+"""FLOP and time analyses of real gpt2-tiny captures (b=2, s=32, h=64, nh=4, d=16, V=512, L=2)."""
+
+import pytest
+
+from graphviz_core import flop_analysis as fa
+from graphviz_core.flop_terms import terms_both_ways
+from tests.conftest import captured
+
+B, S, H, NH, D, V, L = 2, 32, 64, 4, 16, 512, 2
+TOKENS = B * S  # 64
+
+
+def _family(capture, prefix):
+    return next(r for r in fa.ratios_by_family(capture) if r.family.startswith(prefix))
+
+
+def test_linear_layers_backward_is_exactly_twice_the_forward():
+    row = _family(captured("gpt2-tiny"), "linear")
+    # per layer 2*tokens*(h*3h + h*h + h*4h + 4h*h) = 2*64*(12288+4096+16384+16384) = 6_291_456; x2 layers
+    # + lm_head 2*64*64*512 = 4_194_304 -> 16_777_216
+    assert row.forward_flop == 2 * 6_291_456 + 4_194_304 == 16_777_216
+    assert row.backward_flop == 2 * 16_777_216 and row.ratio == 2.0
+
+
+def test_fused_attention_backward_is_2_5x_because_it_recomputes_q_kT():
+    row = _family(captured("gpt2-tiny"), "fused attention")
+    # forward 2 GEMMs: 4*b*nh*s^2*d = 4*2*4*1024*16 = 524_288 per layer; backward 5 GEMMs: 10*... = 1_310_720
+    assert row.forward_flop == L * 4 * B * NH * S * S * D == 1_048_576
+    assert row.backward_flop == L * 10 * B * NH * S * S * D == 2_621_440
+    assert row.ratio == 2.5
+
+
+def test_manual_attention_matmuls_are_2x():
+    row = _family(captured("gpt2-tiny", attention="manual"), "batched matmul")
+    assert row.forward_flop == L * 4 * B * NH * S * S * D  # q@kT and p@v, 2*b*nh*s*s*d each
+    assert row.ratio == 2.0
+
+
+def test_forward_flops_are_attributed_to_modules_and_layers():
+    capture = captured("gpt2-tiny")
+    f = capture.flops.forward_by_module
+    assert f["blocks.0.mlp.fc"] == 2 * TOKENS * H * 4 * H == 2_097_152
+    assert sum(f.values()) == capture.flops.forward
+    layers = {r.layer: r for r in fa.flops_per_layer(capture)}
+    # a block: 6_291_456 linear + 524_288 attention + 2 residual adds of b*s*h = 4096 each
+    assert layers["blocks.1"].forward_flop == 6_291_456 + 524_288 + 2 * 4096
+    assert sum(r.backward_flop for r in layers.values()) == capture.flops.backward
+    assert [r.layer for r in fa.flops_per_layer(capture)][:2] == ["lm_head", "ln_f"]  # nearest the loss first
+
+
+def test_rule_of_thumb_gap_sums_exactly_to_the_measurement():
+    capture = captured("gpt2-tiny")
+    rule = fa.rule_of_thumb(capture)
+    assert rule.six_n_tokens_flop == 6 * capture.summary.parameter_count * TOKENS
+    assert rule.attention_flop == 12 * L * B * S * S * H  # 3_145_728
+    assert rule.rule_flop + sum(t.flop for t in rule.gap) == rule.measured_flop
+    # parameters without a matmul: wpe 32*64 + 2 LN per layer and ln_f (2*64 each) + biases (3h+h+4h+h per layer)
+    # = 2048 + 5*128 + 2*576 = 3840 (wte is tied to lm_head, which multiplies)
+    assert rule.gap[0].flop == -6 * 3840 * TOKENS
+    # the fused kernel's recompute: 2*b*nh*s^2*d per layer beyond 12*L*b*s^2*h = 2 * 262_144
+    assert rule.gap[2].flop == L * 2 * B * NH * S * S * D
+
+
+def test_node_costs_carry_bytes_moved_and_intensity():
+    capture = captured("gpt2-tiny")
+    lm_head = next(r for r in fa.node_costs(capture) if r.module == "lm_head" and r.flop)
+    # reads dY (b*s, V) = 64x512, writes dX (b*s, h) = 64x64 and dWᵀ (h, V) = 64x512 (fp32, 4 B):
+    # (32_768 + 4_096 + 32_768) * 4 = 278_528; reads the saved X 64*64*4 = 16_384 and W 512*64*4 = 131_072
+    assert lm_head.bytes_moved == 278_528 + 16_384 + 131_072
+    assert lm_head.intensity_flop_per_byte == pytest.approx(8_388_608 / 425_984)
+    assert fa.instrumentation_overhead_s(capture) > 0
+    top = fa.top_nodes(capture, "flop", 3)
+    assert top[0].module == "lm_head" and top[0].flop == 4 * B * S * H * V  # 8_388_608, the largest GEMM pair
+
+
+def test_meta_has_no_time_but_still_flops():
+    capture = captured("gpt2-tiny", device="meta")
+    assert fa.instrumentation_overhead_s(capture) is None
+    assert all(r.time_s is None and r.flop_per_s is None for r in fa.node_costs(capture))
+    assert fa.top_nodes(capture, "time_s") == []
+    assert fa.top_nodes(capture, "flop", 1)[0].flop == 8_388_608
+
+
+def test_seed004_terms_both_ways():
+    rows = {r.term: r for r in terms_both_ways(captured("gpt2-tiny"), captured("gpt2-tiny", attention="manual"))}
+    qk = rows["2 layers × query@key"]
+    assert qk.manual_flop == qk.seed_flop == L * 4 * B * NH * S * S * D and qk.fused_flop is None
+    core = rows["2 layers × attention core, fused"]
+    # seed: (8*b*nh*s^2*d + 5*b*nh*s^2) per layer = (1_048_576 + 40_960) * 2; fused measures 10*b*nh*s^2*d
+    assert core.seed_flop == core.manual_flop == 2 * (1_048_576 + 40_960)
+    assert core.fused_flop == L * 10 * B * NH * S * S * D
+    assert rows["lm_head"].manual_flop == rows["lm_head"].fused_flop == 4 * B * S * H * V
+
+
+def test_seed004_terms_refuse_mismatched_captures():
+    with pytest.raises(ValueError, match="differ only in attention"):
+        terms_both_ways(captured("gpt2-tiny"), captured("gpt2-tiny", attention="manual", batch=1))
