@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphviz_core.admission import Ticket, admit
-from graphviz_core.categories import category_of, normalise_op
+from graphviz_core.categories import category_in_module, normalise_op
 from graphviz_core.config import ModelConfig
 from graphviz_core.device import device_guard, resolve_device, synchronize
 from graphviz_core.flops import flops_of
@@ -36,6 +36,15 @@ from graphviz_core.models import RECOMPUTED, build_model, compute_loss, make_bat
 from graphviz_core.timeline import MemoryTimeline, StorageObserver
 
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Source:
+    """A model to capture that is not built from a config: the module, its example inputs, and the loss."""
+
+    model: torch.nn.Module
+    inputs: tuple
+    loss_fn: Callable[..., torch.Tensor]  # loss_fn(model_output) -> scalar tensor
 
 
 @dataclass(frozen=True)
@@ -107,11 +116,15 @@ class Capture:
     timeline: MemoryTimeline | None = field(default=None, repr=False)  # graphviz_core.timeline
 
 
-def capture_backward(config: ModelConfig, progress: Progress | None = None, ticket: Ticket | None = None) -> Capture:
+def capture_backward(
+    config: ModelConfig, progress: Progress | None = None, ticket: Ticket | None = None, source: Source | None = None
+) -> Capture:
     """Build the model, run forward + backward once with instrumentation, and return the Capture.
 
-    Raises ValueError (CaptureError) with an actionable sentence for configs that cannot run here, and
-    CaptureCancelled when `ticket` is cancelled (checked while queued and at every module and node).
+    `source` replaces the model, batch and loss that `config` would build (graphviz_core.user_model passes a
+    user's own module this way). Raises ValueError (CaptureError) with an actionable sentence for configs that
+    cannot run here, and CaptureCancelled when `ticket` is cancelled (checked while queued and at every module
+    and node).
     """
     say = progress or (lambda phase: None)
     device = resolve_device(config.device)
@@ -121,7 +134,7 @@ def capture_backward(config: ModelConfig, progress: Progress | None = None, tick
     if device == "meta":
         meta_kernels = _fused_attention_on_meta(resolve_device("auto") == "cuda")
     with admit(config, device, ticket) as admitted:  # waits its turn; reserves the estimated bytes
-        run = _Run(config, device, say, admitted.check)
+        run = _Run(config, device, say, admitted.check, source)
         try:
             with device_guard(device), meta_kernels:
                 return run.capture()
@@ -240,8 +253,11 @@ def _saved_fields(node: object) -> tuple[str, ...]:
 class _Run:
     """The mutable state of one capture; `capture()` turns it into a frozen Capture."""
 
-    def __init__(self, config: ModelConfig, device: str, say: Progress, check: Callable[[], None]) -> None:
+    def __init__(
+        self, config: ModelConfig, device: str, say: Progress, check: Callable[[], None], source: Source | None = None
+    ) -> None:
         self.config = config
+        self.source = source
         self.device = device
         self.say = say
         self.check = check  # raises CaptureCancelled; called at module and node boundaries
@@ -398,16 +414,22 @@ class _Run:
     def capture(self) -> Capture:
         config, device = self.config, self.device
         self.say("building the model")
-        with torch.device(device):
-            model = build_model(config)
-        batch = make_batch(config, device)
+        if self.source is None:
+            with torch.device(device):
+                model = build_model(config)
+            batch = make_batch(config, device)
+            inputs, loss_of = (batch.inputs,), lambda out: compute_loss(config, out, batch.targets)
+            held = (batch.inputs, batch.targets)
+        else:
+            model, inputs, loss_of = self.source.model, self.source.inputs, self.source.loss_fn
+            held = inputs
         self.param_names = {p: name for name, p in model.named_parameters()}
         self.param_storages = {_storage_key(p)[0] for p in model.parameters()}
         self.module_paths = {m: name for name, m in model.named_modules()}
         handles = [m.register_forward_pre_hook(self.module_pre, with_kwargs=True) for m in model.modules()]
         handles += [m.register_forward_hook(self.module_post, with_kwargs=True, always_call=True) for m in model.modules()]
         self.storages.track_existing(model.parameters(), parameters=True)
-        self.storages.track_existing((batch.inputs, batch.targets), parameters=False)
+        self.storages.track_existing(held, parameters=False)
         self.storages.watch_modules(model)
         peak = baseline = None
         if device == "cuda":
@@ -424,8 +446,8 @@ class _Run:
         self.phase = "forward"
         started = time.perf_counter()
         with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack), _FlopCounter(self), self.storages.forward():
-            output = model(batch.inputs)
-            loss = compute_loss(config, output, batch.targets)
+            output = model(*inputs)
+            loss = loss_of(output)
         synchronize(device)
         forward_s = time.perf_counter() - started
         self.phase = "walk"
@@ -498,6 +520,8 @@ class _Run:
             save_events.append(
                 SaveEvent(index, node_of_save[index], save.shape, save.dtype, save.storage_bytes, counted)
             )
+        # The owning module's type refines categories (graphviz_core.categories.category_in_module).
+        module_types = {path: type(m).__name__ for m, path in self.module_paths.items()}
         counted_bytes = Counter()
         for event in save_events:
             if event.counted:
@@ -519,7 +543,7 @@ class _Run:
             graph.add_node(
                 node_id,
                 op=op,
-                category=category_of(op),
+                category=category_in_module(op, module_types[self.labels[node]] if node in self.labels else ""),
                 module=module,
                 saved_bytes=counted_bytes[node_id],
                 flops=self.flops_by_node[node_id],
@@ -555,6 +579,8 @@ class _Run:
             flops_by_category[data["category"]] += data["flops"]
         backward_total = sum(self.flops_by_node.values()) + self.flops_unattributed
         checkpoint_held = sum(b for key, b in self.checkpoint_held.items() if key not in first_save)
+        # Outputs a selective-checkpoint policy kept (graphviz_core.families): stored by the checkpoint, not hooks.
+        checkpoint_held += getattr(model, "selective_checkpoint_kept_bytes", 0)
         real = self.real
         timeline = self.storages.timeline(lambda n: graph.nodes[n]["module"] if n in graph else "")
         return Capture(

@@ -13,7 +13,20 @@ from collections.abc import Sequence
 from graphviz_core.config import ATTENTIONS, CHECKPOINTS, DEVICES, DTYPES, MODELS, PRESETS, resolve_config
 
 EXIT_BAD_INPUT = 2
-INT_FLAGS = ("hidden", "heads", "layers", "vocab", "batch", "seq", "context", "seed")
+INT_FLAGS = ("hidden", "heads", "layers", "vocab", "batch", "seq", "context", "seed", "kv_heads", "intermediate",
+             "experts", "experts_per_token", "image_size")
+FLAG_HELP = {
+    "layers": "transformer layers; for resnet its depth (18, 34, 50, 101, 152)",
+    "vocab": "vocabulary size; for vit and resnet the number of classes",
+    "hidden": "hidden size; for resnet the stem width (64 in ResNet-50)",
+    "context": "position-embedding rows (gpt2, gpt2-hf, bert); 0 = seq",
+    "kv_heads": "key-value heads for grouped-query attention (llama, mistral, qwen2, mixtral)",
+    "intermediate": "MLP width (transformers families; default 4*hidden)",
+    "experts": "experts per layer (mixtral)",
+    "experts_per_token": "experts each token is routed to (mixtral)",
+    "image_size": "square image side in pixels (vit, resnet)",
+    "seed": "random seed for weights and inputs, 0 .. 2**31-1",
+}
 CHOICE_FLAGS = {"model": MODELS, "attention": ATTENTIONS, "checkpoint": CHECKPOINTS, "device": DEVICES, "dtype": DTYPES}
 
 
@@ -34,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     graph = commands.add_parser("graph", help="capture a real backward pass and export its autograd graph")
     _add_config_flags(graph)
+    graph.add_argument("--model-file", metavar="PATH:FACTORY",
+                       help="capture your own nn.Module: FACTORY() in PATH returns (module, example inputs, loss function)")
     graph.add_argument("--format", choices=("json", "html", "graphml", "dot", "svg"), default="json")
     graph.add_argument("-o", "--output", help="file to write (default: stdout)")
 
@@ -59,7 +74,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     for name, choices in CHOICE_FLAGS.items():
         parser.add_argument(f"--{name}", choices=choices)
     for name in INT_FLAGS:
-        parser.add_argument(f"--{name}", type=int)
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, help=FLAG_HELP.get(name))
 
 
 def _config_of(args: argparse.Namespace):
@@ -87,7 +102,17 @@ def _graph_command(args: argparse.Namespace) -> str:
     from graphviz_core.capture import capture_backward
     from graphviz_core.export import to_dot, to_graphml, to_json, to_svg
 
-    capture = capture_backward(_config_of(args))
+    if args.model_file:
+        fields = {name: getattr(args, name) for name in (*CHOICE_FLAGS, *INT_FLAGS)}
+        given = [f"--{k.replace('_', '-')}" for k, v in fields.items() if v is not None]
+        given += ["--preset"] if args.preset else []
+        if given:
+            raise ValueError(f"--model-file brings its own model and inputs; drop {', '.join(given)}.")
+        from graphviz_core.user_model import capture_file
+
+        capture = capture_file(args.model_file)
+    else:
+        capture = capture_backward(_config_of(args))
     if args.format == "json":
         return to_json(capture)
     if args.format == "graphml":

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from graphviz_core.config import ModelConfig
+from graphviz_core.config import HF_FAMILIES, ModelConfig
 
 DEVICE_ENV = "GRAPHVIZ_CORE_DEVICE"  # overrides what `auto` picks, e.g. GRAPHVIZ_CORE_DEVICE=cpu on a GPU box
 CPU_BUDGET_ENV = "GRAPHVIZ_CORE_CPU_BUDGET_BYTES"
@@ -56,6 +56,10 @@ def estimate_peak_bytes(config: ModelConfig) -> int:
     elem = BYTES_PER[config.dtype]
     b, s, h, L, a = config.batch, config.seq, config.hidden, config.layers, config.heads
     params = parameter_count_estimate(config)
+    if config.model in HF_FAMILIES:
+        from graphviz_core.families import activation_elements
+
+        return int(elem * (2 * params + activation_elements(config)))
     per_layer_elems = 17 * s * b * h + (2.5 * a * s * s * b if config.attention == "manual" else 0)
     if config.model == "mlp":
         per_layer_elems = 10 * s * b * h
@@ -70,6 +74,10 @@ def estimate_training_flops(config: ModelConfig) -> int:
     tied lm_head counted by its embedding, plus attention's scores and weighted sum: 4·s²·h per sequence
     per layer forward, twice that backward (12·b·s²·h per layer), which dominates at long sequences.
     """
+    if config.model in HF_FAMILIES:
+        from graphviz_core.families import training_flops
+
+        return training_flops(config)
     tokens = config.batch * config.seq
     flops = 6 * parameter_count_estimate(config) * tokens
     if config.model != "mlp":
@@ -79,6 +87,10 @@ def estimate_training_flops(config: ModelConfig) -> int:
 
 def parameter_count_estimate(config: ModelConfig) -> int:
     """Parameters of the model `config` builds (exact for the shipped models)."""
+    if config.model in HF_FAMILIES:
+        from graphviz_core.families import parameter_count
+
+        return parameter_count(config)
     h, L = config.hidden, config.layers
     mlp = 8 * h * h + 5 * h  # fc (h x 4h + 4h) + proj (4h x h + h)
     if config.model == "mlp":

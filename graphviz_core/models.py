@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from graphviz_core.config import ModelConfig
+from graphviz_core.config import HF_FAMILIES, ModelConfig
 
 # Set on modules whose forward runs under torch.utils.checkpoint: the capture counts the inputs that the
 # checkpoint keeps for recomputation, which no saved-tensor hook sees.
@@ -206,6 +206,12 @@ _BUILD_LOCK = threading.Lock()
 
 def build_model(config: ModelConfig) -> nn.Module:
     """The model for `config`, in training mode, on the current default device (see torch.device ctx)."""
+    if config.model in HF_FAMILIES:
+        from graphviz_core.families import build_hf_model
+
+        with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            return build_hf_model(config).train()
     with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         model = {"mlp": MLP, "block": BlockModel, "gpt2": GPT2}[config.model](config)
@@ -217,6 +223,10 @@ def make_batch(config: ModelConfig, device: torch.device | str) -> Batch:
     dtype = TORCH_DTYPES[config.dtype]
     gen_device = "cpu" if str(device) == "meta" else device
     gen = torch.Generator(device=gen_device).manual_seed(config.seed + 1)
+    if config.model in HF_FAMILIES:
+        from graphviz_core.families import make_hf_batch
+
+        return Batch(*make_hf_batch(config, device, None if str(device) == "meta" else gen))
     shape = (config.batch, config.seq)
     if str(device) == "meta":
         if config.model == "gpt2":
@@ -235,7 +245,12 @@ def make_batch(config: ModelConfig, device: torch.device | str) -> Batch:
 
 
 def compute_loss(config: ModelConfig, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy against random tokens for gpt2; mean squared error against random targets otherwise."""
+    """Cross-entropy against random tokens (or labels) for gpt2 and the transformers families; mean squared error
+    against random targets otherwise."""
+    if config.model in HF_FAMILIES:
+        from graphviz_core.families import hf_loss
+
+        return hf_loss(output, targets)
     if config.model == "gpt2":
         return F.cross_entropy(output.view(-1, output.size(-1)), targets.view(-1))  # (B*T, V) vs (B*T,)
     return F.mse_loss(output, targets)

@@ -39,7 +39,7 @@ def _in_block(d: dict, part: str = "") -> bool:
 def memory_per_layer(capture: Capture) -> list[Comparison]:
     """Saved bytes of one transformer layer (mean over the blocks) against Korthikanti's formula."""
     config = capture.config
-    if config.model == "mlp":
+    if config.model not in ("block", "gpt2"):
         return []
     layers = config.layers
     measured = _sum(capture, "saved_bytes", _in_block) // layers

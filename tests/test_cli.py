@@ -26,8 +26,14 @@ def test_bad_config_exits_2_with_one_line_and_no_traceback():
 
 @pytest.mark.parametrize(
     "args",
-    [["graph", "--batch", "zero"], ["graph", "--model", "resnet"], ["graph", "--bogus"], ["nope"], [],
-     ["graph", "--preset", "gpt2-small", "--batch", "4096", "--device", "cpu"]],
+    [["graph", "--batch", "zero"], ["graph", "--model", "resnet9"], ["graph", "--bogus"], ["nope"], [],
+     ["graph", "--preset", "gpt2-small", "--batch", "4096", "--device", "cpu"],
+     # issue 7's bad inputs: unknown family or size, a field the family lacks, heads vs hidden, kv vs heads
+     ["graph", "--preset", "llama-3.1-9b"], ["graph", "--model", "gpt2", "--kv-heads", "2"],
+     ["graph", "--model", "llama", "--hidden", "66"], ["graph", "--model", "llama", "--kv-heads", "3"],
+     ["graph", "--model", "vit", "--seq", "64"], ["graph", "--model", "resnet", "--layers", "20"],
+     # issue 12 item 19: the seed is bounded (2**64 - 1 used to overflow inside torch)
+     ["graph", "--seed", "-1"], ["graph", "--seed", "18446744073709551615"]],
 )
 def test_bad_input_is_always_one_line_exit_2(args, capsys):
     assert main(args) == 2

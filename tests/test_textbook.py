@@ -33,7 +33,7 @@ def test_manual_attention_adds_the_scores_and_the_mask():
 
 
 def test_seed_002_as_written_doubles_korthikanti_at_16_bits():
-    config = config_from_preset("llama-70b-shape")
+    config = config_from_preset("gpt2-blocks-at-llama-70b-width")
     s_, b_, h_ = 8192, 1, 8192
     assert korthikanti_layer_bytes(config) == 34 * s_ * b_ * h_  # fused attention: no s² term
     assert seed002_as_written_bytes(config) == 2 * korthikanti_layer_bytes(config)
@@ -43,7 +43,7 @@ def test_seed_002_as_written_doubles_korthikanti_at_16_bits():
 
 
 def test_llama_70b_shape_measured_on_meta_is_half_of_seed_002s_claim():
-    capture = captured("llama-70b-shape", layers=2)  # same per-layer tensors as 80 layers; meta either way
+    capture = captured("gpt2-blocks-at-llama-70b-width", layers=2)  # same per-layer tensors as 80 layers; meta either way
     row = rows_by_term(memory_per_layer(capture))["Korthikanti without dropout, at this dtype"]
     # bf16 stores 32sbh bytes per layer = 2_147_483_648; the measured rest is per-token statistics
     # (LayerNorm mean and rstd, the attention log-sum-exp), under 1% here

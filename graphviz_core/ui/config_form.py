@@ -1,72 +1,230 @@
-"""The sidebar form every page shares: a preset plus every field of ModelConfig, applied on submit."""
+"""The sidebar form every page shares: a preset, the model family, and every field that family has, applied on Run."""
 
 from __future__ import annotations
 
 import streamlit as st
+import torch
 
 from graphviz_core.config import (
-    ATTENTIONS,
+    BUILT_IN_ATTENTIONS,
     CHECKPOINTS,
     DEFAULT_PRESET,
     DEVICES,
     DTYPES,
-    LIMITS,
+    HF_ATTENTIONS,
+    HF_FAMILIES,
+    MODEL_DEFAULTS,
     MODELS,
+    OPTIONAL_FIELDS,
     PRESETS,
+    SEED_MAX,
+    VISION,
     ModelConfig,
+    applies,
     config_from_preset,
 )
+from graphviz_core.device import check_budget, resolve_device
 from graphviz_core.ui.format import escape_markdown
 
 SIZE_FIELDS = ("hidden", "heads", "layers", "vocab", "batch", "seq")
-CHOICE_FIELDS = {"model": MODELS, "attention": ATTENTIONS, "checkpoint": CHECKPOINTS, "device": DEVICES, "dtype": DTYPES}
+INT_FIELDS = (*SIZE_FIELDS, "kv_heads", "intermediate", "experts", "experts_per_token", "image_size", "context", "seed")
+CHOICE_FIELDS = ("model", "attention", "checkpoint", "device", "dtype")
+FAMILY_NAMES = {
+    "mlp": "MLP (built in)",
+    "block": "one transformer block (built in)",
+    "gpt2": "GPT-2 (built in)",
+    "llama": "Llama",
+    "mistral": "Mistral",
+    "qwen2": "Qwen2.5",
+    "mixtral": "Mixtral (mixture of experts)",
+    "gpt2-hf": "GPT-2 (Hugging Face)",
+    "bert": "BERT (masked LM)",
+    "vit": "ViT (images)",
+    "resnet": "ResNet (images)",
+}
+
+
+def _label(name: str, model: str) -> str:
+    if name == "layers" and model == "resnet":
+        return "Depth (18, 34, 50, 101, 152)"
+    if name == "hidden" and model == "resnet":
+        return "Stem width (channels)"
+    if name == "vocab" and model in VISION:
+        return "Classes"
+    return {
+        "hidden": "Hidden size",
+        "heads": "Attention heads",
+        "layers": "Layers",
+        "vocab": "Vocabulary",
+        "batch": "Batch",
+        "seq": "Sequence length",
+        "kv_heads": "Key-value heads",
+        "intermediate": "MLP width",
+        "experts": "Experts",
+        "experts_per_token": "Experts per token",
+        "image_size": "Image size (pixels)",
+        "context": "Context (position rows; 0 = seq)",
+        "seed": "Random seed",
+    }[name]
+
+
+def _attentions(model: str) -> tuple[str, ...]:
+    return HF_ATTENTIONS if model in HF_FAMILIES else BUILT_IN_ATTENTIONS
+
+
+def _devices() -> tuple[str, ...]:
+    # Offer cuda only where this machine has it (a choice that can only fail is no choice).
+    return DEVICES if torch.cuda.is_available() else tuple(d for d in DEVICES if d != "cuda")
+
+
+def _load(key: str, config: ModelConfig) -> None:
+    for name, value in config.to_dict().items():
+        if name == "preset":
+            continue
+        st.session_state[f"{key}.{name}"] = value
+    if config.device not in _devices():
+        st.session_state[f"{key}.device"] = "auto"
 
 
 def _load_preset(key: str) -> None:
-    config = config_from_preset(st.session_state[f"{key}.preset"])
-    for name, value in config.to_dict().items():
-        st.session_state[f"{key}.{name}"] = value
+    _load(key, config_from_preset(st.session_state[f"{key}.preset"]))
+
+
+def _load_family(key: str) -> None:
+    """Switching family starts from that family's toy-size defaults: its fields differ from the last one's."""
+    model = st.session_state[f"{key}.model"]
+    _load(key, ModelConfig(**MODEL_DEFAULTS[model]))
+    tiny = f"{model}-tiny"
+    st.session_state[f"{key}.preset"] = (
+        tiny
+        if tiny in PRESETS
+        else next(
+            (n for n, p in PRESETS.items() if p.fields == MODEL_DEFAULTS[model]), st.session_state[f"{key}.preset"]
+        )
+    )
+
+
+def form_fields(key: str) -> dict:
+    """The config fields as the form holds them now; fields the family does not have take their neutral value."""
+    model = st.session_state[f"{key}.model"]
+    fields = {}
+    for name in (*INT_FIELDS, *CHOICE_FIELDS, "tied"):
+        value = st.session_state.get(f"{key}.{name}", getattr(ModelConfig, name))
+        if name in OPTIONAL_FIELDS or name == "tied":
+            value = value if applies(name, model) else getattr(ModelConfig, name)
+        if name == "attention" and not applies("attention", model):
+            value = "sdpa"
+        if name in INT_FIELDS and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        fields[name] = value
+    if model == "mlp" and fields["checkpoint"] == "selective":
+        fields["checkpoint"] = "full"
+    return fields
+
+
+def _named(config: ModelConfig, preset: str) -> ModelConfig:
+    """Keep the preset's name only while the config is exactly that preset; otherwise it is named by its fields."""
+    try:
+        same = config_from_preset(preset).replace(preset="") == config.replace(preset="")
+    except ValueError:
+        same = False
+    return config.replace(preset=preset if same else "")
 
 
 def config_form(key: str = "config") -> ModelConfig | None:
-    """Draw the form in the sidebar; return the config last applied (the default preset at first)."""
+    """Draw the form in the sidebar; return the config last applied (the default preset at first).
+
+    A config that cannot run (invalid field, cuda missing, over the memory budget) is refused here with one
+    message, and the config applied before stays, so the page keeps showing its result.
+    """
     if f"{key}.preset" not in st.session_state:
         st.session_state[f"{key}.preset"] = DEFAULT_PRESET
         _load_preset(key)
         st.session_state[f"{key}.applied"] = config_from_preset(DEFAULT_PRESET)
     sidebar = st.sidebar
     sidebar.selectbox(
-        "Preset", list(PRESETS), key=f"{key}.preset", on_change=_load_preset, args=(key,),
+        "Preset",
+        list(PRESETS),
+        key=f"{key}.preset",
+        on_change=_load_preset,
+        args=(key,),
         help="Loads a preset into the fields below; change any field, then Run.",
     )
     sidebar.caption(PRESETS[st.session_state[f"{key}.preset"]].description)
+    sidebar.selectbox(
+        "Model family",
+        MODELS,
+        key=f"{key}.model",
+        format_func=FAMILY_NAMES.get,
+        on_change=_load_family,
+        args=(key,),
+        help="Built-in teaching models, or a transformers architecture built from its config with "
+        "random weights (nothing is downloaded). Switching loads that family's toy size.",
+    )
+    model = st.session_state[f"{key}.model"]
     with sidebar.form(f"{key}.form"):
-        st.selectbox("Model", MODELS, key=f"{key}.model")
+        shown = [
+            n
+            for n in (*SIZE_FIELDS, "kv_heads", "intermediate", "experts", "experts_per_token", "image_size", "context")
+            if applies(n, model)
+        ]
         left, right = st.columns(2)
-        for i, name in enumerate(SIZE_FIELDS):
-            (left if i % 2 == 0 else right).number_input(
-                name.capitalize(), min_value=1, max_value=LIMITS[name], step=1, key=f"{key}.{name}"
+        for i, name in enumerate(shown):
+            # No min/max on the widgets: an out-of-range value must reach the config check and be refused with a
+            # sentence, not turn the field red while Run silently re-runs the previous config.
+            (left if i % 2 == 0 else right).number_input(_label(name, model), step=1, key=f"{key}.{name}")
+        if applies("tied", model):
+            st.checkbox("Tied input/output embeddings", key=f"{key}.tied")
+        if applies("attention", model):
+            options = _attentions(model)
+            if st.session_state.get(f"{key}.attention") not in options:
+                st.session_state[f"{key}.attention"] = "sdpa"
+            st.selectbox(
+                "Attention",
+                options,
+                key=f"{key}.attention",
+                help="sdpa: one fused kernel; eager: transformers' op-by-op reference (scores kept); "
+                "mha: nn.MultiheadAttention; manual: q@kᵀ, softmax, @v op by op",
             )
-        st.number_input("Context (gpt2; 0 = seq)", min_value=0, max_value=LIMITS["context"], step=1, key=f"{key}.context")
-        st.selectbox("Attention", ATTENTIONS, key=f"{key}.attention", help="sdpa: fused kernel; mha: nn.MultiheadAttention; manual: q@kᵀ, softmax, @v op by op")
-        st.selectbox("Checkpointing", CHECKPOINTS, key=f"{key}.checkpoint")
+        st.selectbox(
+            "Checkpointing",
+            CHECKPOINTS,
+            key=f"{key}.checkpoint",
+            help="full: each layer keeps only its input and re-runs its forward in backward; selective: "
+            "built-in models recompute the attention core, transformers families keep matmul, "
+            "convolution and attention outputs and recompute the rest",
+        )
         left, right = st.columns(2)
-        left.selectbox("Device", DEVICES, key=f"{key}.device", help="auto: CUDA if available, else CPU; meta: shapes only")
+        devices = _devices()
+        if st.session_state.get(f"{key}.device") not in devices:
+            st.session_state[f"{key}.device"] = "auto"
+        left.selectbox(
+            "Device",
+            devices,
+            key=f"{key}.device",
+            help="auto: CUDA if available, else CPU; meta: shapes only"
+            + ("" if "cuda" in devices else "; cuda is not offered: this machine has none"),
+        )
         right.selectbox("Dtype", DTYPES, key=f"{key}.dtype")
-        st.number_input("Seed", min_value=0, max_value=2**31 - 1, step=1, key=f"{key}.seed")
+        st.number_input(_label("seed", model), step=1, key=f"{key}.seed", help=f"0 to {SEED_MAX:,}")
         submitted = st.form_submit_button("Run backward pass", type="primary", width="stretch")
     if submitted:
-        fields = {name: st.session_state[f"{key}.{name}"] for name in (*SIZE_FIELDS, *CHOICE_FIELDS, "context", "seed")}
-        if fields["model"] == "mlp":
-            fields["attention"] = "sdpa"  # the MLP has no attention; the field does not apply
-            if fields["checkpoint"] == "selective":
-                fields["checkpoint"] = "full"
-        fields = {k: int(v) if k in (*SIZE_FIELDS, "context", "seed") else v for k, v in fields.items()}
         try:
-            st.session_state[f"{key}.applied"] = ModelConfig(**fields, preset=st.session_state[f"{key}.preset"])
+            config = _named(ModelConfig(**form_fields(key)), st.session_state[f"{key}.preset"])
+            check_budget(config, resolve_device(config.device))
+            st.session_state[f"{key}.applied"] = config
             st.session_state.pop(f"{key}.error", None)
         except ValueError as exc:
             st.session_state[f"{key}.error"] = str(exc)
+    applied = st.session_state[f"{key}.applied"]
     if f"{key}.error" in st.session_state:
-        sidebar.error(escape_markdown(st.session_state[f"{key}.error"]))
-    return st.session_state[f"{key}.applied"]
+        sidebar.error(
+            escape_markdown(
+                f"Not run: {st.session_state[f'{key}.error']} The result shown is still that of the previous config."
+            )
+        )
+    else:
+        changed = [name for name, value in form_fields(key).items() if getattr(applied, name) != value]
+        if changed:
+            sidebar.warning(f"The form differs from the result shown ({', '.join(changed)}); press Run to capture it.")
+    return applied

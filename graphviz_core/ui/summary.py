@@ -19,8 +19,8 @@ def show_summary(capture: Capture) -> None:
     cols[4].metric("Backward FLOPs", format_flops(f.backward), f"forward {format_flops(f.forward)}", delta_color="off")
     cols[5].metric("Backward time", format_seconds(t.backward_s), f"forward {format_seconds(t.forward_s)}", delta_color="off")
     if capture.loss is not None:
-        st.caption(f"Loss {capture.loss:.4f} on {capture.device} · {capture.config.dtype} · config "
-                   f"`{capture.config.preset or capture.config.model}`")
+        st.caption(f"Loss {capture.loss:.4f} on {capture.device} · {capture.config.dtype} · config: "
+                   + (f"preset {capture.config.preset}, " if capture.config.preset else "") + capture.config.describe())
     else:
         st.caption("meta device: shapes only — time, gradient norms and the loss value are not measured.")
     table = pd.DataFrame(

@@ -1,0 +1,61 @@
+"""The sidebar form (AppTest): family fields shown or hidden, refused configs keep the previous result, stale results
+are flagged, and the config is named by what it is."""
+
+from pathlib import Path
+
+import torch
+from streamlit.testing.v1 import AppTest
+
+from tests.conftest import captured
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def labels(at) -> set[str]:
+    return {w.label for w in at.sidebar.number_input}
+
+
+def test_refused_sizes_and_seed_give_one_message_and_keep_the_result():
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    nodes = at.metric[0].value
+    for field, value, message in [
+        ("batch", 0, "batch must be positive, got 0"),
+        ("layers", 300, "layers 300 is above the limit of 256"),
+        ("seed", -1, "seed must be between 0 and 2,147,483,647, got -1"),
+    ]:
+        at.number_input(key=f"config.{field}").set_value(value)
+        at.button[0].click().run()
+        assert not at.exception
+        assert [e for e in at.sidebar.error if message in e.value.replace("\\", "")], field  # escaped Markdown
+        assert at.metric[0].value == nodes  # the previous capture is still on the page
+        at.number_input(key=f"config.{field}").set_value(captured("gpt2-tiny").config.to_dict()[field])
+
+
+def test_cuda_is_offered_only_where_it_exists():
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    options = at.selectbox(key="config.device").options
+    assert ("cuda" in options) == torch.cuda.is_available()
+
+
+def test_a_family_shows_its_own_fields_and_runs_from_the_form():
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    at.selectbox(key="config.model").set_value("resnet").run()
+    # ResNet has no heads or sequence; it has images and classes
+    assert {"Image size (pixels)", "Classes", "Depth (18, 34, 50, 101, 152)"} <= labels(at)
+    assert not {"Attention heads", "Sequence length", "Key-value heads"} & labels(at)
+    assert any("form differs" in w.value for w in at.sidebar.warning)  # the graph shown is still gpt2-tiny's
+    at.button[0].click().run()
+    assert not at.exception
+    assert at.metric[0].value == f"{captured('resnet-tiny').summary.nodes:,}"
+    assert not at.sidebar.warning
+    at.selectbox(key="config.model").set_value("mixtral").run()
+    assert {"Key-value heads", "Experts", "Experts per token", "MLP width"} <= labels(at)
+    assert at.selectbox(key="config.attention").options == ["sdpa", "eager"]
+
+
+def test_an_edited_preset_is_named_by_its_fields():
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    at.number_input(key="config.layers").set_value(1)
+    at.button[0].click().run()
+    caption = next(c.value for c in at.caption if c.value.startswith("Loss"))
+    assert "preset" not in caption and "gpt2 · 1 layers · h=64" in caption

@@ -1,0 +1,290 @@
+"""Hugging Face families: node counts per layer, module-aware categories, published sizes, meta = CPU, checkpointing,
+the offline guarantee, and your own module (Python API and --model-file)."""
+
+import socket
+import textwrap
+
+import pytest
+import torch
+
+from graphviz_core.capture import capture_backward
+from graphviz_core.cli import main
+from graphviz_core.config import HF_FAMILIES, PRESETS, config_from_preset
+from graphviz_core.models import build_model
+from tests.conftest import captured
+
+
+def meta(preset: str, **overrides):
+    return captured(preset, device="meta", **overrides)
+
+
+# Nodes one more layer adds (a 2-layer capture minus a 1-layer one, on meta), op by op:
+LLAMA_LAYER = (
+    9  # AccumulateGrad: 2 RMSNorm weights + q, k, v, o + gate, up, down
+    + 2 * 6  # each RMSNorm: Pow, Mean, Add(eps), Rsqrt, Mul(x * rstd), Mul(* weight)
+    + 4 * 4  # q, k, v, o projections (no bias): View, T, Mm, UnsafeView
+    + 9  # attention reshapes: 5 View + 4 Transpose (q, k, v in; output back)
+    + 1  # fused SDPA (grouped-query natively: no repeat of k/v)
+    + 2 * 7  # rotary on q and on k: 2 Slice + Neg + Cat (rotate_half), 2 Mul, Add
+    + 3 * 4  # gate, up, down projections
+    + 2  # SiLU(gate) * up: Silu, Mul
+    + 2  # two residual adds
+)  # = 77
+QWEN2_LAYER = LLAMA_LAYER + 3  # q, k, v carry biases: Addmm, T, View, View instead of 4 nodes, plus 3 bias leaves = 80
+MIXTRAL_LAYER = (
+    LLAMA_LAYER
+    - 17  # no dense SwiGLU MLP: 3 x 4 projection nodes, Silu, Mul, 3 leaves
+    + 2  # the sparse MoE block's two Views (flatten tokens, back)
+    + 8  # router: leaf, View, T, Mm, Softmax, Topk, Sum, Div (top-k weights renormalised)
+    + 22  # experts (batched mm): 2 leaves, 2 Index (gather each token's expert weights), Split, 2 Bmm, Silu, 2 Mul,
+    # Sum (over the k experts), Clone, Expand, 4 Unsqueeze, 2 Squeeze, 3 View
+)  # = 92
+GPT2_HF_LAYER = (
+    12  # leaves: weight and bias of ln_1, ln_2, c_attn, attn c_proj, c_fc, mlp c_proj
+    + 2  # two LayerNorms
+    + 4 * 3  # Conv1D layers (c_attn, attn c_proj, c_fc, mlp c_proj): View, Addmm, View
+    + 1
+    + 9
+    + 1  # Split of the fused qkv, 5 View + 4 Transpose, fused SDPA
+    + 8  # gelu_new spelled out in NewGELUActivation: 4 Mul, Pow, 2 Add, Tanh
+    + 2  # residual adds
+)  # = 47
+BERT_LAYER = (
+    16  # leaves: 6 linear layers x (weight, bias) + 2 LayerNorms x (weight, bias)
+    + 6 * 4  # q, k, v, attention out, intermediate, output: View, T, Addmm, View
+    + 9
+    + 1  # attention reshapes and the fused kernel
+    + 1  # GELU
+    + 2
+    + 2  # post-LN: residual add then LayerNorm, twice
+)  # = 55
+VIT_LAYER = 16 + 6 * 4 + 9 + 1 + 1 + 2 + 2  # as BERT, pre-LN: same op counts = 55
+
+
+@pytest.mark.parametrize(
+    ("family", "per_layer"),
+    [
+        ("llama", LLAMA_LAYER),
+        ("mistral", LLAMA_LAYER),
+        ("qwen2", QWEN2_LAYER),
+        ("mixtral", MIXTRAL_LAYER),
+        ("gpt2-hf", GPT2_HF_LAYER),
+        ("bert", BERT_LAYER),
+        ("vit", VIT_LAYER),
+    ],
+)
+def test_each_layer_adds_the_nodes_its_ops_make(family, per_layer):
+    one, two = meta(f"{family}-tiny", layers=1), meta(f"{family}-tiny", layers=2)
+    assert two.summary.nodes - one.summary.nodes == per_layer
+
+
+def test_llama_tiny_node_count_from_its_parts():
+    # 2 layers + embedding (leaf, Embedding) + final RMSNorm (leaf + 6) + lm_head (leaf, View, T, Mm, UnsafeView)
+    # + loss (View of the logits, Alias, LogSoftmax, NllLoss): 2 * 77 + 2 + 7 + 5 + 4 = 172
+    assert captured("llama-tiny").summary.nodes == 2 * LLAMA_LAYER + 2 + 7 + 5 + 4
+
+
+def test_resnet_tiny_node_count_from_its_parts():
+    # ResNet-18 layout: 8 basic blocks x (2 x (conv, its weight leaf, BN, BN's 2 leaves) + 2 ReLU + residual add)
+    # = 8 * 13 = 104, plus 3 downsampling shortcuts (conv + leaf + BN + 2 leaves) = 15, stem (conv + leaf + BN +
+    # 2 leaves + ReLU + max-pool) = 7, average pool (a Mean on CPU) + classifier (View, T, Addmm, 2 leaves) + loss
+    # (View, LogSoftmax, NllLoss) = 1 + 5 + 3 = 9
+    assert captured("resnet-tiny").summary.nodes == 104 + 15 + 7 + 9
+    cats = captured("resnet-tiny").summary.by_category
+    # 8 * 2 + 3 + 1 = 20 convolutions and as many batch norms; the stem max-pool and the average pool
+    assert (cats["conv"], cats["normalization"], cats["pooling"], cats["residual_add"]) == (20, 20, 2, 8)
+
+
+@pytest.mark.parametrize("family", HF_FAMILIES)
+def test_meta_counts_what_cpu_runs(family):
+    cpu, dry = captured(f"{family}-tiny"), meta(f"{family}-tiny")
+    assert cpu.summary.by_category == dry.summary.by_category
+    assert (cpu.flops.forward, cpu.flops.backward) == (dry.flops.forward, dry.flops.backward)
+    assert cpu.memory.saved_bytes == dry.memory.saved_bytes
+    assert cpu.loss is not None and torch.isfinite(torch.tensor(cpu.loss))
+    assert "other" not in cpu.summary.by_category
+
+
+def ops(capture, category):
+    return sorted({d["op"] for _, d in capture.graph.nodes(data=True) if d["category"] == category})
+
+
+def test_categories_follow_the_module_that_made_the_op():
+    llama = captured("llama-tiny")
+    cats = llama.summary.by_category
+    assert cats["residual_add"] == 2 * 2  # two per pre-norm layer, 2 layers
+    # 5 RMSNorms (2 per layer + final) x (Pow, Mean, Add, Rsqrt, Mul, Mul) = 30
+    assert cats["normalization"] == 5 * 6
+    assert ops(llama, "normalization") == [
+        "AddBackward0",
+        "MeanBackward1",
+        "MulBackward0",
+        "PowBackward0",
+        "RsqrtBackward0",
+    ]
+    assert cats["position"] == 2 * 14  # rotary: 7 ops on q and 7 on k per layer
+    assert ops(llama, "loss") == ["LogSoftmaxBackward0", "NllLossBackward0"]
+    mixtral = captured("mixtral-tiny")
+    assert {"TopkBackward0", "SoftmaxBackward0"} <= set(ops(mixtral, "routing"))
+    # router per layer: View, T, Softmax, Topk, Sum, Div (its Mm stays matmul) = 6, 2 layers
+    assert mixtral.summary.by_category["routing"] == 2 * 6
+    # built-in models: the seed block has 2 residual adds (the third Add is nn.MultiheadAttention's bias add)
+    block = captured("seed-block", batch=1, seq=16)
+    assert block.summary.by_category["residual_add"] == 2
+    gpt2 = captured("gpt2-tiny")
+    assert gpt2.summary.by_category["residual_add"] == 2 * 2  # the token + position sum is embedding
+    assert [
+        d["category"] for _, d in gpt2.graph.nodes(data=True) if d["op"] == "AddBackward0" and d["module"] == ""
+    ] == ["embedding"]
+    bert = captured("bert-tiny")
+    assert bert.summary.by_category["residual_add"] == 2 * 2  # post-LN: attention and MLP residual per layer
+    assert bert.summary.by_category["embedding"] == 3 + 2  # word, position, segment lookups and their 2 sums
+
+
+def test_grouped_query_attention_keeps_fewer_key_value_bytes_than_full_heads():
+    gqa = meta("llama-tiny", kv_heads=1)
+    mha = meta("llama-tiny", kv_heads=4)
+    assert gqa.summary.parameter_count < mha.summary.parameter_count
+    assert gqa.memory.saved_bytes < mha.memory.saved_bytes
+
+
+def llama_parameters(h, inter, layers, heads, kv, vocab, tied):
+    head = h // heads
+    layer = h * h + 2 * h * kv * head + h * h + 3 * h * inter + 2 * h  # q, k, v, o, SwiGLU, 2 RMSNorm weights
+    return vocab * h * (1 if tied else 2) + layers * layer + h
+
+
+@pytest.mark.parametrize(
+    ("preset", "published"),
+    [
+        # Llama model cards' exact counts, which the formula above reproduces:
+        ("llama-3.2-1b", 1_235_814_400),  # 128256*2048 (tied) + 16*60_821_504 + 2048
+        ("llama-3.1-8b", 8_030_261_248),  # 2*128256*4096 + 32*218_112_000 + 4096
+        ("llama-3.1-70b", 70_553_706_496),  # 2*128256*8192 + 80*855_654_400 + 8192
+        ("llama-3.1-405b", 405_853_388_800),  # 2*128256*16384 + 126*3_187_703_808 + 16384
+    ],
+)
+def test_llama_presets_have_the_published_parameter_count(preset, published):
+    c = config_from_preset(preset)
+    assert llama_parameters(c.hidden, c.intermediate, c.layers, c.heads, c.kv_heads, c.vocab, c.tied) == published
+    with torch.device("meta"):
+        model = build_model(c)
+    assert sum(p.numel() for p in model.parameters()) == published
+
+
+@pytest.mark.parametrize(
+    ("preset", "published", "tolerance"),
+    [
+        ("mistral-7b", 7.25e9, 0.005),
+        ("qwen2.5-7b", 7.62e9, 0.005),
+        ("mixtral-8x7b", 46.7e9, 0.005),
+        ("gpt2-hf-small", 124e6, 0.005),
+        ("gpt2-hf-medium", 355e6, 0.005),
+        ("gpt2-hf-large", 774e6, 0.005),
+        ("gpt2-hf-xl", 1.558e9, 0.005),
+        ("bert-base", 110e6, 0.01),
+        ("vit-base", 86.6e6, 0.005),
+        ("resnet-50", 25.6e6, 0.005),
+    ],
+)
+def test_other_presets_match_their_published_size(preset, published, tolerance):
+    with torch.device("meta"):
+        model = build_model(config_from_preset(preset))
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(published, rel=tolerance)
+
+
+def test_capture_reports_the_parameter_count_it_reached():
+    # Llama 3.1 8B's shape cut to 2 layers at s=128: 2*128256*4096 + 2*218_112_000 + 4096 = 1_486_901_248
+    capture = meta("llama-3.1-8b", layers=2, seq=128)
+    assert capture.summary.parameter_count == 1_486_901_248
+
+
+@pytest.mark.parametrize("checkpoint", ["full", "selective"])
+@pytest.mark.parametrize("family", ["llama", "bert", "resnet"])
+def test_checkpointing_works_for_transformers_families(family, checkpoint):
+    plain, ckpt = captured(f"{family}-tiny"), captured(f"{family}-tiny", checkpoint=checkpoint)
+    assert ckpt.loss == pytest.approx(plain.loss)
+    assert ckpt.memory.saved_bytes < plain.memory.saved_bytes
+    assert ckpt.memory.checkpoint_held_bytes > 0
+    assert ckpt.flops.backward_recompute > 0
+    if checkpoint == "selective":  # keeps matmul outputs: holds more than full, recomputes less
+        full = captured(f"{family}-tiny", checkpoint="full")
+        assert ckpt.memory.checkpoint_held_bytes > full.memory.checkpoint_held_bytes
+        assert ckpt.flops.backward_recompute < full.flops.backward_recompute
+
+
+def test_eager_attention_keeps_the_scores_and_repeats_key_values():
+    eager = captured("llama-tiny", attention="eager")
+    assert "attention" not in eager.summary.by_category  # no fused kernel: softmax and matmuls op by op
+    assert eager.memory.saved_bytes > captured("llama-tiny").memory.saved_bytes
+
+
+def test_no_preset_contacts_the_network(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a network connection was attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    for name in PRESETS:
+        with torch.device("meta"):
+            build_model(config_from_preset(name))
+    assert capture_backward(config_from_preset("llama-tiny", device="meta")).summary.nodes > 0
+
+
+def test_your_own_module_through_the_python_api():
+    from graphviz_core.user_model import capture_module
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    capture = capture_module(model, torch.randn(4, 8), lambda out: out.pow(2).mean(), name="two-layer net")
+    # 2 Linear (Addmm, T, 2 leaves) + ReLU + Pow + Mean = 2 * 4 + 3 = 11
+    assert capture.summary.nodes == 11
+    assert capture.summary.parameter_count == 8 * 16 + 16 + 16 + 1
+    assert capture.config.model == "custom" and capture.loss is not None
+
+
+FACTORY = """
+import torch
+
+def make():
+    model = torch.nn.Linear(4, 2)
+    return model, torch.randn(3, 4), lambda out: out.sum()
+
+def broken():
+    raise RuntimeError("no weights here")
+
+def wrong():
+    return 42
+
+def not_scalar():
+    return torch.nn.Linear(4, 2), torch.randn(3, 4), lambda out: out
+"""
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("broken", "broken() raised RuntimeError: no weights here"),
+        ("wrong", "must return (module, example inputs, loss function), got int"),
+        ("not_scalar", "the loss must be a scalar tensor with a grad_fn, got a tensor of shape (3, 2)"),
+        ("missing", "has no function 'missing'"),
+    ],
+)
+def test_model_file_bad_input_is_one_line(tmp_path, capsys, factory, message):
+    path = tmp_path / "net.py"
+    path.write_text(textwrap.dedent(FACTORY))
+    assert main(["graph", "--model-file", f"{path}:{factory}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_model_file_captures_and_a_missing_file_is_refused(tmp_path, capsys):
+    import json
+
+    path = tmp_path / "net.py"
+    path.write_text(textwrap.dedent(FACTORY))
+    assert main(["graph", "--model-file", f"{path}:make"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"]["parameter_count"] == 4 * 2 + 2
+    assert main(["graph", "--model-file", f"{tmp_path}/nope.py:make"]) == 2
+    assert "does not exist" in capsys.readouterr().err
