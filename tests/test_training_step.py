@@ -47,14 +47,15 @@ def test_the_captured_step_adds_adamw_state_to_the_measured_peak():
 
 
 def test_a_70b_class_step_fits_none_of_the_single_accelerators():
-    capture = captured("llama-70b-shape")  # meta, 80 layers
+    capture = captured("llama-70b-shape")  # the real Llama 3.1 70B on meta, 80 layers
     step = training_step_of(capture)
-    h, L, V, s = 8192, 80, 128_256, 8192
-    # wte (tied lm_head) V*h + wpe s*h + L blocks of 12h^2 + 13h + ln_f 2h = 65_550_827_520 parameters
-    assert step.parameter_count == V * h + s * h + L * (12 * h * h + 13 * h) + 2 * h == 65_550_827_520
+    h, L, V, kv, inter = 8192, 80, 128_256, 8 * 128, 28_672
+    # embedding + untied lm_head 2*V*h, per layer q and o h^2 each, k and v h*kv each, SwiGLU 3*h*inter, two
+    # RMSNorm weights 2h (855_654_400), final norm h = 70_553_706_496 parameters (Meta's published count)
+    assert step.parameter_count == 2 * V * h + L * (2 * h * h + 2 * h * kv + 3 * h * inter + 2 * h) + h == 70_553_706_496
     assert step.mixed_precision and step.dtype == "bfloat16"
-    # 16 B per parameter before any activation: 1_048_813_240_320 B, about 7x the largest single card
-    assert step.sum_of_parts_bytes - step.activation_peak_bytes == 16 * 65_550_827_520
+    # 16 B per parameter before any activation: 1_128_859_303_936 B, about 8x the largest single card
+    assert step.sum_of_parts_bytes - step.activation_peak_bytes == 16 * 70_553_706_496
     fits = accelerator_fits(step.step_peak_bytes)
     assert [f.name for f in fits] == list(ACCELERATORS)
     assert not any(f.fits for f in fits)
