@@ -36,3 +36,15 @@ def seed002_as_written_bytes(config: ModelConfig) -> int:
     """Seed 002's "34·s·b·h·(bytes/elem)" per layer: Korthikanti's 34sbh is already bytes, so at bf16 this
     counts every activation twice (its Llama-70B example: 80·34·8192·8192·2 ≈ 365 GB)."""
     return 34 * config.seq * config.batch * config.hidden * BYTES_PER[config.dtype]
+
+
+def korthikanti_policy_layer_bytes(config: ModelConfig, policy: str) -> int:
+    """Activation bytes one layer keeps under a checkpoint policy (Korthikanti et al. 2022, Table 2, no tensor
+    or sequence parallelism), at the config's dtype: none sbh(34 + 5as/h), the 5as²b only where attention
+    materialises the scores (as korthikanti_layer_bytes); selective 34sbh (the attention core is recomputed);
+    full 2sbh (the layer's input only). The published numbers are 16-bit bytes; scaled by bytes/element / 2."""
+    s, b, h = config.seq, config.batch, config.hidden
+    per_layer = {"none": korthikanti_layer_bytes(config), "selective": 34 * s * b * h, "full": 2 * s * b * h}
+    if policy not in per_layer:
+        raise ValueError(f"unknown checkpoint policy {policy!r}; choose one of: {', '.join(per_layer)}.")
+    return per_layer[policy] * BYTES_PER[config.dtype] // 2

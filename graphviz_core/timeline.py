@@ -285,3 +285,16 @@ def _tensors(obj: object) -> Iterable[torch.Tensor]:
     elif isinstance(obj, (list, tuple)):
         for item in obj:
             yield from _tensors(item)
+
+
+def sampled_steps(timeline: MemoryTimeline, max_points: int = 1500) -> list[TimelineStep]:
+    """At most about `max_points` steps for a chart: per run of consecutive steps, the one with the highest total
+    (so no peak is lost), always including the overall peak and the end of the forward."""
+    steps = timeline.steps
+    if len(steps) <= max_points:
+        return list(steps)
+    size = -(-len(steps) // max_points)
+    keep = {timeline.peak_step, timeline.forward_end_step, 0, len(steps) - 1}
+    for start in range(0, len(steps), size):
+        keep.add(max(range(start, min(start + size, len(steps))), key=lambda i: steps[i].total_bytes))
+    return [steps[i] for i in sorted(keep)]

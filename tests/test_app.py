@@ -26,7 +26,7 @@ def test_an_invalid_config_is_shown_as_an_error_and_the_page_keeps_serving():
     at = AppTest.from_file(APP, default_timeout=120).run()
     at.number_input(key="config.hidden").set_value(770)
     at.number_input(key="config.heads").set_value(12)
-    at.button[0].click().run()
+    next(b for b in at.button if b.label == "Run backward pass").click().run()
     assert not at.exception
     assert any("not divisible by 12 heads" in e.value for e in at.error)
     assert at.metric[0].label == "Nodes"  # the last good capture is still shown
@@ -82,7 +82,7 @@ def test_a_config_too_big_for_this_machine_is_refused_with_a_sentence(monkeypatc
     at.selectbox(key="config.preset").set_value("gpt2-small").run()
     at.selectbox(key="config.device").set_value("cpu")
     at.number_input(key="config.batch").set_value(16)
-    at.button[0].click().run()
+    next(b for b in at.button if b.label == "Run backward pass").click().run()
     assert not at.exception
     # gpt2-small at b=16, s=1024 needs far more than 1 GiB (logits alone: 3 x 16*1024*50257 x 4 B ≈ 9.2 GiB)
     assert any("budget there is 1.0 GiB" in plain(e.value) and "'meta'" in e.value for e in at.error)
@@ -92,7 +92,7 @@ def test_the_llama_70b_shape_preset_runs_on_meta_from_the_form():
     at = AppTest.from_file(APP, default_timeout=180).run()
     at.selectbox(key="config.preset").set_value("llama-70b-shape").run()
     at.number_input(key="config.layers").set_value(4)  # same per-layer graph as 80 layers, faster to render
-    at.button[0].click().run()
+    next(b for b in at.button if b.label == "Run backward pass").click().run()
     assert not at.exception
     assert at.metric[0].value == f"{captured('llama-70b-shape', layers=4).summary.nodes:,}"
     assert any("shapes only" in c.value for c in at.caption)

@@ -70,3 +70,11 @@ def escape_markdown(text: object) -> str:
 def format_ratio(x: float | None) -> str:
     """2.4999 -> "2.50×" (how many times)."""
     return "n/a" if x is None else f"{x:.2f}×"
+
+
+def bytes_unit(largest: int | float) -> tuple[str, int]:
+    """The unit a chart's byte axis should use so its largest value reads as 1-1023: ("MiB", 2**20)."""
+    for power, unit in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if abs(largest) >= 1024**power:
+            return unit, 1024**power
+    return "B", 1

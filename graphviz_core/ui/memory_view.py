@@ -1,0 +1,403 @@
+"""The Memory tab: the measured timeline and its peak, where the saved bytes are, the training step against
+common accelerators, checkpointing side by side, and the largest batch or seq that fits a budget."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from graphviz_core.capture import Capture
+from graphviz_core.checkpointing import compare_checkpointing
+from graphviz_core.fit import will_it_fit
+from graphviz_core.memory_breakdown import largest_saved_tensors, saved_bytes_by_layer
+from graphviz_core.timeline import KINDS, sampled_steps
+from graphviz_core.training_step import ACCELERATORS, OPTIMIZER_NAMES, accelerator_fits, training_step_of
+from graphviz_core.ui.format import bytes_unit, format_bytes, format_flops
+
+KIND_COLOURS = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e", "#c7c7c7"]  # same order as KINDS
+CUSTOM = "Custom (GiB)"
+
+
+@st.fragment
+def show_memory(capture: Capture) -> None:
+    """A fragment: its widgets (optimizer, budget, the two actions) rerun this panel only, never the capture."""
+    timeline = capture.timeline
+    step = training_step_of(capture)
+    peak = timeline.peak
+    cols = st.columns(4)
+    cols[0].metric(
+        "Peak memory",
+        format_bytes(capture.memory.peak_bytes),
+        help="Forward + backward, parameters included. CUDA: torch.cuda.max_memory_allocated. CPU and meta: every storage created and freed, "
+        "tracked by a dispatch mode (the same count as PyTorch's MemTracker).",
+    )
+    cols[1].metric(
+        "Activation peak",
+        format_bytes(timeline.activation_peak_bytes),
+        help="the most bytes live at one moment besides parameters and gradients",
+    )
+    cols[2].metric(
+        "Saved + held",
+        format_bytes(capture.memory.saved_bytes + capture.memory.checkpoint_held_bytes),
+        f"saved {format_bytes(capture.memory.saved_bytes)}",
+        delta_color="off",
+        help="tensors saved for backward plus the inputs checkpointed regions keep to recompute",
+    )
+    cols[3].metric(
+        "Step peak (AdamW)",
+        format_bytes(step.step_peak_bytes),
+        help="forward + backward peak plus optimizer state and fp32 master weights (16-bit dtypes)",
+    )
+    where = peak.label if peak.phase != "start" else "before the forward"
+    st.text(
+        f"Peak: {capture.memory.peak_bytes:,} bytes at step {peak.index} ({peak.phase}: {where}"
+        + (f", module {peak.module}" if peak.module else "")
+        + ")"
+    )
+    if capture.device == "cuda":
+        st.caption(
+            "On CUDA the peak is the allocator's; the timeline below tracks storages and samples "
+            "torch.cuda.memory_allocated at every step (shown on hover)."
+        )
+    _timeline_chart(capture)
+    _where_the_bytes_are(capture)
+    _training_step(capture)
+    _checkpointing(capture)
+    _will_it_fit(capture)
+
+
+def _timeline_chart(capture: Capture) -> None:
+    timeline = capture.timeline
+    steps = sampled_steps(timeline)
+    unit, divisor = bytes_unit(timeline.peak_bytes)
+    st.markdown("##### Bytes live at every step")
+    st.caption(
+        "Forward ops in the order they ran, then backward nodes in the order the engine ran them. "
+        "Hover a step to name it."
+        + (
+            f" {len(timeline.steps):,} steps, {len(steps):,} drawn (the highest of each run of neighbours)."
+            if len(steps) < len(timeline.steps)
+            else ""
+        )
+    )
+    long = pd.DataFrame(
+        [
+            {"step": s.index, "kind": kind, unit: b / divisor}
+            for s in steps
+            for kind, b in zip(KINDS, s.bytes_by_kind, strict=True)
+        ]
+    )
+    hover = pd.DataFrame(
+        [
+            {
+                "step": s.index,
+                "phase": s.phase,
+                "node or op": s.label,
+                "module": s.module or "—",
+                "total": format_bytes(s.total_bytes),
+                unit: s.total_bytes / divisor,
+                **({"allocator": format_bytes(s.allocator_bytes)} if s.allocator_bytes is not None else {}),
+            }
+            for s in steps
+        ]
+    )
+    x = alt.X("step:Q", title="step (forward ops, then backward nodes)")
+    area = (
+        alt.Chart(long)
+        .mark_area()
+        .encode(
+            x=x,
+            y=alt.Y(f"{unit}:Q", stack="zero", title=f"bytes live ({unit})"),
+            color=alt.Color(
+                "kind:N",
+                scale=alt.Scale(domain=list(KINDS), range=KIND_COLOURS),
+                sort=list(KINDS),
+                legend=alt.Legend(title="kind", orient="bottom", columns=3),
+            ),
+            order=alt.Order("kind_order:Q"),
+        )
+        .transform_calculate(kind_order=f"indexof({list(KINDS)!r}, datum.kind)")
+    )
+    tooltip = [alt.Tooltip(c) for c in hover.columns if c != unit]
+    pointer = alt.Chart(hover).mark_rule(strokeWidth=4, opacity=0.001).encode(x=x, tooltip=tooltip)
+    peak = timeline.peak
+    marks = pd.DataFrame(
+        [
+            {"step": peak.index, "label": f"peak {format_bytes(peak.total_bytes)}", unit: peak.total_bytes / divisor},
+            {"step": timeline.forward_end_step, "label": "backward starts", unit: 0},
+        ]
+    )
+    rules = alt.Chart(marks).mark_rule(strokeDash=[4, 3], color="black").encode(x="step:Q")
+    labels = (
+        alt.Chart(marks)
+        .mark_text(align="left", dx=4, dy=-6, color="black")
+        .encode(x="step:Q", y=alt.Y(f"{unit}:Q"), text="label:N")
+    )
+    st.altair_chart((area + rules + labels + pointer).properties(height=320), width="stretch")
+
+
+def _bar(data: pd.DataFrame, category: str, unit: str, sort: list[str] | None = None):
+    height = max(160, 28 * len(data))
+    return (
+        alt.Chart(data)
+        .mark_bar()
+        .encode(
+            x=alt.X(f"{unit}:Q", title=f"saved for backward ({unit})"),
+            y=alt.Y(f"{category}:N", sort=sort or "-x", title=None),
+            tooltip=[alt.Tooltip(f"{category}:N"), alt.Tooltip("size:N")],
+        )
+        .properties(height=min(height, 900))
+    )
+
+
+def _where_the_bytes_are(capture: Capture) -> None:
+    st.markdown("##### Where the saved bytes are")
+    by_layer = saved_bytes_by_layer(capture)
+    by_category = capture.memory.saved_bytes_by_category
+    if not by_layer:
+        st.caption("Nothing is saved for backward in this run.")
+        return
+    unit, divisor = bytes_unit(max([*by_layer.values(), *by_category.values()]))
+    left, right = st.columns(2)
+    layers = pd.DataFrame([{"layer": k, unit: v / divisor, "size": format_bytes(v)} for k, v in by_layer.items()])
+    left.caption("per layer (module path to two levels), forward order")
+    left.altair_chart(_bar(layers, "layer", unit, sort=list(by_layer)), width="stretch")
+    categories = pd.DataFrame(
+        [{"category": k, unit: v / divisor, "size": format_bytes(v)} for k, v in by_category.items()]
+    )
+    right.caption("per category of the node that keeps them")
+    right.altair_chart(_bar(categories, "category", unit), width="stretch")
+    st.caption("The largest saved tensors (storages counted once; parameters are never counted)")
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "size": format_bytes(t.storage_bytes),
+                    "shape": " × ".join(map(str, t.shape)) or "scalar",
+                    "dtype": t.dtype,
+                    "kept for": t.node,
+                    "module": t.module or "—",
+                }
+                for t in largest_saved_tensors(capture)
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+
+
+def _training_step(capture: Capture) -> None:
+    st.markdown("##### One training step")
+    optimizer = st.selectbox(
+        "Optimizer", list(OPTIMIZER_NAMES), index=3, format_func=OPTIMIZER_NAMES.get, key="memory.optimizer"
+    )
+    step = training_step_of(capture, optimizer)
+    parts = [
+        ("parameters", step.parameter_bytes, f"{step.parameter_count:,} × {capture.config.dtype}"),
+        ("gradients", step.gradient_bytes, "one per parameter, same dtype"),
+        (
+            "fp32 master weights",
+            step.master_weight_bytes,
+            "4 B per parameter (16-bit training updates an fp32 copy)" if step.mixed_precision else "none: fp32",
+        ),
+        (
+            "optimizer state",
+            step.optimizer_state_bytes,
+            {
+                "sgd": "none",
+                "sgd-momentum": "one fp32 buffer (4 B)",
+                "adam": "two fp32 moments (8 B)",
+                "adamw": "two fp32 moments (8 B)",
+            }[optimizer]
+            + " per parameter",
+        ),
+        ("activations at their peak", step.activation_peak_bytes, "measured (timeline)"),
+        ("sum of the parts", step.sum_of_parts_bytes, "as if all were live at once"),
+        ("step peak", step.step_peak_bytes, "measured forward + backward peak + master weights + optimizer state"),
+    ]
+    st.dataframe(
+        pd.DataFrame([{"part": p, "bytes": format_bytes(b), "why": w} for p, b, w in parts]),
+        hide_index=True,
+        width="stretch",
+    )
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "accelerator": f.name,
+                    "capacity": format_bytes(f.capacity_bytes),
+                    "step fits?": "yes" if f.fits else "no",
+                    "free / short by": format_bytes(abs(f.headroom_bytes)),
+                }
+                for f in accelerator_fits(step.step_peak_bytes)
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+    st.caption("One device, no sharding; capacity as nvidia-smi reports it.")
+
+
+def _run_action(key: str, label: str, action):
+    """Run `action` on click, keep its result in the session (a rerun shows it again), errors as st.error."""
+    if st.button(label, key=f"{key}.button"):
+        try:
+            with st.spinner("Capturing on meta (shapes only)…"):
+                st.session_state[key] = action()
+        except ValueError as exc:
+            st.error(str(exc))
+    return st.session_state.get(key)
+
+
+def _checkpointing(capture: Capture) -> None:
+    st.markdown("##### Checkpointing side by side")
+    config = capture.config
+    same_device = False
+    if capture.device != "meta":
+        same_device = st.checkbox(
+            f"Capture on {capture.device} instead of meta (slower; real time)", key="memory.ckpt_device"
+        )
+    device = capture.device if same_device else "meta"
+    measured = capture.time.forward_s + capture.time.backward_s if capture.time.forward_s is not None else None
+    step_time = measured if capture.config.checkpoint == "none" else None
+    key = f"memory.ckpt::{config}::{device}::{st.session_state.get('memory.optimizer', 'adamw')}"
+    result = _run_action(
+        key,
+        "Compare none / full / selective",
+        lambda: compare_checkpointing(
+            config, device=device, optimizer=st.session_state.get("memory.optimizer", "adamw"), step_time_s=step_time
+        ),
+    )
+    if result is None:
+        st.caption(
+            "Captures this config once per checkpoint policy (on meta: shapes only, quick at any size) "
+            "and puts them in one table."
+        )
+        return
+    rows = []
+    for r in result.rows:
+        rows.append(
+            {
+                "checkpointing": r.policy,
+                "saved for backward": format_bytes(r.saved_bytes),
+                "held for recompute": format_bytes(r.held_bytes),
+                "saved + held": format_bytes(r.saved_and_held_bytes),
+                "activation peak": format_bytes(r.activation_peak_bytes),
+                "step peak": format_bytes(r.step_peak_bytes),
+                "recompute": f"{format_flops(r.recompute_flops)} ({r.recompute_over_forward:.0%} of a forward)"
+                if r.recompute_flops
+                else "—",
+                "extra step time": "—"
+                if not r.recompute_flops
+                else f"+{r.extra_time_fraction:.1%}"
+                + (f" (~{r.extra_time_s * 1e3:.0f} ms)" if r.extra_time_s is not None else ""),
+            }
+        )
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    none = result.row("none")
+    unit, divisor = bytes_unit(max(r.step_peak_bytes for r in result.rows))
+    chart = pd.DataFrame(
+        [
+            {"checkpointing": r.policy, "measure": m, unit: v / divisor, "size": format_bytes(v)}
+            for r in result.rows
+            for m, v in (
+                ("saved + held", r.saved_and_held_bytes),
+                ("activation peak", r.activation_peak_bytes),
+                ("step peak", r.step_peak_bytes),
+            )
+        ]
+    )
+    st.altair_chart(
+        alt.Chart(chart)
+        .mark_bar()
+        .encode(
+            x=alt.X(f"{unit}:Q", title=f"bytes ({unit})"),
+            y=alt.Y("checkpointing:N", title=None, sort=[r.policy for r in result.rows]),
+            yOffset=alt.YOffset("measure:N", sort=["saved + held", "activation peak", "step peak"]),
+            color=alt.Color("measure:N", legend=alt.Legend(orient="bottom")),
+            tooltip=["checkpointing", "measure", "size"],
+        )
+        .properties(height=90 * len(result.rows)),
+        width="stretch",
+    )
+    lines = []
+    for r in result.rows:
+        if r.policy == "none":
+            continue
+        change = (
+            (r.saved_and_held_bytes - none.saved_and_held_bytes) / none.saved_and_held_bytes
+            if none.saved_and_held_bytes
+            else 0
+        )
+        saved_change = (r.saved_bytes - none.saved_bytes) / none.saved_bytes if none.saved_bytes else 0
+        lines.append(
+            f"{r.policy}: saved + held {change:+.1%} against none (saved alone {saved_change:+.1%}); "
+            f"recompute {format_flops(r.recompute_flops)} = {r.recompute_over_forward:.0%} of a forward."
+        )
+    st.text("\n".join(lines))
+    st.caption(
+        "Why recompute is less than a forward: PyTorch's non-reentrant checkpoint re-runs a region only until it "
+        "has rebuilt the last tensor the backward needs, then stops (early stop); ops after that (a block's last "
+        "linear, whose output nothing saved) never run again, and parts of the model outside any region "
+        "(embeddings, the final norm, the output layer) are never recomputed. What selective recomputes: with "
+        "sdpa and manual attention, the attention core only (q·kᵀ, softmax, ·v); with mha, the whole "
+        "nn.MultiheadAttention call, so its in-projection too. Held for recompute: the inputs each checkpointed "
+        "region keeps — with selective these are q, k and v, which replace the saved tensors they save."
+    )
+
+
+def _will_it_fit(capture: Capture) -> None:
+    st.markdown("##### Will it fit?")
+    left, right = st.columns(2)
+    choice = left.selectbox("Memory budget", [*ACCELERATORS, CUSTOM], index=2, key="memory.budget_choice")
+    gib = right.number_input(
+        "Budget (GiB)",
+        min_value=0.01,
+        max_value=1e6,
+        value=80.0,
+        step=1.0,
+        key="memory.budget_gib",
+        disabled=choice != CUSTOM,
+    )
+    budget = ACCELERATORS[choice] if choice != CUSTOM else int(gib * 2**30)
+    optimizer = st.session_state.get("memory.optimizer", "adamw")
+    config = capture.config
+    key = f"memory.fit::{config}::{budget}::{optimizer}"
+    result = _run_action(
+        key,
+        f"Find the largest batch and seq within {format_bytes(budget)}",
+        lambda: will_it_fit(config, budget, optimizer, parameter_count=capture.summary.parameter_count),
+    )
+    if result is None:
+        st.caption(
+            "Bisection over shapes-only captures on meta: the training step's peak (as above, with the "
+            "optimizer chosen there) must stay within the budget. Batch keeps this seq; seq keeps this batch."
+        )
+        return
+    rows = []
+    for policy in dict.fromkeys(r.policy for r in result.results):
+        batch, seq = result.result(policy, "batch"), result.result(policy, "seq")
+        rows.append(
+            {
+                "checkpointing": policy,
+                "largest batch (measured)": _largest_text(batch),
+                "largest batch (closed form)": f"{batch.predicted_largest:,}",
+                f"largest seq at batch {config.batch} (measured)": _largest_text(seq),
+                "largest seq (closed form)": f"{seq.predicted_largest:,}",
+            }
+        )
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    st.caption(
+        "Closed form: the same parameter, gradient and optimizer bytes plus layers × Korthikanti et al.'s "
+        "activations per layer (none 34sbh, plus 5as²b for manual attention; selective 34sbh; full 2sbh; "
+        "16-bit bytes scaled to the dtype). It ignores logits and the loss, which the captures include."
+    )
+
+
+def _largest_text(result) -> str:
+    if result.weights_alone_exceed:
+        return "none (weights, gradients and optimizer state alone exceed it)"
+    if result.largest == 0:
+        return "none (1 does not fit)"
+    return f"{result.largest:,}" + (" (tool limit)" if result.at_limit else "")

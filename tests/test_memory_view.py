@@ -1,0 +1,51 @@
+"""The Memory tab: AppTest (real values rendered, actions run) and a real browser reading the panel's peak
+and checking it against the CLI's JSON."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from graphviz_core.cli import main
+from graphviz_core.ui.format import format_bytes
+from tests.conftest import captured
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def test_memory_tab_shows_the_peak_and_runs_both_actions():
+    at = AppTest.from_file(APP, default_timeout=180).run()
+    assert not at.exception
+    capture = captured("gpt2-tiny")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Peak memory"] == format_bytes(capture.memory.peak_bytes)
+    assert any(t.value.startswith(f"Peak: {capture.memory.peak_bytes:,} bytes") for t in at.text)
+    next(b for b in at.button if b.label.startswith("Compare none")).click().run()
+    assert not at.exception
+    table = next(d.value for d in at.dataframe if "checkpointing" in d.value.columns and "held for recompute" in d.value.columns)
+    assert list(table["checkpointing"]) == ["none", "full", "selective"]
+    # full on gpt2-tiny: 2 blocks hold their (2, 32, 64) fp32 input, 2 * 16 KiB
+    assert table.loc[1, "held for recompute"] == "32.0 KiB"
+    next(b for b in at.button if b.label.startswith("Find the largest")).click().run()
+    assert not at.exception
+    fit = next(d.value for d in at.dataframe if "largest batch (measured)" in d.value.columns)
+    assert len(fit) == 3
+
+
+@pytest.mark.browser
+def test_the_panels_peak_in_a_browser_equals_the_cli_json(page, streamlit_url, tmp_path):
+    out = tmp_path / "graph.json"
+    assert main(["graph", "--preset", "gpt2-tiny", "--device", "cpu", "-o", str(out)]) == 0
+    memory = json.loads(out.read_text())["memory"]
+    page.goto(streamlit_url)
+    page.get_by_role("tab", name="Memory").click()
+    text = page.get_by_text(re.compile(r"^Peak: [\d,]+ bytes")).first
+    text.wait_for(timeout=90_000)
+    shown = int(re.match(r"Peak: ([\d,]+) bytes", text.inner_text()).group(1).replace(",", ""))
+    assert shown == memory["peak_bytes"] == memory["timeline"]["peak_bytes"]
+    peak_step = memory["timeline"]["steps"][memory["timeline"]["peak_step"]]
+    assert peak_step["label"] in text.inner_text()
+    # the timeline chart drew (Vega renders into a canvas or svg inside the tab)
+    page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=30_000)
