@@ -48,3 +48,48 @@ def korthikanti_policy_layer_bytes(config: ModelConfig, policy: str) -> int:
     if policy not in per_layer:
         raise ValueError(f"unknown checkpoint policy {policy!r}; choose one of: {', '.join(per_layer)}.")
     return per_layer[policy] * BYTES_PER[config.dtype] // 2
+
+
+FP32 = 4  # bytes of the float32 statistics and upcasts, whatever the model's dtype
+
+
+def llama_layer_bytes(config: ModelConfig, upcast: bool = True, repeat_kv: bool = False) -> int:
+    """Bytes one Llama-style layer (llama, mistral, qwen2) saves for backward, derived op by op for transformers'
+    implementation with `sdpa` or `eager` attention. e = bytes/element of the dtype, f = 4 (float32), s·b tokens,
+    h hidden, a heads, kv·d the key-value width (GQA), I the SwiGLU width.
+
+    RMSNorm as transformers writes it: x.to(float32) -> x.pow(2).mean() -> rsqrt(var + eps) -> x * rstd ->
+    weight * that.to(dtype). Saved: the float32 copy of x (f·sbh, kept by Pow and Mul), rstd (f·sb), and the
+    normalised x in the dtype (e·sbh, kept by the weight Mul); the next projections keep its output (e·sbh).
+    Two norms per layer: 2·((f + 2e)·sbh + f·sb). A fused RMSNorm (`upcast=False`) keeps its e·sbh input and
+    f·sb rstd instead of the float32 copy and the normalised x: 2·(2e·sbh + f·sb), i.e. 2·f·sbh less per layer
+    (at bf16: 8·sbh of the 48.5·sbh below).
+
+    Attention, fused (`sdpa`): the kernel keeps q (e·sbh), k and v at key-value heads (2e·sb·kv·d; with
+    `repeat_kv` at all heads, 2e·sbh), its output (e·sbh, also o_proj's input: one storage) and its float32
+    log-sum-exp per head and token (f·a·sb). Rotary: q·cos + rotate_half(q)·sin keeps cos and sin, one table for
+    the whole model, not per layer. `eager`: q, k and v repeated to all heads (3e·sbh), the float32 softmax
+    (f·a·s²·b) and its copy in the dtype that multiplies v (e·a·s²·b; the same storage at float32), and o_proj's
+    input (e·sbh, a transposed copy).
+
+    SwiGLU: down(silu(gate(x)) * up(x)): gate's output for SiLU (e·sbI), SiLU's output and up's output for the
+    product (2e·sbI), the product for down (e·sbI) = 4e·sbI.
+
+    Llama 3.1 70B at bf16 (e = 2, kv·d = h/8, I = 3.5h, a = 64, h = 8192), per s·b·h: norms 2·(4 + 4) = 16,
+    attention 2 + 0.5 + 2 = 4.5 (+ 4·64/8192 = 0.03 for the log-sum-exp), SwiGLU 8·3.5 = 28: 48.5·sbh bytes
+    (40.5 without the upcast), against Korthikanti's 34·sbh for a GPT-style layer with dropout.
+    """
+    e, f = BYTES_PER[config.dtype], FP32
+    s, b, h, a = config.seq, config.batch, config.hidden, config.heads
+    kv_width = (config.kv_heads or a) * (h // a)
+    inter = config.intermediate or 4 * h
+    sb = s * b
+    norms = 2 * ((f + 2 * e) * sb * h + f * sb) if upcast else 2 * (2 * e * sb * h + f * sb)
+    if config.attention == "eager":
+        scores = (f + (e if e != f else 0)) * a * s * s * b
+        attention = e * sb * h + 2 * e * sb * h + scores + e * sb * h
+    else:
+        kv = 2 * e * sb * (h if repeat_kv else kv_width)
+        attention = e * sb * h + kv + e * sb * h + f * a * sb
+    mlp = 4 * e * sb * inter
+    return norms + attention + mlp

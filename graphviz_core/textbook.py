@@ -7,8 +7,14 @@ import re
 from dataclasses import dataclass
 
 from graphviz_core.capture import Capture
+from graphviz_core.config import ROPE_FAMILIES
 from graphviz_core.flops import seed004_backward_terms, seed004_backward_total
-from graphviz_core.memory import korthikanti_layer_bytes, layer_bytes_without_dropout, seed002_as_written_bytes
+from graphviz_core.memory import (
+    korthikanti_layer_bytes,
+    layer_bytes_without_dropout,
+    llama_layer_bytes,
+    seed002_as_written_bytes,
+)
 
 _BLOCK = re.compile(r"^(blocks\.\d+|block)(\.|$)")
 
@@ -39,6 +45,8 @@ def _in_block(d: dict, part: str = "") -> bool:
 def memory_per_layer(capture: Capture) -> list[Comparison]:
     """Saved bytes of one transformer layer (mean over the blocks) against Korthikanti's formula."""
     config = capture.config
+    if config.model in ROPE_FAMILIES and config.model != "mixtral":
+        return _llama_memory_per_layer(capture)
     if config.model not in ("block", "gpt2"):
         return []
     layers = config.layers
@@ -48,7 +56,7 @@ def memory_per_layer(capture: Capture) -> list[Comparison]:
         Comparison("Korthikanti et al. as published (16-bit, with dropout)", korthikanti_layer_bytes(config), measured,
                    "34sbh" + (" + 5as²b" if config.attention == "manual" else "") + " assumes 2-byte activations and "
                    "dropout after attention and MLP; these blocks have no dropout."),
-        Comparison("seed 002 as written: 34·s·b·h·(bytes/elem)", seed002_as_written_bytes(config), measured,
+        Comparison("34·s·b·h × bytes per element (a common slip)", seed002_as_written_bytes(config), measured,
                    "34sbh is already in bytes; multiplying by bytes/elem again doubles it at 16 bits."),
         Comparison("Korthikanti without dropout, at this dtype", no_dropout, measured,
                    "32sbh" + (" + 2as²b (scores kept by manual attention)" if config.attention == "manual" else
@@ -61,6 +69,64 @@ def memory_per_layer(capture: Capture) -> list[Comparison]:
         rows.append(Comparison("checkpointing: inputs held for recompute (whole model)", None,
                                capture.memory.checkpoint_held_bytes,
                                "not saved tensors; the checkpoint keeps them to re-run the forward in backward."))
+    return rows
+
+
+_LLAMA_LAYER = re.compile(r"^model\.layers\.\d+(\.|$)")
+
+
+def _llama_memory_per_layer(capture: Capture) -> list[Comparison]:
+    """Saved bytes of one Llama-style layer (mean over model.layers.*) against the derivation in
+    memory.llama_layer_bytes, with and without the float32 RMSNorm upcast, and Korthikanti's GPT-style count."""
+    config = capture.config
+    # The rotary cos/sin tables are computed once per forward and kept by the first layer's rotary Muls: they are
+    # the model's, not a layer's, so they are left out of the per-layer mean.
+    in_layers = [d for _, d in _nodes(capture) if _LLAMA_LAYER.match(d["module"])]
+    rotary = sum(d["saved_bytes"] for d in in_layers if d["category"] == "position")
+    measured = (sum(d["saved_bytes"] for d in in_layers) - rotary) // config.layers
+    derived = llama_layer_bytes(config)
+    fused_norm = llama_layer_bytes(config, upcast=False)
+    s, b, h = config.seq, config.batch, config.hidden
+    per_sbh = derived / (s * b * h)
+    rows = [
+        Comparison(
+            "derived for transformers' Llama layer (float32 RMSNorm upcast)",
+            derived,
+            measured,
+            f"{per_sbh:.1f}·s·b·h bytes: two RMSNorms keep a float32 copy of their input, rstd and the normalised "
+            "x; "
+            + (
+                "the fused kernel keeps q, k and v at key-value heads, its output and log-sum-exp; "
+                if config.attention == "sdpa"
+                else "eager attention keeps the float32 softmax and its copy; "
+            )
+            + "SwiGLU keeps 4 tensors of the MLP width. The rotary cos/sin tables "
+            f"({rotary:,} bytes, once per model) are left out.",
+        ),
+        Comparison(
+            "same layer with a fused RMSNorm (no float32 upcast)",
+            fused_norm,
+            measured,
+            f"a fused RMSNorm keeps its input and rstd only: {derived - fused_norm:,} bytes less per layer "
+            f"(2·4·s·b·h); the measured run uses transformers' upcasting RMSNorm, hence the gap.",
+        ),
+        Comparison(
+            "Korthikanti et al. (GPT-style layer, 16-bit, with dropout)",
+            korthikanti_layer_bytes(config),
+            measured,
+            "34·s·b·h counts LayerNorm, full-head attention and a 4h GELU MLP; Llama's SwiGLU is 3.5h wide with "
+            "three inputs kept (28·s·b·h at bf16 alone), its key-value heads are fewer, and there is no dropout.",
+        ),
+    ]
+    if config.checkpoint != "none":
+        rows.append(
+            Comparison(
+                "checkpointing: inputs held for recompute (whole model)",
+                None,
+                capture.memory.checkpoint_held_bytes,
+                "not saved tensors; the checkpoint keeps them to re-run the forward in backward.",
+            )
+        )
     return rows
 
 

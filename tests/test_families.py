@@ -288,3 +288,24 @@ def test_model_file_captures_and_a_missing_file_is_refused(tmp_path, capsys):
     assert out["summary"]["parameter_count"] == 4 * 2 + 2
     assert main(["graph", "--model-file", f"{tmp_path}/nope.py:make"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "derived"),
+    [
+        # llama-tiny, s=32, b=2 (sb = 64), h=64, a=4, kv width 2*16 = 32, I=128; float32: e = f = 4.
+        # norms 2*((f + 2e)*sb*h + f*sb) = 2*(12*4096 + 256) = 98_816; attention q 4*4096 + k,v 2*4*64*32 + out
+        # 4*4096 + lse 4*4*64 = 50_176; SwiGLU 4*4*64*128 = 131_072: 280_064
+        ({}, 280_064),
+        # bfloat16, eager: norms 2*((4 + 4)*4096 + 256) = 66_048; q, k, v at all heads 3*2*4096 = 24_576, softmax
+        # float32 and bf16 copy (4 + 2)*4*32*32*2 = 49_152, o_proj input 2*4096 = 8_192; SwiGLU 4*2*64*128 = 65_536
+        ({"dtype": "bfloat16", "attention": "eager"}, 66_048 + 24_576 + 49_152 + 8_192 + 65_536),
+    ],
+)
+def test_llama_layer_bytes_match_the_derivation(overrides, derived):
+    from graphviz_core.textbook import memory_per_layer
+
+    rows = memory_per_layer(captured("llama-tiny", **overrides))
+    assert (rows[0].textbook, rows[0].measured) == (derived, derived)
+    # without the float32 upcast each of the 2 norms keeps f*sbh = 4*4096 bytes less
+    assert rows[0].textbook - rows[1].textbook == 2 * 4 * 4096

@@ -27,12 +27,14 @@ def show_textbook_comparison(capture: Capture) -> None:
     memory = memory_per_layer(capture)
     flops = backward_flops(capture)
     if not memory and not flops:
-        st.caption("Textbook comparisons cover the transformer models (block, gpt2).")
+        st.caption("Textbook comparisons cover the transformer models: block, gpt2, and the Llama-style layers "
+                   "(llama, mistral, qwen2). Every family's FLOPs against 6·N·tokens are under FLOPs and time.")
         return
     st.subheader("Measured vs textbook")
     if memory:
-        st.markdown("**Activation memory of one layer** (saved for backward, mean over the blocks) — seed 002")
+        st.markdown("**Activation memory of one layer** (saved for backward, mean over the layers), against the "
+                    "published per-layer formula")
         st.table(_table(memory, format_bytes).set_index("term"))
     if flops:
-        st.markdown("**Backward FLOPs** — seed 004, term by term")
+        st.markdown("**Backward FLOPs**, term by term against the per-op derivation for GPT-2")
         st.table(_table(flops, format_flops).set_index("term"))
