@@ -11,6 +11,10 @@ from tests.conftest import captured
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
 
+def run(at) -> None:
+    next(b for b in at.button if b.label == "Run backward pass").click().run()
+
+
 def labels(at) -> set[str]:
     return {w.label for w in at.sidebar.number_input}
 
@@ -24,7 +28,7 @@ def test_refused_sizes_and_seed_give_one_message_and_keep_the_result():
         ("seed", -1, "seed must be between 0 and 2,147,483,647, got -1"),
     ]:
         at.number_input(key=f"config.{field}").set_value(value)
-        at.button[0].click().run()
+        run(at)
         assert not at.exception
         assert [e for e in at.sidebar.error if message in e.value.replace("\\", "")], field  # escaped Markdown
         assert at.metric[0].value == nodes  # the previous capture is still on the page
@@ -44,7 +48,7 @@ def test_a_family_shows_its_own_fields_and_runs_from_the_form():
     assert {"Image size (pixels)", "Classes", "Depth (18, 34, 50, 101, 152)"} <= labels(at)
     assert not {"Attention heads", "Sequence length", "Key-value heads"} & labels(at)
     assert any("form differs" in w.value for w in at.sidebar.warning)  # the graph shown is still gpt2-tiny's
-    at.button[0].click().run()
+    run(at)
     assert not at.exception
     assert at.metric[0].value == f"{captured('resnet-tiny').summary.nodes:,}"
     assert not at.sidebar.warning
@@ -56,6 +60,6 @@ def test_a_family_shows_its_own_fields_and_runs_from_the_form():
 def test_an_edited_preset_is_named_by_its_fields():
     at = AppTest.from_file(APP, default_timeout=120).run()
     at.number_input(key="config.layers").set_value(1)
-    at.button[0].click().run()
+    run(at)
     caption = next(c.value for c in at.caption if c.value.startswith("Loss"))
     assert "preset" not in caption and "gpt2 · 1 layers · h=64" in caption
