@@ -12,6 +12,7 @@ navigation = st.navigation(
     [
         st.Page("pages/graph_explorer.py", title="Graph explorer", default=True),
         st.Page("pages/toy_expressions.py", title="Toy expressions"),
+        st.Page("pages/parallel.py", title="Beyond one GPU"),
     ]
 )
 navigation.run()

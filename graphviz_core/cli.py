@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(graph)
     graph.add_argument("--model-file", metavar="PATH:FACTORY",
                        help="capture your own nn.Module: FACTORY() in PATH returns (module, example inputs, loss function)")
+    _add_parallel_flags(graph)
     graph.add_argument("--format", choices=("json", "html", "graphml", "dot", "svg"), default="json")
     graph.add_argument("-o", "--output", help="file to write (default: stdout)")
 
@@ -77,6 +78,39 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, help=FLAG_HELP.get(name))
 
 
+def _add_parallel_flags(parser: argparse.ArgumentParser) -> None:
+    from graphviz_core.parallel_config import MIXED_PRECISIONS, STRATEGIES
+
+    group = parser.add_argument_group(
+        "parallelism", "simulate rank 0 of a multi-GPU training step (torch FSDP2 / tensor parallel over a fake "
+        "process group); with --format json the output gains `per_rank`")
+    group.add_argument("--strategy", choices=STRATEGIES, help="none, ddp, fsdp, hsdp, tp or fsdp+tp")
+    group.add_argument("--world-size", type=int, help="ranks (GPUs) in total")
+    group.add_argument("--tp", type=int, help="tensor-parallel degree (tp: = world size; fsdp+tp: divides it)")
+    group.add_argument("--shard-group", type=int, help="hsdp: ranks that shard one model copy (e.g. 8, one node)")
+    group.add_argument("--no-reshard-after-forward", action="store_true",
+                       help="FSDP: keep gathered parameters from forward to backward (fewer all-gathers, more memory)")
+    group.add_argument("--mixed-precision", choices=MIXED_PRECISIONS,
+                       help="FSDP2 policy: bf16 (fp32 master shards, bf16 compute and reduce), bf16-fp32-reduce")
+
+
+def _parallel_of(args: argparse.Namespace):
+    """The ParallelConfig the flags ask for, or None when no parallelism flag was given."""
+    from graphviz_core.parallel_config import ParallelConfig
+
+    given = (args.strategy, args.world_size, args.tp, args.shard_group, args.mixed_precision)
+    if all(v is None for v in given) and not args.no_reshard_after_forward:
+        return None
+    if args.strategy is None:
+        raise ValueError("parallelism flags need --strategy (none, ddp, fsdp, hsdp, tp or fsdp+tp).")
+    tp = args.tp or 1
+    world = args.world_size or (tp if args.strategy == "tp" else 1)
+    return ParallelConfig(
+        strategy=args.strategy, world_size=world, tp=tp, shard_group=args.shard_group or 0,
+        reshard_after_forward=not args.no_reshard_after_forward, mixed_precision=args.mixed_precision or "none",
+    )
+
+
 def _config_of(args: argparse.Namespace):
     return resolve_config(args.preset, **{name: getattr(args, name) for name in (*CHOICE_FLAGS, *INT_FLAGS)})
 
@@ -102,19 +136,37 @@ def _graph_command(args: argparse.Namespace) -> str:
     from graphviz_core.capture import capture_backward
     from graphviz_core.export import to_dot, to_graphml, to_json, to_svg
 
+    parallel = None
     if args.model_file:
         fields = {name: getattr(args, name) for name in (*CHOICE_FLAGS, *INT_FLAGS)}
         given = [f"--{k.replace('_', '-')}" for k, v in fields.items() if v is not None]
         given += ["--preset"] if args.preset else []
         if given:
             raise ValueError(f"--model-file brings its own model and inputs; drop {', '.join(given)}.")
+        if _parallel_of(args) is not None:
+            raise ValueError("parallelism flags simulate the built-in and Hugging Face models; drop them with --model-file.")
         from graphviz_core.user_model import capture_file
 
         capture = capture_file(args.model_file)
     else:
-        capture = capture_backward(_config_of(args))
+        config = _config_of(args)
+        parallel = _parallel_of(args)
+        if parallel is not None:
+            from graphviz_core.parallel_config import check_parallel
+
+            check_parallel(config, parallel)  # refuse a bad layout before the capture runs
+        capture = capture_backward(config)
     if args.format == "json":
-        return to_json(capture)
+        if parallel is None:
+            return to_json(capture)
+        import json
+
+        from graphviz_core.export import capture_to_dict
+        from graphviz_core.parallel import simulate_parallel
+
+        out = capture_to_dict(capture)
+        out["per_rank"] = simulate_parallel(config, parallel).to_dict()
+        return json.dumps(out, indent=1)
     if args.format == "graphml":
         return to_graphml(capture.graph)
     if args.format == "dot":

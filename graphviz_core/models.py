@@ -74,15 +74,18 @@ class SelfAttention(nn.Module):
             if self.recompute_core:
                 return checkpoint(self._mha, x, mask, use_reentrant=False)
             return self._mha(x, mask)
-        q, k, v = self.qkv(x).split(hidden, dim=2)  # 3 x (B, T, C)
-        q = q.view(batch, seq, self.heads, hidden // self.heads).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(batch, seq, self.heads, hidden // self.heads).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(batch, seq, self.heads, hidden // self.heads).transpose(1, 2)  # (B, nh, T, hs)
+        # Heads and widths come from the projection's output, not the config, so that under tensor
+        # parallelism (graphviz_core.parallel) a rank whose qkv holds 3C/tp columns runs nh/tp whole heads.
+        head_dim = hidden // self.heads
+        q, k, v = self.qkv(x).chunk(3, dim=2)  # 3 x (B, T, C) (C/tp per rank under TP)
+        q = q.view(batch, seq, -1, head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(batch, seq, -1, head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(batch, seq, -1, head_dim).transpose(1, 2)  # (B, nh, T, hs)
         if self.recompute_core:
             y = checkpoint(self.core, q, k, v, use_reentrant=False)
         else:
             y = self.core(q, k, v)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(batch, seq, hidden)  # (B, T, C)
+        y = y.transpose(1, 2).contiguous().view(batch, seq, -1)  # (B, T, C)
         return self.proj(y)
 
     def _mha(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

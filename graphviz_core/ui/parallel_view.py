@@ -1,0 +1,254 @@
+"""The "Beyond one GPU" panels: the Parallelism form and rank 0's memory and collectives from graphviz_core.parallel."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from graphviz_core.collectives import GPUS_PER_NODE, INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
+from graphviz_core.config import ModelConfig
+from graphviz_core.parallel import PerRank, simulate_parallel
+from graphviz_core.parallel_config import MAX_WORLD, MIXED_PRECISIONS, STRATEGIES, ParallelConfig
+from graphviz_core.ui.format import escape_markdown, format_bytes, format_seconds
+
+MAX_CACHED = 8
+DEFAULT = ParallelConfig("fsdp", 8)
+STRATEGY_LABELS = {
+    "none": "none (one device)",
+    "ddp": "DDP (replicate, all-reduce gradients)",
+    "fsdp": "FSDP (shard every layer)",
+    "hsdp": "HSDP (shard in groups, replicate across)",
+    "tp": "tensor parallel",
+    "fsdp+tp": "FSDP x tensor parallel (2-D mesh)",
+}
+PART_LABELS = {
+    "parameters": "parameters (this rank's shards)",
+    "gathered_parameters": "all-gathered parameters (live during compute)",
+    "gradients": "gradients (this rank's shards)",
+    "unsharded_gradients": "unsharded gradients (before reduce-scatter)",
+    "optimizer": "optimizer state (AdamW)",
+    "activations": "activations (saved for backward) and inputs",
+    "temporaries": "temporaries (backward's gradients of activations)",
+    "communication_buffers": "all-gather and reduce-scatter buffers",
+}
+KIND_LABELS = {
+    "all_gather": "all-gather",
+    "reduce_scatter": "reduce-scatter",
+    "all_reduce": "all-reduce",
+    "all_to_all": "all-to-all",
+    "broadcast": "broadcast",
+}
+
+
+def parallel_form(key: str = "parallel") -> ParallelConfig:
+    """The collapsed "Parallelism" section in the sidebar; returns the layout last applied (FSDP over 8 at first)."""
+    if f"{key}.applied" not in st.session_state:
+        st.session_state[f"{key}.applied"] = DEFAULT
+        for name, value in DEFAULT.to_dict().items():
+            st.session_state[f"{key}.{name}"] = value
+    with st.sidebar.expander("Parallelism", expanded=False), st.form(f"{key}.form"):
+        st.selectbox("Strategy", STRATEGIES, format_func=STRATEGY_LABELS.get, key=f"{key}.strategy")
+        left, right = st.columns(2)
+        left.number_input("World size (GPUs)", min_value=1, max_value=MAX_WORLD, step=1, key=f"{key}.world_size")
+        right.number_input(
+            "TP degree",
+            min_value=1,
+            max_value=MAX_WORLD,
+            step=1,
+            key=f"{key}.tp",
+            help="Ranks that split each layer's matmuls (tensor parallel: = world size; FSDP x TP: divides it).",
+        )
+        st.number_input(
+            "HSDP shard group (ranks)",
+            min_value=0,
+            max_value=MAX_WORLD,
+            step=1,
+            key=f"{key}.shard_group",
+            help="HSDP only: ranks that shard one copy of the model, typically one node's 8 GPUs; 0 otherwise.",
+        )
+        st.checkbox(
+            "Reshard after forward (FSDP)",
+            key=f"{key}.reshard_after_forward",
+            help="Free each layer's gathered parameters after its forward and gather them again in backward.",
+        )
+        st.selectbox(
+            "Mixed precision (FSDP2 policy)",
+            MIXED_PRECISIONS,
+            key=f"{key}.mixed_precision",
+            help="bf16: float32 master shards, bfloat16 compute and gradient reduction; bf16-fp32-reduce reduces "
+            "gradients in float32. Needs dtype float32.",
+        )
+        submitted = st.form_submit_button("Simulate ranks", width="stretch")
+    if submitted:
+        fields = {name: st.session_state[f"{key}.{name}"] for name in DEFAULT.to_dict()}
+        for name in ("world_size", "tp", "shard_group"):
+            fields[name] = int(fields[name])
+        try:
+            st.session_state[f"{key}.applied"] = ParallelConfig(**fields)
+            st.session_state.pop(f"{key}.error", None)
+        except ValueError as exc:
+            st.session_state[f"{key}.error"] = str(exc)
+    if f"{key}.error" in st.session_state:
+        st.sidebar.error(escape_markdown(st.session_state[f"{key}.error"]))
+    return st.session_state[f"{key}.applied"]
+
+
+@st.cache_resource
+def _store() -> dict:
+    # Shared by every session: the same (model, layout) is simulated once.
+    return {"lock": threading.Lock(), "results": OrderedDict()}
+
+
+def get_per_rank(config: ModelConfig, parallel: ParallelConfig) -> PerRank | None:
+    """The simulation of `config` laid out as `parallel` (cached); None after an st.error when it cannot run."""
+    store = _store()
+    key = (config, parallel)
+    with store["lock"]:
+        if key in store["results"]:
+            store["results"].move_to_end(key)
+            return store["results"][key]
+    try:
+        with st.spinner("Simulating the ranks with torch.distributed over a fake process group…"):
+            result = simulate_parallel(config, parallel)
+    except ValueError as exc:
+        st.error(escape_markdown(str(exc)))
+        return None
+    with store["lock"]:
+        store["results"][key] = result
+        while len(store["results"]) > MAX_CACHED:
+            store["results"].popitem(last=False)
+    return result
+
+
+def show_per_rank(result: PerRank) -> None:
+    """Rank 0's figures next to one device and the closed form, the peak per phase, the timeline."""
+    parallel = result.parallel
+    mesh = " x ".join(f"{name} {size}" for name, size in result.mesh.items()) or "one device"
+    st.caption(
+        f"{STRATEGY_LABELS[parallel.strategy]} over {parallel.world_size} ranks (mesh: {mesh}). Rank 0 shown: every "
+        "rank runs the same program on equal shards, so the ranks are symmetric. One AdamW step in steady state "
+        f"(optimizer state already allocated); simulated in {format_seconds(result.simulate_s)}."
+    )
+    alone = result.single_device
+    cols = st.columns(4)
+    for col, label, value, single in (
+        (cols[0], "Parameters per rank", result.parameter_bytes, alone and alone.parameter_bytes),
+        (cols[1], "Gradients per rank", result.gradient_bytes, alone and alone.gradient_bytes),
+        (cols[2], "Optimizer state per rank", result.optimizer_bytes, alone and alone.optimizer_bytes),
+        (cols[3], "Peak memory per rank", result.peak_bytes, alone and alone.peak_bytes),
+    ):
+        col.metric(label, format_bytes(value), help=f"One device: {format_bytes(single)}" if single else None)
+
+    st.subheader("Rank 0 next to one device and the closed form")
+    expected = result.expected
+    rows = [
+        ("Parameters", result.parameter_bytes, expected.parameter_bytes, alone and alone.parameter_bytes),
+        ("Gradients", result.gradient_bytes, expected.gradient_bytes, alone and alone.gradient_bytes),
+        ("Optimizer state", result.optimizer_bytes, expected.optimizer_bytes, alone and alone.optimizer_bytes),
+        ("Peak of the step", result.peak_bytes, None, alone and alone.peak_bytes),
+    ]
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "": name,
+                    "Rank 0 (torch's sharding)": format_bytes(measured),
+                    "Closed form": format_bytes(closed) if closed is not None else "—",
+                    "Difference (padding, replicated pieces)": format_bytes(measured - closed)
+                    if closed is not None
+                    else "—",
+                    "One device": format_bytes(single) if single else "—",
+                }
+                for name, measured, closed, single in rows
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+    st.caption(
+        f"Closed form: {expected.formula}. FSDP2 pads each parameter's first dimension to a multiple of its ranks."
+    )
+
+    st.subheader("What is live at each phase's peak")
+    phase_rows = []
+    for part, label in PART_LABELS.items():
+        values = {p.phase: p.parts_bytes[part] for p in result.phases}
+        if any(values.values()):
+            phase_rows.append({"": label, **{phase.capitalize(): format_bytes(v) for phase, v in values.items()}})
+    phase_rows.append({"": "peak", **{p.phase.capitalize(): format_bytes(p.peak_bytes) for p in result.phases}})
+    st.dataframe(pd.DataFrame(phase_rows), hide_index=True, width="stretch")
+    peak_phase = max(result.phases, key=lambda p: p.peak_bytes)
+    persistent = result.parameter_bytes + result.optimizer_bytes
+    gap = {PART_LABELS[k]: v for k, v in peak_phase.parts_bytes.items() if k not in ("parameters", "optimizer") and v}
+    st.markdown(
+        f"The step peaks in **{peak_phase.phase}** at {format_bytes(peak_phase.peak_bytes)}: "
+        f"{format_bytes(persistent)} of sharded parameters and optimizer state that live all step, plus "
+        + ", ".join(f"{name} {format_bytes(v)}" for name, v in sorted(gap.items(), key=lambda kv: -kv[1]))
+        + "."
+    )
+    timeline = pd.DataFrame(
+        [{"step": i, "phase": phase, "MiB live": value / 2**20} for i, (phase, value) in enumerate(result.timeline)]
+    )
+    if not timeline.empty:
+        st.altair_chart(
+            alt.Chart(timeline)
+            .mark_line()
+            .encode(
+                x=alt.X("step:Q", title="ops, in order (sampled)"),
+                y=alt.Y("MiB live:Q", title="MiB live on rank 0"),
+                color=alt.Color("phase:N", sort=["forward", "backward", "optimizer"]),
+            )
+            .properties(height=220),
+            width="stretch",
+        )
+
+
+def show_collectives(result: PerRank) -> None:
+    """The backward's collectives: kind, size, which module triggered them, and the time at the stated links."""
+    backward = [c for c in result.collectives if c.phase == "backward"]
+    cols = st.columns(3)
+    cols[0].metric("Sent per rank per step", format_bytes(result.collective_bytes()))
+    cols[1].metric("Of which in backward", format_bytes(result.collective_bytes("backward")))
+    cols[2].metric("Backward communication time", format_seconds(result.collective_time_s("backward")))
+    st.caption(
+        f"Times at NVLink {NVLINK_BYTES_PER_S / 1e9:.0f} GB/s per direction inside a node of {GPUS_PER_NODE} GPUs "
+        f"and InfiniBand {INFINIBAND_BYTES_PER_S / 1e9:.0f} GB/s per GPU (400 Gb/s NDR) across nodes; ring "
+        "algorithm volumes, no latency, no overlap with compute."
+    )
+    if not result.collectives:
+        st.info("This layout issues no collectives: nothing is shared between ranks.")
+        return
+    for title, rows, expanded in (
+        (f"Backward: {len(backward)} collectives", backward, True),
+        (
+            f"Forward and optimizer step: {len(result.collectives) - len(backward)} collectives",
+            [c for c in result.collectives if c.phase != "backward"],
+            False,
+        ),
+    ):
+        with st.expander(title, expanded=expanded):
+            st.dataframe(
+                pd.DataFrame(
+                    [
+                        {
+                            "#": i + 1,
+                            "Collective": KIND_LABELS[c.kind],
+                            "Buffer": format_bytes(c.buffer_bytes),
+                            "Sent by this rank": format_bytes(c.traffic_bytes),
+                            "Triggered by": (c.module or "(top level)")
+                            + (" (FSDP hook)" if c.issued_by == "hook" else ""),
+                            "Parameters of": "—" if c.parameters_of is None else (c.parameters_of or "(top level)"),
+                            "Autograd node (communication)": c.autograd_node or "—",
+                            "Group": f"{c.group} ({c.group_size} ranks, {c.link})",
+                            "Time": format_seconds(c.time_s),
+                        }
+                        for i, c in enumerate(rows)
+                    ]
+                ),
+                hide_index=True,
+                width="stretch",
+            )

@@ -1,0 +1,23 @@
+"""Beyond one GPU: rank 0's memory and the backward's collectives under FSDP, DDP and tensor parallelism."""
+
+import streamlit as st
+
+from graphviz_core.ui.config_form import config_form
+from graphviz_core.ui.navigation import run_through_app
+from graphviz_core.ui.parallel_view import get_per_rank, parallel_form, show_collectives, show_per_rank
+
+run_through_app()
+st.title("Beyond one GPU")
+st.caption(
+    "PyTorch's own FSDP2 and tensor parallelism over a simulated mesh of ranks (torch's fake process group and "
+    "fake tensors, as torchtitan's memory estimator): what each rank holds at its peak, and what the backward sends."
+)
+config = config_form()
+parallel = parallel_form()
+result = get_per_rank(config, parallel) if config is not None else None
+if result is not None:
+    memory_tab, communication_tab = st.tabs(["Memory per rank", "Communication in backward"])
+    with memory_tab:
+        show_per_rank(result)
+    with communication_tab:
+        show_collectives(result)

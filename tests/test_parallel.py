@@ -1,0 +1,163 @@
+"""Per-rank memory and collectives under FSDP2 / TP over torch's fake process group, checked by hand arithmetic
+and against a real multi-process gloo run."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from graphviz_core.config import resolve_config
+from graphviz_core.parallel import build_meshes, measure_step, simulate_parallel, workload_of
+from graphviz_core.parallel_config import ParallelConfig, check_parallel
+
+# gpt2-tiny: V=512, h=64, 2 layers, seq 32, float32, tied wte / lm_head.
+TINY = resolve_config("gpt2-tiny")
+# Its parameters: wte 512*64 = 32768 (lm_head shares it), wpe 32*64 = 2048, ln_f 2*64 = 128, and per block
+# ln_1 + ln_2 4*64 = 256, qkv 64*192 + 192 = 12480, proj 64*64 + 64 = 4160, fc 64*256 + 256 = 16640,
+# mlp.proj 256*64 + 64 = 16448 -> 49984 per block; 32768 + 2048 + 128 + 2*49984 = 134912 scalars.
+TINY_PARAMS = 134_912
+TINY_BYTES = 4 * TINY_PARAMS  # 539648 bytes in float32
+# Tensors: wte, wpe, ln_f weight + bias, and per block ln_1, qkv, proj, ln_2, fc, mlp.proj weight + bias (12).
+TINY_TENSORS = 2 + 2 + 2 * 12
+
+
+def test_fsdp_over_4_ranks_holds_a_quarter_of_everything():
+    result = simulate_parallel(TINY, ParallelConfig("fsdp", 4), single_device=False)
+    assert result.parameter_count == TINY_PARAMS
+    # Every dim 0 here (512, 32, 64, 192, 256) divides by 4: no padding. 539648 / 4 = 134912 bytes.
+    assert result.parameter_bytes == TINY_BYTES // 4 == 134_912
+    assert result.gradient_bytes == 134_912
+    # AdamW: exp_avg + exp_avg_sq of every shard (2 * 134912) + a float32 `step` per tensor (28 * 4 = 112).
+    assert TINY_TENSORS == 28
+    assert result.optimizer_bytes == 2 * 134_912 + 4 * 28 == 269_936
+    assert result.expected.parameter_bytes == result.parameter_bytes
+    assert result.expected.optimizer_bytes == result.optimizer_bytes
+
+
+def test_fsdp_over_3_ranks_pads_dim_0_up_to_a_multiple_of_3():
+    result = simulate_parallel(TINY, ParallelConfig("fsdp", 3), single_device=False)
+    # FSDP2 gives each rank ceil(rows / 3) rows of every parameter (the last rank's are padding):
+    # wte 171*64 = 10944, wpe 11*64 = 704, ln_f 2*22 = 44; per block ln_1 + ln_2 4*22 = 88,
+    # qkv 64*64 + 64 = 4160, proj 22*64 + 22 = 1430, fc 86*64 + 86 = 5590, mlp.proj 22*256 + 22 = 5654
+    # -> 16922 per block; 10944 + 704 + 44 + 2*16922 = 45536 scalars = 182144 bytes.
+    assert result.parameter_bytes == 4 * 45_536 == 182_144
+    # The unpadded third, 539648 / 3 = 179882 bytes, is what the closed form says; padding is the gap.
+    assert result.expected.parameter_bytes == 179_882
+    assert result.gradient_bytes == 182_144
+
+
+def test_tensor_parallel_splits_projections_and_keeps_the_rest_whole():
+    result = simulate_parallel(TINY, ParallelConfig("tp", 2, tp=2), single_device=False)
+    # Split per block: qkv weight + bias 12480, proj weight 4096, fc weight + bias 16640, mlp.proj weight
+    # 16384 -> 49600; halved on each rank. Whole: embeddings, norms and the row-split biases (64 + 64).
+    split = 2 * 49_600
+    assert result.parameter_bytes == 4 * (split // 2 + (TINY_PARAMS - split)) == 341_248
+    # Megatron: one all-reduce of the (B, T, h) = 2*32*64*4 = 16384-byte activation per attention and per
+    # MLP, forward (after the row-split matmul) and backward (the gradient of the column-split input).
+    backward = [c for c in result.collectives if c.phase == "backward"]
+    assert [(c.kind, c.buffer_bytes) for c in backward] == [("all_reduce", 16_384)] * 4
+    assert {c.autograd_node for c in backward} == {"_FromTorchTensorBackward"}
+    assert all(c.issued_by == "autograd node" for c in backward)
+
+
+def test_fsdp_backward_reduce_scatters_each_layer_from_its_hook():
+    result = simulate_parallel(TINY, ParallelConfig("fsdp", 4), single_device=False)
+    scatters = [c for c in result.collectives if c.kind == "reduce_scatter"]
+    # One per FSDP unit, last layer first: 49984 * 4 = 199936 bytes per block, root 34944 * 4 = 139776.
+    assert [(c.parameters_of, c.buffer_bytes) for c in scatters] == [
+        ("blocks.1", 199_936),
+        ("blocks.0", 199_936),
+        ("", 139_776),
+    ]
+    assert all(c.issued_by == "hook" and c.phase == "backward" for c in scatters)
+    # Ring reduce-scatter over 4 ranks sends 3/4 of the buffer: 199936 * 3 / 4 = 149952 bytes.
+    assert scatters[0].traffic_bytes == 149_952
+    assert scatters[0].link == "NVLink"  # 4 ranks fit in one 8-GPU node
+
+
+@pytest.mark.parametrize(
+    ("parallel", "message"),
+    [
+        (dict(strategy="tp", world_size=3, tp=3), "4 attention heads are not divisible by TP degree 3"),
+        (dict(strategy="fsdp+tp", world_size=6, tp=4), "world size 6 is not divisible by TP degree 4"),
+        (dict(strategy="fsdp", world_size=4, tp=2), "strategy 'fsdp' has no tensor parallelism"),
+        (dict(strategy="hsdp", world_size=8, shard_group=3), "HSDP shards inside groups of ranks"),
+        (dict(strategy="none", world_size=2), "strategy 'none' runs on one device"),
+        (dict(strategy="ddp", world_size=2, mixed_precision="bf16"), None),
+    ],
+)
+def test_invalid_layouts_are_refused_with_one_sentence(parallel, message):
+    if message is None:  # a valid layout: constructing it must not raise
+        check_parallel(TINY, ParallelConfig(**parallel))
+        return
+    with pytest.raises(ValueError, match=message):
+        check_parallel(TINY, ParallelConfig(**parallel))
+
+
+def test_mixed_precision_needs_float32_master_weights():
+    with pytest.raises(ValueError, match="set dtype float32"):
+        check_parallel(TINY.replace(dtype="bfloat16"), ParallelConfig("fsdp", 2, mixed_precision="bf16"))
+
+
+def test_the_fake_process_group_is_gone_after_a_simulation():
+    simulate_parallel(TINY, ParallelConfig("fsdp", 2), single_device=False)
+    assert not dist.is_initialized()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _real_rank(rank: int, world: int, port: int, results) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        parallel = ParallelConfig("fsdp", world)
+        measured = measure_step(workload_of(TINY), parallel, build_meshes(parallel), config=TINY, fake=False)
+        if rank == 0:
+            results.put(_comparable(measured))
+    finally:
+        dist.destroy_process_group()
+
+
+def _comparable(result) -> dict:
+    return {
+        "parameter_bytes": result.parameter_bytes,
+        "gradient_bytes": result.gradient_bytes,
+        "optimizer_bytes": result.optimizer_bytes,
+        "phases": {p.phase: p.parts_bytes for p in result.phases},
+        "collectives": [
+            (c.phase, c.kind, c.buffer_bytes, c.group, c.module, c.parameters_of) for c in result.collectives
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    "world",
+    [
+        2,
+        # Four real processes take ~50 s on this 2-core machine (imports dominate); opt in.
+        pytest.param(
+            4, marks=pytest.mark.skipif(not os.environ.get("GRAPHVIZ_CORE_GLOO_4"), reason="set GRAPHVIZ_CORE_GLOO_4=1")
+        ),
+    ],
+)
+def test_simulation_matches_a_real_gloo_run(world):
+    """Real processes, real FSDP2 over gloo: the same per-rank bytes and the same collectives as the fake run."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    mp.start_processes(_real_rank, args=(world, _free_port(), results), nprocs=world, start_method="spawn")
+    real = results.get(timeout=60)
+    simulated = _comparable(simulate_parallel(TINY, ParallelConfig("fsdp", world), single_device=False))
+    assert real["parameter_bytes"] == simulated["parameter_bytes"] == TINY_BYTES // world
+    assert real["gradient_bytes"] == simulated["gradient_bytes"]
+    assert real["optimizer_bytes"] == simulated["optimizer_bytes"]
+    assert real["collectives"] == simulated["collectives"]
+    assert real["phases"] == simulated["phases"]

@@ -1,0 +1,46 @@
+"""AppTest of the "Beyond one GPU" page: the default FSDP-over-8 simulation renders, bad layouts are refused."""
+
+from pathlib import Path
+
+import torch.distributed as dist
+from streamlit.testing.v1 import AppTest
+
+from graphviz_core.ui.format import format_bytes
+
+PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "parallel.py")
+
+
+def test_default_page_shows_an_eighth_of_the_parameters_per_rank():
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    assert not at.exception
+    # gpt2-tiny has 134912 float32 parameters = 539648 bytes; FSDP over 8 ranks: 539648 / 8 = 67456 bytes.
+    assert at.metric[0].label == "Parameters per rank"
+    assert at.metric[0].value == format_bytes(67_456) == "65.9 KiB"
+    # AdamW: 2 * 67456 + a 4-byte step for each of 28 tensors = 135024 bytes.
+    assert at.metric[2].value == format_bytes(135_024)
+    assert not dist.is_initialized()  # the fake process group was torn down
+
+
+def test_a_bad_layout_is_an_error_and_the_last_result_stays():
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    at.selectbox(key="parallel.strategy").set_value("fsdp+tp")
+    at.number_input(key="parallel.world_size").set_value(6)
+    at.number_input(key="parallel.tp").set_value(4)
+    next(b for b in at.button if b.label == "Simulate ranks").click().run()
+    assert not at.exception
+    assert any("world size 6 is not divisible by TP degree 4" in e.value for e in at.error)
+    assert at.metric[0].value == "65.9 KiB"
+
+
+def test_tensor_parallel_lists_backward_all_reduces_from_autograd_nodes():
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    at.selectbox(key="parallel.strategy").set_value("tp")
+    at.number_input(key="parallel.world_size").set_value(2)
+    at.number_input(key="parallel.tp").set_value(2)
+    next(b for b in at.button if b.label == "Simulate ranks").click().run()
+    assert not at.exception
+    backward = at.dataframe[-2].value  # the backward table (forward/optimizer's is last)
+    # 2 layers x (attention + MLP): one all-reduce of the (2, 32, 64) float32 input gradient each = 16 KiB.
+    assert list(backward["Collective"]) == ["all-reduce"] * 4
+    assert set(backward["Buffer"]) == {"16.0 KiB"}
+    assert set(backward["Autograd node (communication)"]) == {"_FromTorchTensorBackward"}
