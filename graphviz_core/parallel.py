@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import threading
 import time
 import warnings
@@ -447,7 +448,7 @@ def measure_step(
         peaks = _PhasePeaks(tracker)
         # The recorder goes first: FSDPMemTracker wraps each param group's hooks when it enters, and the
         # recorder's wrappers (on the class) must already be in place underneath.
-        with recorder, tracker, peaks:
+        with recorder, tracker, peaks, _no_cyclic_gc():
             peaks.observe()
             out = workload.forward(model, inputs)
             loss = workload.loss(out, targets)
@@ -500,6 +501,21 @@ def _to_empty_keeping_ties(model: nn.Module) -> None:
         first_module, first_name = owners[0]
         for module, name in owners[1:]:
             setattr(module, name, getattr(first_module, first_name))
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """The trackers see a tensor freed when its storage's weak reference dies. Without cyclic GC that happens
+    by reference counting alone, at the same op on every run; a GC pass landing mid-step would otherwise move
+    frees (and the optimizer step's peak) between runs. torchtitan's estimator disables GC for the same reason."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @torch.no_grad()
