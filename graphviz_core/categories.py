@@ -23,7 +23,6 @@ CATEGORIES = (
     "conversion",
     "communication",
     "checkpoint",
-    "communication",
     "accumulate_grad",
     "other",
 )
@@ -75,6 +74,12 @@ _BY_STEM = {
         "WaitTensor",
         "AllToAll",
         "Broadcast",
+        # Tensor parallelism: DTensor's input conversions and redistributions run their collectives inside
+        # these nodes' backward (graphviz_core.collectives records them).
+        "_FromTorchTensor",
+        "_ToTorchTensor",
+        "Redistribute",
+        "AllToAllSingle",
     ),
     "normalization": (
         "NativeLayerNorm",
@@ -211,12 +216,6 @@ _BY_STEM = {
     ),
     "conversion": ("ToCopy", "Copy", "CopyBackwards", "CopySlices", "ToDense", "Cpu", "Cuda", "ToSparse"),
     "checkpoint": ("CheckpointFunction", "Checkpoint"),
-    # Tensor parallelism: DTensor's conversions and redistributions run their collectives inside these nodes'
-    # backward (graphviz_core.collectives records them); functional collectives with autograd likewise.
-    "communication": (
-        "_FromTorchTensor", "_ToTorchTensor", "Redistribute", "AllGatherIntoTensor", "ReduceScatterTensor",
-        "AllToAllSingle", "AllReduce",
-    ),
 }
 _STEM_TO_CATEGORY = {stem: cat for cat, stems in _BY_STEM.items() for stem in stems}
 _SUFFIX = re.compile(r"Backward\d*$")

@@ -122,6 +122,8 @@ class CollectiveRecorder(TorchDispatchMode):
         self._fsdp_hooks: list[str] = []  # FSDP param groups whose hook is running (innermost last)
         self._fsdp_targets: list[str] = []  # FSDP param groups being gathered / reduced
         self._patched: dict = {}
+        self._conversion_owner: dict = {}  # autograd node converting a block's input -> that block's path
+        self._hooks: list = []
 
     def __enter__(self) -> CollectiveRecorder:
         self._fake_mode_on_entry = active_fake_mode()
@@ -133,6 +135,22 @@ class CollectiveRecorder(TorchDispatchMode):
         super().__exit__(*args)
         self._unpatch_fsdp()
         self.modules.__exit__(*args)
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        self._conversion_owner.clear()
+
+    def name_input_conversions(self, block: torch.nn.Module, path: str) -> None:
+        """Remember which block each input-conversion node belongs to. Tensor parallelism converts a block's input
+        in a forward pre-hook; ours runs after it, sees the converted DTensor and its grad_fn, whose backward
+        later issues the all-reduce. (ModTracker's set of active modules blurs between layers in backward.)"""
+
+        def hook(module, args, kwargs):
+            for t in (*args, *kwargs.values()):
+                if isinstance(t, DTensor) and t.grad_fn is not None:
+                    self._conversion_owner[t.grad_fn] = path
+
+        self._hooks.append(block.register_forward_pre_hook(hook, with_kwargs=True))
 
     def _patch_fsdp(self) -> None:
         """FSDP2 issues its collectives from its param groups' hooks; wrap them (as torch's FSDPMemTracker wraps
@@ -203,6 +221,8 @@ class CollectiveRecorder(TorchDispatchMode):
             # unshard() gathers a group's parameters (its own or, prefetching, the next one's); post_backward
             # reduces the hook owner's gradients.
             parameters_of = self._fsdp_targets[-1] if self._fsdp_targets else module
+        elif node is not None and node in self._conversion_owner:
+            module, parameters_of = self._conversion_owner[node], None
         else:
             parents = [p for p in self.modules.parents if p != "Global"]
             # ModTracker names modules by dotted path from the root class; the innermost is the deepest.

@@ -35,7 +35,7 @@ from graphviz_core.collectives import (
     CollectiveRecorder,
 )
 from graphviz_core.config import ModelConfig
-from graphviz_core.models import TORCH_DTYPES, build_model, compute_loss
+from graphviz_core.models import TORCH_DTYPES, build_model, compute_loss, make_batch
 from graphviz_core.parallel_config import FSDP_STRATEGIES, ParallelConfig, check_parallel
 
 PHASES = ("forward", "backward", "optimizer")
@@ -203,13 +203,14 @@ def workload_of(config: ModelConfig) -> Workload:
         with torch.device("meta"):
             return build_model(config)
 
+    shapes = make_batch(config, "meta")  # shapes and dtypes only
+
     def inputs() -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (config.batch, config.seq)
-        if config.model == "gpt2":
-            return torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)
-        full = (*shape, config.hidden)
-        dtype = TORCH_DTYPES[config.dtype]
-        return torch.zeros(full, dtype=dtype), torch.zeros(full, dtype=dtype)
+        # Called inside FakeTensorMode: zeros of the real batch's shapes are fake CPU tensors, no bytes.
+        return (
+            torch.zeros(shapes.inputs.shape, dtype=shapes.inputs.dtype),
+            torch.zeros(shapes.targets.shape, dtype=shapes.targets.dtype),
+        )
 
     return Workload(build, inputs, lambda out, targets: compute_loss(config, out, targets), TORCH_DTYPES[config.dtype])
 
@@ -316,18 +317,52 @@ def tp_plan(layer: nn.Module) -> dict:
     return plan
 
 
-def _apply_parallelism(model: nn.Module, parallel: ParallelConfig, meshes: dict) -> None:
+def _column_parallel_parents(layer: nn.Module, plan: dict) -> list[nn.Module]:
+    """The modules (attention, MLP) whose input feeds column-split projections."""
+    parents = {name.rpartition(".")[0] for name, style in plan.items() if type(style).__name__ == "ColwiseParallel"}
+    return [layer.get_submodule(name) for name in sorted(parents)]
+
+
+def _replicated_input(block: nn.Module):
+    """Megatron's `f`: the block's input enters as one replicated DTensor shared by its column-split projections,
+    so backward sums their partial input gradients and all-reduces them once per block. Without it each of
+    q, k, v (or gate, up) converts the input itself and backward issues one all-reduce per projection.
+
+    Hugging Face attention takes `hidden_states` by keyword; the other blocks take their input by position."""
+    import inspect
+
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    first = next(iter(inspect.signature(block.forward).parameters), "")
+    if first == "hidden_states":
+        return PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": Replicate()},
+            desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            use_local_output=False,
+        )
+    return PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),), use_local_output=False
+    )
+
+
+def _apply_parallelism(model: nn.Module, parallel: ParallelConfig, meshes: dict) -> list[nn.Module]:
+    """Wrap `model` as `parallel` says; returns the blocks whose input tensor parallelism converts."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
     strategy = parallel.strategy
     layers = _layers(model)
+    tp_blocks: list[nn.Module] = []
     if strategy in ("tp", "fsdp+tp"):
         for layer in layers:
             plan = tp_plan(layer)
             if not plan:
                 raise ValueError("tensor parallelism found no attention or MLP projections to split in this model.")
             parallelize_module(layer, meshes["tp"], plan)
+            for block in _column_parallel_parents(layer, plan):
+                parallelize_module(block, meshes["tp"], _replicated_input(block))
+                tp_blocks.append(block)
     mp = MixedPrecisionPolicy()
     if parallel.mixed_precision != "none":
         reduce = torch.float32 if parallel.mixed_precision == "bf16-fp32-reduce" else torch.bfloat16
@@ -342,6 +377,7 @@ def _apply_parallelism(model: nn.Module, parallel: ParallelConfig, meshes: dict)
         for layer in layers:
             replicate(layer, mesh=meshes["dp"], mp_policy=mp)
         replicate(model, mesh=meshes["dp"], mp_policy=mp)
+    return tp_blocks
 
 
 def _group_names(meshes: dict) -> dict[str, str]:
@@ -432,7 +468,8 @@ def measure_step(
                         sharded_tp_bytes += p.numel() * p.element_size()
     # parallelize_module / fully_shard run on the meta model, outside fake mode (they slice the mesh's rank
     # tables, which fake mode cannot); the parameters become fake storages afterwards with to_empty.
-    _apply_parallelism(model, parallel, meshes)
+    tp_blocks = _apply_parallelism(model, parallel, meshes)
+    module_names = {m: name for name, m in model.named_modules()}
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
         _to_empty_keeping_ties(model)
         if not fake:
@@ -445,6 +482,8 @@ def measure_step(
         if hasattr(tracker, "track_inputs"):
             tracker.track_inputs((inputs, targets))
         recorder = CollectiveRecorder(_group_names(meshes))
+        for block in tp_blocks:
+            recorder.name_input_conversions(block, module_names[block])
         peaks = _PhasePeaks(tracker)
         # The recorder goes first: FSDPMemTracker wraps each param group's hooks when it enters, and the
         # recorder's wrappers (on the class) must already be in place underneath.

@@ -17,6 +17,9 @@ STRATEGIES = ("none", "ddp", "fsdp", "hsdp", "tp", "fsdp+tp")
 # gradients in bfloat16. bf16-fp32-reduce: the same, with gradients reduced in float32.
 MIXED_PRECISIONS = ("none", "bf16", "bf16-fp32-reduce")
 FSDP_STRATEGIES = ("fsdp", "hsdp", "fsdp+tp")
+# Models whose projections graphviz_core.parallel.tp_plan recognises (this project's blocks, Llama-style layers).
+# Mixtral's attention is split; its experts stay whole on every TP rank.
+TP_MODELS = ("mlp", "gpt2", "llama", "mistral", "qwen2", "mixtral")
 MAX_WORLD = 4096  # a 70B run at FSDP 64 x TP 8 is 512 ranks; 4096 keeps a typo from building huge meshes
 
 
@@ -109,6 +112,11 @@ def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
     tp = parallel.tp
     if tp == 1:
         return
+    if config.model not in TP_MODELS:
+        raise ValueError(
+            f"tensor parallelism here splits nn.Linear projections named as in Megatron / Llama; model "
+            f"{config.model!r} has none it knows, so pick one of: {', '.join(TP_MODELS)}."
+        )
     if config.model != "mlp" and config.attention == "mha":
         raise ValueError(
             "tensor parallelism splits nn.Linear projections; attention 'mha' packs them inside "
@@ -118,12 +126,11 @@ def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
         raise ValueError(
             f"{config.heads} attention heads are not divisible by TP degree {tp}; each rank needs whole heads."
         )
-    # Grouped-query attention: K and V have their own head count (families add it as a config field).
-    kv_heads = getattr(config, "kv_heads", 0) or 0
-    if kv_heads and kv_heads % tp:
+    kv_heads = config.kv_heads or config.heads  # grouped-query attention: K and V have their own head count
+    if config.model != "mlp" and kv_heads % tp:
         raise ValueError(
             f"{kv_heads} key/value heads are not divisible by TP degree {tp}; each rank needs whole heads."
         )
-    intermediate = getattr(config, "intermediate", 0) or 4 * config.hidden
+    intermediate = config.intermediate or 4 * config.hidden
     if intermediate % tp:
         raise ValueError(f"MLP width {intermediate} is not divisible by TP degree {tp}.")

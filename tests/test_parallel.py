@@ -62,6 +62,7 @@ def test_tensor_parallel_splits_projections_and_keeps_the_rest_whole():
     backward = [c for c in result.collectives if c.phase == "backward"]
     assert [(c.kind, c.buffer_bytes) for c in backward] == [("all_reduce", 16_384)] * 4
     assert {c.autograd_node for c in backward} == {"_FromTorchTensorBackward"}
+    assert [c.module for c in backward] == ["blocks.1.mlp", "blocks.1.attn", "blocks.0.mlp", "blocks.0.attn"]
     assert all(c.issued_by == "autograd node" for c in backward)
 
 
@@ -168,3 +169,23 @@ def test_simulation_matches_a_real_gloo_run(world):
     timing_free = ("parameters", "gathered_parameters", "optimizer")
     for part in timing_free:
         assert real["phases"]["backward"][part] == simulated["phases"]["backward"][part], part
+
+
+def test_cli_json_gains_per_rank_and_bad_layouts_exit_2(tmp_path, capsys):
+    import json
+
+    from graphviz_core.cli import main
+
+    out = tmp_path / "g.json"
+    assert main(["graph", "--preset", "gpt2-tiny", "--strategy", "fsdp", "--world-size", "4", "-o", str(out)]) == 0
+    per_rank = json.loads(out.read_text())["per_rank"]
+    assert per_rank["parameter_bytes"] == TINY_BYTES // 4  # 539648 / 4 = 134912
+    assert per_rank["optimizer_bytes"] == 2 * 134_912 + 4 * 28
+    assert per_rank["single_device"]["parameter_bytes"] == TINY_BYTES
+    kinds = [(c["kind"], c["bytes"]) for c in per_rank["collectives"] if c["phase"] == "backward"]
+    assert ("reduce_scatter", 199_936) in kinds  # one block: 49984 float32 = 199936 bytes
+    assert per_rank["peak_bytes"] == max(p["peak_bytes"] for p in per_rank["phases"].values())
+    assert main(["graph", "--preset", "gpt2-tiny", "--strategy", "tp", "--tp", "3"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "graphviz-core: 4 attention heads are not divisible by TP degree 3; each rank needs whole heads."
+    )

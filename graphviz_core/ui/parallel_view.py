@@ -26,7 +26,7 @@ STRATEGY_LABELS = {
     "fsdp+tp": "FSDP x tensor parallel (2-D mesh)",
 }
 PART_LABELS = {
-    "parameters": "parameters (this rank's shards)",
+    "parameters": "parameters and buffers (this rank's shards)",
     "gathered_parameters": "all-gathered parameters (live during compute)",
     "gradients": "gradients (this rank's shards)",
     "unsharded_gradients": "unsharded gradients (before reduce-scatter)",
@@ -158,9 +158,7 @@ def show_per_rank(result: PerRank) -> None:
                     "": name,
                     "Rank 0 (torch's sharding)": format_bytes(measured),
                     "Closed form": format_bytes(closed) if closed is not None else "—",
-                    "Difference (padding, replicated pieces)": format_bytes(measured - closed)
-                    if closed is not None
-                    else "—",
+                    "Difference (padding, buffers)": format_bytes(measured - closed) if closed is not None else "—",
                     "One device": format_bytes(single) if single else "—",
                 }
                 for name, measured, closed, single in rows
