@@ -67,7 +67,46 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--vs", nargs=argparse.REMAINDER, required=True, metavar="B_FLAGS",
                          help="config B's flags (same flags as A's)")
     compare.add_argument("-o", "--output", help="file to write (default: stdout)")
+    _add_memory_command(commands)
     return parser
+
+
+def _add_memory_command(commands) -> None:
+    from graphviz_core.training_step import ACCELERATORS, OPTIMIZER_STATES
+
+    memory = commands.add_parser(
+        "memory", help="the memory panel as JSON: peak, timeline, training step; checkpointing and will-it-fit",
+        description="Captures the config and writes {peak_bytes, timeline, training_step, accelerators} as JSON; "
+                    "--checkpoints adds none/full/selective side by side (captured on meta), --budget-gib or "
+                    "--accelerator adds the largest batch and seq that fit per checkpoint policy.",
+    )
+    _add_config_flags(memory)
+    memory.add_argument("--optimizer", choices=list(OPTIMIZER_STATES), default="adamw",
+                        help="optimizer state counted in the training step (default adamw)")
+    memory.add_argument("--checkpoints", action="store_true",
+                        help="also compare none / full / selective checkpointing (meta captures)")
+    budget = memory.add_mutually_exclusive_group()
+    budget.add_argument("--budget-gib", type=float, help="memory budget for will-it-fit, in GiB")
+    budget.add_argument("--accelerator", choices=[name.split(" (")[0] for name in ACCELERATORS],
+                        help="memory budget for will-it-fit: one of these cards (24 GB = RTX 4090, ...)")
+    memory.add_argument("-o", "--output", help="file to write (default: stdout)")
+
+
+def _memory_command(args: argparse.Namespace) -> str:
+    import json
+
+    from graphviz_core.memory_report import memory_report
+    from graphviz_core.training_step import ACCELERATORS
+
+    budget = None
+    if args.budget_gib is not None:
+        if not args.budget_gib > 0:
+            raise ValueError(f"--budget-gib must be positive, got {args.budget_gib}.")
+        budget = int(args.budget_gib * 2**30)
+    elif args.accelerator:
+        budget = next(v for k, v in ACCELERATORS.items() if k.split(" (")[0] == args.accelerator)
+    report = memory_report(_config_of(args), args.optimizer, args.checkpoints, budget)
+    return json.dumps(report, indent=1)
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -196,7 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        text = {"graph": _graph_command, "expr": _expr_command, "compare": _compare_command}[args.command](args)
+        commands = {"graph": _graph_command, "expr": _expr_command, "compare": _compare_command,
+                    "memory": _memory_command}
+        text = commands[args.command](args)
     except _BadInput as exc:
         _say(str(exc))
         return EXIT_BAD_INPUT

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 
 from graphviz_core.capture import capture_backward
 from graphviz_core.checkpointing import policies_for
-from graphviz_core.config import LIMITS, ModelConfig
+from graphviz_core.config import LIMITS, ModelConfig, applies
 from graphviz_core.memory import korthikanti_policy_layer_bytes
 from graphviz_core.training_step import training_step, training_step_of
 
 DIMENSIONS = ("batch", "seq")
 _EXTRAPOLATE_FROM = (2, 3)  # layers probed for deep models
+_NOT_STACKS = ("block", "resnet", "custom")
+_NO_CLOSED_FORM = ("mlp", "resnet", "custom")  # Korthikanti's formula is per transformer layer
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class FitResult:
     dimension: str  # "batch" or "seq"
     largest: int  # 0: not even 1 fits
     largest_step_peak_bytes: int | None  # measured at full depth for `largest` (None when 0)
-    predicted_largest: int  # closed form (seed 002 / Korthikanti) with the same optimizer arithmetic
+    predicted_largest: int | None  # closed form (seed 002 / Korthikanti); None without transformer layers
     at_limit: bool  # `largest` is the tool's ceiling for that field, not the memory's
     weights_alone_exceed: bool  # parameters + gradients + master weights + optimizer state exceed the budget
     captures: int  # meta captures this search ran
@@ -51,7 +53,7 @@ def _probe_config(
     config: ModelConfig, policy: str, dimension: str, value: int, layers: int | None = None
 ) -> ModelConfig:
     changes: dict = {"checkpoint": policy, "device": "meta", dimension: value}
-    if dimension == "seq" and config.model == "gpt2":
+    if dimension == "seq" and applies("context", config.model):
         changes["context"] = 0  # position embeddings grow with seq (context 0 means "same as seq")
     if layers is not None:
         changes["layers"] = layers
@@ -65,7 +67,8 @@ class _Prober:
         self.config = config
         self.optimizer = optimizer
         self.captures = 0
-        self.extrapolate = config.model != "block" and config.layers > _EXTRAPOLATE_FROM[-1]
+        # Only where `layers` counts identical blocks (ResNet's is a depth with its own stage plan).
+        self.extrapolate = config.model not in _NOT_STACKS and config.layers > _EXTRAPOLATE_FROM[-1]
         self.known: dict[tuple, int] = {}
 
     def exact(self, policy: str, dimension: str, value: int) -> int:
@@ -137,6 +140,10 @@ def largest_fitting(
     """The largest `dimension` (batch or seq) whose step peak under `policy` is at most `budget_bytes`."""
     if dimension not in DIMENSIONS:
         raise ValueError(f"unknown dimension {dimension!r}; choose batch or seq.")
+    if not applies(dimension, config.model):
+        raise ValueError(f"model {config.model!r} has no {dimension}; search batch instead.")
+    if config.model == "custom":
+        raise ValueError("will-it-fit rebuilds the model at other sizes, which a custom module cannot do.")
     if budget_bytes <= 0:
         raise ValueError(f"the memory budget must be positive, got {budget_bytes} bytes.")
     prober = _Prober(config, optimizer)
@@ -148,34 +155,39 @@ def largest_fitting(
 
     # Parameters, gradients, master weights and optimizer state alone over budget: nothing fits, no capture
     # needed (at seq 1 a gpt2's position table has one row, so its other rows are left out of this bound).
-    floor_count = parameter_count - (config.positions - 1) * config.hidden * (
-        dimension == "seq" and config.model == "gpt2"
-    )
+    grows = dimension == "seq" and applies("context", config.model)
+    floor_count = parameter_count - (config.positions - 1) * config.hidden * grows
     if training_step(floor_count, config.dtype, optimizer, 0, 0).sum_of_parts_bytes > budget_bytes:
         return FitResult(policy, dimension, 0, None, predicted, False, True, prober.captures)
 
     def exact_fits(n: int) -> bool:
         return prober.exact(policy, dimension, n) <= budget_bytes
 
-    candidate = _largest(lambda n: prober.quick(policy, dimension, n) <= budget_bytes, 1, limit, max(1, predicted))
+    # BatchNorm (ResNet) cannot train on one example at 1x1 spatial size: its batches start at 2.
+    low = 2 if dimension == "batch" and config.model == "resnet" else 1
+    guess = max(low, predicted or low)
+    candidate = _largest(lambda n: prober.quick(policy, dimension, n) <= budget_bytes, low, limit, guess)
     # One full-depth capture checks the extrapolation where it decided (the answer, or 1 when nothing fits);
     # where it is not exact there, the search runs again on full-depth captures.
-    check = max(candidate, 1)
+    check = max(candidate, low)
     if prober.extrapolate and prober.exact(policy, dimension, check) != prober.quick(policy, dimension, check):
-        candidate = _largest(exact_fits, 1, limit, check)
-    peak = prober.exact(policy, dimension, candidate) if candidate >= 1 else None
+        candidate = _largest(exact_fits, low, limit, check)
+    candidate = candidate if candidate >= low else 0
+    peak = prober.exact(policy, dimension, candidate) if candidate else None
     return FitResult(policy, dimension, candidate, peak, predicted, candidate == limit, False, prober.captures)
 
 
 def predicted_largest(
     config: ModelConfig, budget_bytes: int, policy: str, dimension: str, optimizer: str, parameter_count: int
-) -> int:
+) -> int | None:
     """Closed form: parameters, gradients, master weights and optimizer state for `parameter_count`, plus
     layers x Korthikanti's per-layer activation bytes for the policy; the largest value within budget."""
+    if config.model in _NO_CLOSED_FORM:
+        return None
     fixed = training_step(parameter_count, config.dtype, optimizer, 0, 0).sum_of_parts_bytes
 
     def fits(n: int) -> bool:
-        probe = config.replace(**{dimension: n, "context": 0} if config.model == "gpt2" else {dimension: n})
+        probe = config.replace(**({dimension: n, "context": 0} if applies("context", config.model) else {dimension: n}))
         return fixed + config.layers * korthikanti_policy_layer_bytes(probe, policy) <= budget_bytes
 
     return _largest(fits, 1, LIMITS[dimension])
@@ -196,7 +208,7 @@ def will_it_fit(
         count = capture_backward(config.replace(device="meta")).summary.parameter_count
     results = []
     for policy in policies_for(config):
-        for dimension in dimensions:
+        for dimension in (d for d in dimensions if applies(d, config.model)):
             if progress:
                 progress(f"largest {dimension} with checkpoint {policy}")
             results.append(largest_fitting(config, budget_bytes, policy, dimension, optimizer, count))

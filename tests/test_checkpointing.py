@@ -96,3 +96,21 @@ def test_bisection_finds_the_edge_from_any_guess():
     for answer in (0, 1, 2, 37, 1000):
         for guess in (None, 1, 36, 38, 999, 5000):
             assert _largest(lambda n, edge=answer: n <= edge, 1, 5000, guess) == answer
+
+
+def test_cli_memory_checkpoints_json_is_the_comparison_and_bad_budget_is_one_line(tmp_path, capsys):
+    import json
+
+    from graphviz_core.cli import main
+
+    out = tmp_path / "memory.json"
+    assert main(["memory", "--preset", "gpt2-tiny", "--checkpoints", "-o", str(out)]) == 0
+    report = json.loads(out.read_text())
+    table = compare_checkpointing(config_from_preset("gpt2-tiny"))
+    assert [r["policy"] for r in report["checkpoints"]["rows"]] == ["none", "full", "selective"]
+    for row, expected in zip(report["checkpoints"]["rows"], table.rows, strict=True):
+        assert row["saved_and_held_bytes"] == expected.saved_and_held_bytes
+        assert row["recompute_flops"] == expected.recompute_flops
+    assert report["peak_bytes"] == report["timeline"]["peak_bytes"]
+    assert main(["memory", "--preset", "gpt2-tiny", "--budget-gib", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "graphviz-core: --budget-gib must be positive, got 0.0."

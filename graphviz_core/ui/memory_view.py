@@ -377,16 +377,12 @@ def _will_it_fit(capture: Capture) -> None:
         return
     rows = []
     for policy in dict.fromkeys(r.policy for r in result.results):
-        batch, seq = result.result(policy, "batch"), result.result(policy, "seq")
-        rows.append(
-            {
-                "checkpointing": policy,
-                "largest batch (measured)": _largest_text(batch),
-                "largest batch (closed form)": f"{batch.predicted_largest:,}",
-                f"largest seq at batch {config.batch} (measured)": _largest_text(seq),
-                "largest seq (closed form)": f"{seq.predicted_largest:,}",
-            }
-        )
+        row = {"checkpointing": policy}
+        for r in (r for r in result.results if r.policy == policy):
+            name = "largest batch" if r.dimension == "batch" else f"largest seq at batch {config.batch}"
+            row[f"{name} (measured)"] = _largest_text(r)
+            row[f"{name} (closed form)"] = _predicted_text(r)
+        rows.append(row)
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     st.caption(
         "Closed form: the same parameter, gradient and optimizer bytes plus layers × Korthikanti et al.'s "
@@ -401,3 +397,7 @@ def _largest_text(result) -> str:
     if result.largest == 0:
         return "none (1 does not fit)"
     return f"{result.largest:,}" + (" (tool limit)" if result.at_limit else "")
+
+
+def _predicted_text(result) -> str:
+    return "—" if result.predicted_largest is None else f"{result.predicted_largest:,}"
