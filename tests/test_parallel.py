@@ -189,3 +189,26 @@ def test_cli_json_gains_per_rank_and_bad_layouts_exit_2(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         "graphviz-core: 4 attention heads are not divisible by TP degree 3; each rank needs whole heads."
     )
+
+
+def test_bf16_mixed_precision_gathers_half_the_bytes_of_the_float32_shards():
+    result = simulate_parallel(TINY, ParallelConfig("fsdp", 4, mixed_precision="bf16"), single_device=False)
+    # The sharded (master) parameters stay float32: 539648 / 4 = 134912 bytes, as without mixed precision.
+    assert result.parameter_bytes == 134_912
+    # The all-gather moves bfloat16: one block's 49984 parameters * 2 bytes = 99968 bytes (float32: 199936).
+    gathers = [c for c in result.collectives if c.kind == "all_gather" and c.parameters_of == "blocks.0"]
+    assert {c.buffer_bytes for c in gathers} == {99_968}
+    # bf16 reduction: the reduce-scatter is bfloat16 too; bf16-fp32-reduce would make it float32.
+    scatters = [c for c in result.collectives if c.kind == "reduce_scatter" and c.parameters_of == "blocks.0"]
+    assert [c.buffer_bytes for c in scatters] == [99_968]
+
+
+def test_without_resharding_backward_gathers_nothing():
+    kept = simulate_parallel(TINY, ParallelConfig("fsdp", 4, reshard_after_forward=False), single_device=False)
+    # Parameters gathered in forward stay until backward: no backward all-gathers, three reduce-scatters.
+    backward = [c.kind for c in kept.collectives if c.phase == "backward"]
+    assert backward == ["reduce_scatter"] * 3
+    resharded = simulate_parallel(TINY, ParallelConfig("fsdp", 4), single_device=False)
+    assert [c.kind for c in resharded.collectives if c.phase == "backward"].count("all_gather") == 3
+    # The price: every block's gathered parameters are live at once. Two blocks + root = 539648 bytes gathered.
+    assert kept.phase("forward").parts_bytes["gathered_parameters"] == TINY_BYTES
