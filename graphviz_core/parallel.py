@@ -119,6 +119,7 @@ class PerRank:
     phases: tuple[PhaseMemory, ...]
     timeline: tuple[tuple[str, int], ...] = field(repr=False)  # (phase, bytes live), sampled op by op
     collectives: tuple[Collective, ...] = field(repr=False)
+    backward_nodes_by_category: dict[str, int]  # rank 0's autograd graph: tensor parallelism adds `communication`
     expected: Expectation
     single_device: PerRank | None = field(repr=False)  # the same step with strategy none (None for that one)
     simulate_s: float
@@ -150,6 +151,7 @@ class PerRank:
                 for p in self.phases
             },
             "expected": dataclasses.asdict(self.expected),
+            "backward_nodes_by_category": dict(self.backward_nodes_by_category),
             "collective_bytes": self.collective_bytes(),
             "collective_time_s": self.collective_time_s(),
             "backward_collective_bytes": self.collective_bytes("backward"),
@@ -492,6 +494,7 @@ def measure_step(
             out = workload.forward(model, inputs)
             loss = workload.loss(out, targets)
             del out
+            nodes_by_category = _nodes_by_category(loss)
             recorder.phase = peaks.phase = "backward"
             loss.backward()
             del loss
@@ -522,6 +525,7 @@ def measure_step(
         phases=phases,
         timeline=_downsample(peaks.samples),
         collectives=tuple(recorder.collectives),
+        backward_nodes_by_category=nodes_by_category,
         expected=expected,
         single_device=None,
         simulate_s=time.perf_counter() - started,
@@ -563,6 +567,17 @@ def _fill_small(model: nn.Module) -> None:
     for p in model.parameters():
         local = p.to_local() if hasattr(p, "to_local") else p
         local.normal_(0.0, 0.02)
+
+
+def _nodes_by_category(loss: torch.Tensor) -> dict[str, int]:
+    """Rank 0's backward graph, node count per category (the graph explorer's categories)."""
+    from collections import Counter
+
+    from graphviz_core.capture import autograd_nodes
+    from graphviz_core.categories import category_of, normalise_op
+
+    counts = Counter(category_of(normalise_op(node.name())) for node in autograd_nodes(loss.grad_fn))
+    return dict(sorted(counts.items()))
 
 
 def _warm_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

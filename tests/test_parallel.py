@@ -64,6 +64,11 @@ def test_tensor_parallel_splits_projections_and_keeps_the_rest_whole():
     assert {c.autograd_node for c in backward} == {"_FromTorchTensorBackward"}
     assert [c.module for c in backward] == ["blocks.1.mlp", "blocks.1.attn", "blocks.0.mlp", "blocks.0.attn"]
     assert all(c.issued_by == "autograd node" for c in backward)
+    # Rank 0's autograd graph holds DTensor's conversions as `communication` nodes, 12 per block: from_local
+    # of the attention and MLP inputs (the two whose backward all-reduces) and of the row-split inputs (proj,
+    # mlp.proj) = 4; to_local of the four projections' outputs = 4; redistribute of the two column-split inputs
+    # (already replicated) and of the two row-split outputs (partial -> replicated, forward's all-reduce) = 4.
+    assert result.backward_nodes_by_category["communication"] == 2 * (4 + 4 + 4)
 
 
 def test_fsdp_backward_reduce_scatters_each_layer_from_its_hook():

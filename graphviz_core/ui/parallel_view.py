@@ -217,6 +217,14 @@ def show_collectives(result: PerRank) -> None:
         f"and InfiniBand {INFINIBAND_BYTES_PER_S / 1e9:.0f} GB/s per GPU (400 Gb/s NDR) across nodes; ring "
         "algorithm volumes, no latency, no overlap with compute."
     )
+    graph_nodes = sum(result.backward_nodes_by_category.values())
+    communication_nodes = result.backward_nodes_by_category.get("communication", 0)
+    st.caption(
+        f"Rank 0's backward graph has {graph_nodes:,} autograd nodes, {communication_nodes:,} of them in the "
+        "communication category (tensor parallelism's DTensor conversions; those whose backward sends data are "
+        "listed below with their node). FSDP's collectives run in hooks, outside the graph: the table names the "
+        "module whose hook issued each one."
+    )
     if not result.collectives:
         st.info("This layout issues no collectives: nothing is shared between ranks.")
         return
