@@ -49,6 +49,7 @@ lint: $(STAMP)
 bench: $(STAMP) chromium
 	$(PY) benchmarks/bench_capture.py
 	$(PY) benchmarks/bench_render.py
+	$(PY) benchmarks/bench_families.py
 
 screenshot: $(STAMP) chromium
 	$(PY) -m graphviz_core.ui.screenshot assets/graph-explorer.png

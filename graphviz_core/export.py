@@ -34,6 +34,11 @@ CATEGORY_COLOURS = {
     "conversion": "#7f7f7f",
     "checkpoint": "#393b79",
     "accumulate_grad": "#ffdd57",
+    "conv": "#6baed6",
+    "position": "#f7b6d2",
+    "routing": "#dbdb8d",
+    "pooling": "#9edae5",
+    "communication": "#ad494a",
     "other": "#000000",
 }
 

@@ -36,8 +36,16 @@ def hide_categories(graph: nx.DiGraph, hidden: set[str]) -> nx.DiGraph:
 
 
 def module_group(module: str, depth: int) -> str:
-    """The first `depth` parts of a dotted module path ("blocks.3.attn.core", 2 -> "blocks.3")."""
-    return ".".join(module.split(".")[:depth]) if module else ""
+    """The first `depth` parts of a dotted module path ("blocks.3.attn.core", 2 -> "blocks.3"), extended to the
+    layer index when one follows within two parts (transformers: "model.layers.3.mlp" -> "model.layers.3",
+    "bert.encoder.layer.3.output" -> "bert.encoder.layer.3"), so each layer stays its own group."""
+    if not module:
+        return ""
+    parts = module.split(".")
+    for i in range(depth, min(depth + 2, len(parts))):
+        if parts[i].isdigit():
+            return ".".join(parts[: i + 1])
+    return ".".join(parts[:depth])
 
 
 def collapse_modules(graph: nx.DiGraph, depth: int = 2, expanded: str | None = None) -> nx.DiGraph:

@@ -309,3 +309,14 @@ def test_llama_layer_bytes_match_the_derivation(overrides, derived):
     assert (rows[0].textbook, rows[0].measured) == (derived, derived)
     # without the float32 upcast each of the 2 norms keeps f*sbh = 4*4096 bytes less
     assert rows[0].textbook - rows[1].textbook == 2 * 4 * 4096
+
+
+def test_every_category_has_a_colour_and_layers_group_by_index():
+    from graphviz_core.categories import CATEGORIES
+    from graphviz_core.export import CATEGORY_COLOURS
+    from graphviz_core.graph import module_groups
+
+    assert set(CATEGORIES) <= set(CATEGORY_COLOURS)
+    # transformers paths: each decoder layer is its own group (model.layers.N), not one "model.layers"
+    groups = module_groups(captured("llama-tiny").graph)
+    assert groups == ["lm_head", "model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm"]
