@@ -484,6 +484,8 @@ def measure_step(
         if hasattr(tracker, "track_inputs"):
             tracker.track_inputs((inputs, targets))
         recorder = CollectiveRecorder(_group_names(meshes))
+        for module_tracker in (tracker._mod_tracker, recorder.modules):
+            _this_thread_only(module_tracker)
         for block in tp_blocks:
             recorder.name_input_conversions(block, module_names[block])
         peaks = _PhasePeaks(tracker)
@@ -567,6 +569,22 @@ def _fill_small(model: nn.Module) -> None:
     for p in model.parameters():
         local = p.to_local() if hasattr(p, "to_local") else p
         local.normal_(0.0, 0.02)
+
+
+def _this_thread_only(module_tracker) -> None:
+    """ModTracker's forward hooks are global to the process (register_module_forward_pre_hook): a capture running
+    in another session's thread would have its modules, and through MemTracker's hooks their parameters, counted
+    in this rank's memory. Keep the hooks to the simulating thread; dispatch modes are per thread already."""
+    owner = threading.get_ident()
+    for name in ("_fw_pre_hook", "_fw_post_hook"):
+        hook = getattr(module_tracker, name)
+
+        def guarded(*args, _hook=hook):
+            if threading.get_ident() == owner:
+                return _hook(*args)
+            return None
+
+        setattr(module_tracker, name, guarded)
 
 
 def _nodes_by_category(loss: torch.Tensor) -> dict[str, int]:

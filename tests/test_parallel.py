@@ -217,3 +217,34 @@ def test_without_resharding_backward_gathers_nothing():
     assert [c.kind for c in resharded.collectives if c.phase == "backward"].count("all_gather") == 3
     # The price: every block's gathered parameters are live at once. Two blocks + root = 539648 bytes gathered.
     assert kept.phase("forward").parts_bytes["gathered_parameters"] == TINY_BYTES
+
+
+def test_a_capture_in_another_thread_does_not_leak_into_the_simulation():
+    """The server runs captures for other sessions while a simulation runs; torch's module trackers hook every
+    module in the process, so the simulation must ignore modules running in other threads."""
+    import threading
+
+    from graphviz_core.capture import capture_backward
+
+    alone = simulate_parallel(TINY, ParallelConfig("fsdp", 4), single_device=False)
+    stop, captured, errors = threading.Event(), [], []
+
+    def capture_until_stopped():
+        while not stop.is_set():
+            try:
+                captured.append(capture_backward(TINY.replace(device="cpu")).summary.nodes)
+            except Exception as exc:  # noqa: BLE001 - the assertion below reports it
+                errors.append(exc)
+                return
+
+    worker = threading.Thread(target=capture_until_stopped)
+    worker.start()
+    try:
+        busy = simulate_parallel(TINY, ParallelConfig("fsdp", 4), single_device=False)
+    finally:
+        stop.set()
+        worker.join()
+    assert not errors and captured
+    assert len(set(captured)) == 1  # every concurrent capture saw the same graph
+    assert [p.parts_bytes for p in busy.phases] == [p.parts_bytes for p in alone.phases]
+    assert busy.collectives == alone.collectives
