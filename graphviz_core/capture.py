@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphviz_core.admission import Ticket, admit
 from graphviz_core.categories import category_in_module, normalise_op
-from graphviz_core.config import ModelConfig
+from graphviz_core.config import CUSTOM, ModelConfig
 from graphviz_core.device import device_guard, resolve_device, synchronize
 from graphviz_core.flops import flops_of
 from graphviz_core.models import RECOMPUTED, build_model, compute_loss, make_batch
@@ -126,6 +126,10 @@ def capture_backward(
     cannot run here, and CaptureCancelled when `ticket` is cancelled (checked while queued and at every module
     and node).
     """
+    if source is None and config.model == CUSTOM:  # a trusted-folder model picked in the web app
+        from graphviz_core.user_model import trusted_capture
+
+        return trusted_capture(config, progress, ticket)
     say = progress or (lambda phase: None)
     device = resolve_device(config.device)
     # On meta, mirror the attention kernels of the device `auto` would pick (GRAPHVIZ_CORE_DEVICE included),

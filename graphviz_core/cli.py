@@ -115,6 +115,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{name}", choices=choices)
     for name in INT_FLAGS:
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, help=FLAG_HELP.get(name))
+    parser.add_argument("--tied", action=argparse.BooleanOptionalAction, default=None,
+                        help="llama-style families: lm_head shares the token embedding (Llama 3.2 1B does)")
 
 
 def _add_parallel_flags(parser: argparse.ArgumentParser) -> None:
@@ -151,7 +153,7 @@ def _parallel_of(args: argparse.Namespace):
 
 
 def _config_of(args: argparse.Namespace):
-    return resolve_config(args.preset, **{name: getattr(args, name) for name in (*CHOICE_FLAGS, *INT_FLAGS)})
+    return resolve_config(args.preset, **{name: getattr(args, name) for name in (*CHOICE_FLAGS, *INT_FLAGS, "tied")})
 
 
 def _compare_command(args: argparse.Namespace) -> str:
@@ -164,7 +166,7 @@ def _compare_command(args: argparse.Namespace) -> str:
     _add_config_flags(b_parser)
     b_args = b_parser.parse_args(args.vs)
     if b_args.preset is None:  # B inherits A's flags, then overrides them
-        for name in ("preset", *CHOICE_FLAGS, *INT_FLAGS):
+        for name in ("preset", *CHOICE_FLAGS, *INT_FLAGS, "tied"):
             if getattr(b_args, name) is None:
                 setattr(b_args, name, getattr(args, name))
     config_a, config_b = _config_of(args), _config_of(b_args)
@@ -177,7 +179,7 @@ def _graph_command(args: argparse.Namespace) -> str:
 
     parallel = None
     if args.model_file:
-        fields = {name: getattr(args, name) for name in (*CHOICE_FLAGS, *INT_FLAGS)}
+        fields = {name: getattr(args, name) for name in (*CHOICE_FLAGS, *INT_FLAGS, "tied")}
         given = [f"--{k.replace('_', '-')}" for k, v in fields.items() if v is not None]
         given += ["--preset"] if args.preset else []
         if given:

@@ -1,12 +1,15 @@
 """Captures your own `nn.Module`: from Python (`capture_module`) or from a file's factory (`--model-file PATH:FACTORY`).
 
-The web app never calls this: a shared server must not run code that a browser names. Only the CLI and
-Python callers, who already run code on their own machine, load a user's file.
+The web app imports no user code unless the server was started with GRAPHVIZ_CORE_TRUSTED_MODEL_DIR naming a
+folder: then it offers that folder's factories (listed by parsing, never by a path a browser sends). The CLI and
+Python callers, who already run code on their own machine, load any file they name.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -50,16 +53,7 @@ def capture_module(
         preset=name,
     )
 
-    def checked_loss(output):
-        loss = loss_fn(output)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
-            what = (
-                type(loss).__name__
-                if not isinstance(loss, torch.Tensor)
-                else (f"a tensor of shape {tuple(loss.shape)}" if loss.numel() != 1 else "a tensor without a grad_fn")
-            )
-            raise _UserError(f"{name}: the loss must be a scalar tensor with a grad_fn, got {what}.")
-        return loss
+    checked_loss = _checked(loss_fn, name)
 
     model.train()
     try:
@@ -72,8 +66,25 @@ def capture_module(
         raise ValueError(f"{name} raised {type(exc).__name__} during the capture: {_first_line(exc)}") from None
 
 
-class _UserError(Exception):
+class _UserError(ValueError):
     pass
+
+
+def _checked(loss_fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
+    """`loss_fn`, refusing with one sentence anything but a scalar tensor with a grad_fn."""
+
+    def checked_loss(output):
+        loss = loss_fn(output)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
+            what = (
+                type(loss).__name__
+                if not isinstance(loss, torch.Tensor)
+                else (f"a tensor of shape {tuple(loss.shape)}" if loss.numel() != 1 else "a tensor without a grad_fn")
+            )
+            raise _UserError(f"{name}: the loss must be a scalar tensor with a grad_fn, got {what}.")
+        return loss
+
+    return checked_loss
 
 
 def _first_line(exc: BaseException) -> str:
@@ -120,3 +131,62 @@ def capture_file(spec: str, progress: Progress | None = None) -> Capture:
     """`--model-file PATH:FACTORY`: load the factory's three things and capture them."""
     model, inputs, loss_fn = load_factory(spec)
     return capture_module(model, inputs, loss_fn, name=spec, progress=progress)
+
+
+TRUSTED_DIR_ENV = "GRAPHVIZ_CORE_TRUSTED_MODEL_DIR"
+
+
+def trusted_dir() -> Path | None:
+    """The folder whose model files the web app may import: only when the server was started with
+    GRAPHVIZ_CORE_TRUSTED_MODEL_DIR naming it (an explicit opt-in); None otherwise."""
+    value = os.environ.get(TRUSTED_DIR_ENV, "").strip()
+    if not value:
+        return None
+    path = Path(value).resolve()
+    return path if path.is_dir() else None
+
+
+def trusted_factories() -> list[str]:
+    """`file.py:function` for every top-level function without required arguments in the trusted folder's
+    .py files, found by parsing (nothing is imported to list them)."""
+    folder = trusted_dir()
+    if folder is None:
+        return []
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                args = node.args
+                required = len(args.posonlyargs) + len(args.args) - len(args.defaults)
+                if required == 0 and not [d for d in args.kw_defaults if d is None]:
+                    found.append(f"{path.name}:{node.name}")
+    return found
+
+
+def trusted_source(spec: str) -> Source:
+    """The model, inputs and loss of `file.py:function` from the trusted folder, refused unless the opt-in is on
+    and the name is one `trusted_factories` lists (so no path from a browser reaches the file system)."""
+    if trusted_dir() is None:
+        raise ValueError(f"this server runs no user code; start it with {TRUSTED_DIR_ENV}=FOLDER to allow the models "
+                         f"in FOLDER.")
+    if spec not in trusted_factories():
+        raise ValueError(f"{spec!r} is not a model in the trusted folder.")
+    model, inputs, loss_fn = load_factory(str(trusted_dir() / spec))
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    return Source(model.train(), inputs, _checked(loss_fn, spec))
+
+
+def trusted_capture(config: ModelConfig, progress: Progress | None = None, ticket=None) -> Capture:
+    """The web app's capture of a trusted-folder model (`config.model == "custom"`, `config.preset` = file:function)."""
+    spec = config.preset
+    source = trusted_source(spec)
+    try:
+        return capture_backward(config, progress, ticket, source=source)
+    except ValueError:
+        raise
+    except Exception as exc:  # the user's forward or loss raised: one sentence, no traceback
+        raise ValueError(f"{spec} raised {type(exc).__name__} during the capture: {_first_line(exc)}") from None

@@ -63,3 +63,41 @@ def test_an_edited_preset_is_named_by_its_fields():
     run(at)
     caption = next(c.value for c in at.caption if c.value.startswith("Loss"))
     assert "preset" not in caption and "gpt2 · 1 layers · h=64" in caption
+
+
+FACTORY = """
+import torch
+
+def make():
+    return torch.nn.Linear(4, 2), torch.randn(3, 4), lambda out: out.pow(2).mean()
+
+def _helper():
+    pass
+
+def needs_args(x):
+    pass
+"""
+
+
+def test_user_models_only_from_a_trusted_folder_named_at_startup(tmp_path, monkeypatch):
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    assert not [b for b in at.button if b.label == "Run your model"]  # no opt-in: no user code at all
+    (tmp_path / "net.py").write_text(FACTORY)
+    monkeypatch.setenv("GRAPHVIZ_CORE_TRUSTED_MODEL_DIR", str(tmp_path))
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    # listed by parsing: only the public function without required arguments
+    assert at.selectbox(key="config.custom").options == ["net.py:make"]
+    next(b for b in at.button if b.label == "Run your model").click().run()
+    assert not at.exception
+    # Linear(4, 2) + Pow + Mean: Addmm, T, 2 parameter leaves, Pow, Mean = 6 nodes
+    assert at.metric[0].value == "6"
+
+
+def test_a_refused_family_config_keeps_the_result():
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    nodes = at.metric[0].value
+    at.selectbox(key="config.model").set_value("llama").run()
+    at.number_input(key="config.kv_heads").set_value(3)
+    run(at)
+    assert [e for e in at.sidebar.error if "not divisible by 3 key-value heads" in e.value.replace("\\", "")]
+    assert at.metric[0].value == nodes

@@ -320,3 +320,13 @@ def test_every_category_has_a_colour_and_layers_group_by_index():
     # transformers paths: each decoder layer is its own group (model.layers.N), not one "model.layers"
     groups = module_groups(captured("llama-tiny").graph)
     assert groups == ["lm_head", "model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm"]
+
+
+def test_tied_embeddings_flag_removes_the_output_matrix(capsys):
+    import json
+
+    # llama-tiny tied: 139_584 - V*h = 139_584 - 512*64 = 106_816 parameters
+    assert main(["graph", "--model", "llama", "--tied", "--device", "meta"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["parameter_count"] == 139_584 - 512 * 64
+    assert main(["graph", "--model", "gpt2", "--tied"]) == 2
+    assert "has no choice of tied embeddings" in capsys.readouterr().err

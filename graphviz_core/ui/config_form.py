@@ -8,6 +8,7 @@ import torch
 from graphviz_core.config import (
     BUILT_IN_ATTENTIONS,
     CHECKPOINTS,
+    CUSTOM,
     DEFAULT_PRESET,
     DEVICES,
     DTYPES,
@@ -25,6 +26,7 @@ from graphviz_core.config import (
 )
 from graphviz_core.device import check_budget, resolve_device
 from graphviz_core.ui.format import escape_markdown
+from graphviz_core.user_model import trusted_factories
 
 SIZE_FIELDS = ("hidden", "heads", "layers", "vocab", "batch", "seq")
 INT_FIELDS = (*SIZE_FIELDS, "kv_heads", "intermediate", "experts", "experts_per_token", "image_size", "context", "seed")
@@ -131,6 +133,21 @@ def _named(config: ModelConfig, preset: str) -> ModelConfig:
     return config.replace(preset=preset if same else "")
 
 
+def _trusted_models(key: str) -> None:
+    """Only when the server was started with GRAPHVIZ_CORE_TRUSTED_MODEL_DIR: pick one of that folder's factories.
+    The options are the server's own listing; nothing typed in the browser names a file."""
+    factories = trusted_factories()
+    if not factories:
+        return
+    with st.sidebar.expander("Your model (trusted folder)"):
+        spec = st.selectbox("Factory", factories, key=f"{key}.custom",
+                            help="file.py:function in the folder this server trusts; the function returns "
+                                 "(module, example inputs, loss function)")
+        if st.button("Run your model", key=f"{key}.custom_run", width="stretch"):
+            st.session_state[f"{key}.applied"] = ModelConfig(model=CUSTOM, preset=spec, device="cpu")
+            st.session_state.pop(f"{key}.error", None)
+
+
 def config_form(key: str = "config") -> ModelConfig | None:
     """Draw the form in the sidebar; return the config last applied (the default preset at first).
 
@@ -161,6 +178,7 @@ def config_form(key: str = "config") -> ModelConfig | None:
         help="Built-in teaching models, or a transformers architecture built from its config with "
         "random weights (nothing is downloaded). Switching loads that family's toy size.",
     )
+    _trusted_models(key)
     model = st.session_state[f"{key}.model"]
     with sidebar.form(f"{key}.form"):
         shown = [
@@ -223,7 +241,7 @@ def config_form(key: str = "config") -> ModelConfig | None:
                 f"Not run: {st.session_state[f'{key}.error']} The result shown is still that of the previous config."
             )
         )
-    else:
+    elif applied.model != CUSTOM:
         changed = [name for name, value in form_fields(key).items() if getattr(applied, name) != value]
         if changed:
             sidebar.warning(f"The form differs from the result shown ({', '.join(changed)}); press Run to capture it.")
