@@ -157,11 +157,11 @@ class RuleOfThumb:
 
 def rule_of_thumb(capture: Capture) -> RuleOfThumb:
     config = capture.config
-    tokens = config.batch * config.seq
+    tokens = config.batch * config.tokens  # ViT: patches + class token per image, not seq
     n = capture.summary.parameter_count
     six_n = 6 * n * tokens
-    has_attention = config.model != "mlp"
-    attention = 12 * config.layers * config.batch * config.seq**2 * config.hidden if has_attention else 0
+    has_attention = config.model not in ("mlp", "resnet", "custom")
+    attention = 12 * config.layers * config.batch * config.tokens**2 * config.hidden if has_attention else 0
     f, b = capture.flops.forward_by_op, capture.flops.backward_by_op
 
     def total(ops: dict[str, int], family: str) -> int:

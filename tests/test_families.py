@@ -330,3 +330,13 @@ def test_tied_embeddings_flag_removes_the_output_matrix(capsys):
     assert json.loads(capsys.readouterr().out)["summary"]["parameter_count"] == 139_584 - 512 * 64
     assert main(["graph", "--model", "gpt2", "--tied"]) == 2
     assert "has no choice of tied embeddings" in capsys.readouterr().err
+
+
+def test_rule_of_thumb_counts_vit_patches_as_tokens():
+    from graphviz_core.flop_analysis import rule_of_thumb
+
+    vit = rule_of_thumb(captured("vit-tiny"))
+    # 32-pixel images in 16-pixel patches: (32/16)^2 + 1 class token = 5 tokens per image, batch 2
+    assert vit.tokens == 2 * 5
+    assert vit.measured_flop == vit.rule_flop + sum(t.flop for t in vit.gap)
+    assert rule_of_thumb(captured("resnet-tiny")).attention_flop == 0
