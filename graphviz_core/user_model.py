@@ -171,8 +171,9 @@ def trusted_source(spec: str) -> Source:
     """The model, inputs and loss of `file.py:function` from the trusted folder, refused unless the opt-in is on
     and the name is one `trusted_factories` lists (so no path from a browser reaches the file system)."""
     if trusted_dir() is None:
-        raise ValueError(f"this server runs no user code; start it with {TRUSTED_DIR_ENV}=FOLDER to allow the models "
-                         f"in FOLDER.")
+        raise ValueError(
+            f"this server runs no user code; start it with {TRUSTED_DIR_ENV}=FOLDER to allow the models in FOLDER."
+        )
     if spec not in trusted_factories():
         raise ValueError(f"{spec!r} is not a model in the trusted folder.")
     model, inputs, loss_fn = load_factory(str(trusted_dir() / spec))

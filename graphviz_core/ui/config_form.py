@@ -140,9 +140,13 @@ def _trusted_models(key: str) -> None:
     if not factories:
         return
     with st.sidebar.expander("Your model (trusted folder)"):
-        spec = st.selectbox("Factory", factories, key=f"{key}.custom",
-                            help="file.py:function in the folder this server trusts; the function returns "
-                                 "(module, example inputs, loss function)")
+        spec = st.selectbox(
+            "Factory",
+            factories,
+            key=f"{key}.custom",
+            help="file.py:function in the folder this server trusts; the function returns "
+            "(module, example inputs, loss function)",
+        )
         if st.button("Run your model", key=f"{key}.custom_run", width="stretch"):
             st.session_state[f"{key}.applied"] = ModelConfig(model=CUSTOM, preset=spec, device="cpu")
             st.session_state.pop(f"{key}.error", None)
@@ -179,6 +183,8 @@ def config_form(key: str = "config") -> ModelConfig | None:
         "random weights (nothing is downloaded). Switching loads that family's toy size.",
     )
     _trusted_models(key)
+    # Refusals and "stale result" notices go here, above the fields, where they are seen without scrolling.
+    notice = sidebar.empty()
     model = st.session_state[f"{key}.model"]
     with sidebar.form(f"{key}.form"):
         shown = [
@@ -236,7 +242,7 @@ def config_form(key: str = "config") -> ModelConfig | None:
             st.session_state[f"{key}.error"] = str(exc)
     applied = st.session_state[f"{key}.applied"]
     if f"{key}.error" in st.session_state:
-        sidebar.error(
+        notice.error(
             escape_markdown(
                 f"Not run: {st.session_state[f'{key}.error']} The result shown is still that of the previous config."
             )
@@ -244,5 +250,5 @@ def config_form(key: str = "config") -> ModelConfig | None:
     elif applied.model != CUSTOM:
         changed = [name for name, value in form_fields(key).items() if getattr(applied, name) != value]
         if changed:
-            sidebar.warning(f"The form differs from the result shown ({', '.join(changed)}); press Run to capture it.")
+            notice.warning(f"The form differs from the result shown ({', '.join(changed)}); press Run to capture it.")
     return applied
