@@ -70,7 +70,7 @@ def collapse_modules(graph: nx.DiGraph, depth: int = 2, expanded: str | None = N
         times = [d["time_s"] for d in datas if d["time_s"] is not None]
         view.add_node(
             group,
-            op=f"{group.removeprefix('module:')} ({len(nodes)} nodes)",
+            op=f"{group.removeprefix('module:')} ({len(nodes)} node{'' if len(nodes) == 1 else 's'})",
             category="module",
             module=group.removeprefix("module:"),
             **{key: sum(d.get(key, 0) for d in datas) for key in ADDITIVE},

@@ -106,7 +106,13 @@ def node_details(node: str, data: dict) -> list[list[str]]:
         rows.append(["  of which recompute", format_flops(data["recompute_flops"])])
     rows.append(["time", format_seconds(data["time_s"])])
     norm = data.get("grad_norm")
-    rows.append(["gradient norm", "n/a" if norm is None else f"{norm:.4g}"])
+    # A node sends one gradient per input; the norm shown is all of them combined (square root of the sum of
+    # squares), so a residual add passing |g| to both branches shows sqrt(2)*|g|. Say so in the label.
+    if data["category"] == "accumulate_grad":
+        norm_label = "gradient norm (this parameter's gradient)"
+    else:
+        norm_label = "gradient norm (all gradients it sends to its inputs, combined)"
+    rows.append([norm_label, "n/a" if norm is None else f"{norm:.4g}"])
     if data.get("backward_index") is not None:
         rows.append(["backward step", str(data["backward_index"])])
     return rows

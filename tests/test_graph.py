@@ -44,3 +44,12 @@ def test_focus_and_search():
     hits = search_nodes(graph, "gelu")
     assert {graph.nodes[n]["op"] for n in hits} == {"GeluBackward0"} and len(hits) == 2
     assert search_nodes(graph, "   ") == set()
+
+
+def test_one_member_module_label_is_singular():
+    graph = captured("gpt2-tiny").graph.copy()
+    node = next(n for n, d in graph.nodes(data=True) if d["module"])
+    graph.nodes[node]["module"] = "solo"  # a module holding exactly this one node, like lm_head
+    view = collapse_modules(graph, depth=1)
+    assert view.nodes["module:solo"]["op"] == "solo (1 node)"
+    assert all(not d["op"].endswith("(1 nodes)") for _, d in view.nodes(data=True))

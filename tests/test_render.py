@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from graphviz_core.render import render_html, render_standalone_html
+from graphviz_core.render import node_details, render_html, render_standalone_html
 from tests.conftest import captured
 
 
@@ -44,3 +44,14 @@ def test_hostile_strings_are_escaped_everywhere():
 def test_unknown_metric_is_a_value_error():
     with pytest.raises(ValueError, match="unknown metric 'speed'"):
         render_html(captured("mlp").graph, colour_by="speed")
+
+
+def test_gradient_norm_says_what_it_is_the_norm_of():
+    graph = captured("mlp", layers=1).graph
+    labels = {}
+    for node, data in graph.nodes(data=True):
+        rows = dict(node_details(node, data))
+        labels[data["category"]] = [k for k in rows if k.startswith("gradient norm")][0]
+    # a residual add sends |g| to both inputs, so its norm is sqrt(2)*|g|: the label must say "combined"
+    assert any("combined" in label for cat, label in labels.items() if cat != "accumulate_grad")
+    assert labels["accumulate_grad"] == "gradient norm (this parameter's gradient)"
