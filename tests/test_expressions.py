@@ -3,6 +3,7 @@ never executes anything."""
 
 import math
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -186,3 +187,17 @@ def test_deep_nesting_and_long_input_are_handled_promptly():
         with pytest.raises(ValueError, match=message):
             parse_expression(text)
     assert time.perf_counter() - started < 2.0
+
+
+@pytest.mark.parametrize("text", ["2*3", "x*x*x"])
+def test_toy_page_with_no_backward_steps_says_so_instead_of_a_traceback(text):
+    # "2*3" has no variables; "x*x*x" with x detached has no path: autograd runs 0 nodes, so there is nothing to step.
+    from streamlit.testing.v1 import AppTest
+
+    page = str(Path(__file__).resolve().parent.parent / "pages" / "toy_expressions.py")
+    at = AppTest.from_file(page, default_timeout=120).run()
+    at.text_input(key="expr.text").set_value(text).run()
+    if text == "x*x*x":
+        at.multiselect(key="expr.detach").set_value(["x"]).run()
+    assert not at.exception, at.exception
+    assert any("no backward steps" in m.value for m in at.markdown), [m.value for m in at.markdown]

@@ -76,6 +76,11 @@ def _toggle_play(total: int) -> None:
 def backward_stepper(trace: Trace) -> None:
     """Step controls, the graph with the current step highlighted, seed 003's table, and the final check."""
     total = len(trace.steps)
+    if total == 0:
+        # A constant, or every path detached: autograd runs no node, so a stepper would have nothing to step.
+        st.markdown(f"**Forward:** L = {trace.value:g}. There are no backward steps: no variable reaches L "
+                    "through an operation autograd records (constants only, or every path detached).")
+        return
     st.session_state[f"{KEY}.step"] = min(st.session_state.get(f"{KEY}.step", 0), total)
     playing = st.session_state.get(f"{KEY}.playing", False)
 
