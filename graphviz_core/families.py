@@ -70,8 +70,14 @@ def _policy(model: nn.Module, ctx, op, *args, **kwargs):
     if not ctx.is_recompute:
         # The checkpoint stores these outputs itself, where no saved-tensor hook sees them; count their bytes by
         # running the op on meta copies of its arguments (shapes only, no arithmetic).
-        meta = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, kwargs))
-        out = op(*meta[0], **meta[1])
+        # With the dispatch modes below this one switched off: the capture's FLOP counter and storage observer
+        # would otherwise count this shape computation as a second forward op (llama-tiny's forward read
+        # 25.3 MFLOP under selective instead of 14.8).
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            meta = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, kwargs))
+            out = op(*meta[0], **meta[1])
         kept = sum(
             t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
         )

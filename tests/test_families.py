@@ -213,6 +213,21 @@ def test_checkpointing_works_for_transformers_families(family, checkpoint):
         assert ckpt.flops.backward_recompute < full.flops.backward_recompute
 
 
+def test_selective_checkpointing_recomputes_only_what_it_does_not_keep():
+    # llama-tiny: T = b*s = 2*32 = 64 tokens, h = 64, 4 query heads of 16, 2 key-value heads (32 wide), I = 128.
+    # Per layer the kept ops' forward FLOPs (2 FLOPs per multiply-add):
+    #   q, o projections 2 * 2*T*h*h = 1,048,576; k, v 2 * 2*T*h*32 = 524,288; gate, up, down 3 * 2*T*h*I
+    #   = 3,145,728; attention (dense count) 4*b*heads*s*s*16 = 524,288  -> 5,242,880, two layers 10,485,760.
+    # Full checkpointing recomputes all of that except down_proj (the non-reentrant early stop: nothing saved
+    # after it is needed, 2*T*I*h = 1,048,576 per layer); selective keeps those outputs, so the difference in
+    # recompute is exactly the kept ops minus the early-stopped ones.
+    plain = captured("llama-tiny")
+    full, selective = (captured("llama-tiny", checkpoint=c) for c in ("full", "selective"))
+    assert full.flops.backward_recompute - selective.flops.backward_recompute == 10_485_760 - 2 * 1_048_576
+    # The policy's shape-only copies of the kept ops are not forward work (they once counted 10.5 MFLOP twice).
+    assert selective.flops.forward == full.flops.forward == plain.flops.forward
+
+
 def test_eager_attention_keeps_the_scores_and_repeats_key_values():
     eager = captured("llama-tiny", attention="eager")
     assert "attention" not in eager.summary.by_category  # no fused kernel: softmax and matmuls op by op
