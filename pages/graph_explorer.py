@@ -4,6 +4,7 @@ import streamlit as st
 
 from graphviz_core.ui.capture_cache import get_capture
 from graphviz_core.ui.config_form import config_form
+from graphviz_core.ui.flops_view import show_flops
 from graphviz_core.ui.graph_view import graph_view
 from graphviz_core.ui.memory_view import show_memory
 from graphviz_core.ui.navigation import run_through_app
@@ -18,10 +19,12 @@ capture = get_capture(config) if config is not None else None
 if capture is not None:
     show_summary(capture)
     # One tab per panel; each panel reads the same capture (nothing here re-runs the backward pass).
-    graph_tab, textbook_tab, memory_tab = st.tabs(["Graph", "Measured vs textbook", "Memory"])
+    graph_tab, textbook_tab, memory_tab, flops_tab = st.tabs(["Graph", "Measured vs textbook", "Memory", "FLOPs and time"])
     with graph_tab:
         graph_view(capture)
     with textbook_tab:
         show_textbook_comparison(capture)
     with memory_tab:
         show_memory(capture)
+    with flops_tab:
+        show_flops(capture)

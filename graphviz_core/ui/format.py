@@ -78,3 +78,18 @@ def bytes_unit(largest: int | float) -> tuple[str, int]:
         if abs(largest) >= 1024**power:
             return unit, 1024**power
     return "B", 1
+
+
+def flops_unit(largest: int | float, suffix: str = "FLOP") -> tuple[str, float]:
+    """The unit a chart's FLOP axis should use so its largest value reads as 1-999: ("MFLOP", 1e6)."""
+    for power, prefix in ((15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k")):
+        if abs(largest) >= 10**power:
+            return prefix + suffix, 10.0**power
+    return suffix, 1.0
+
+
+def format_intensity(x: float | None) -> str:
+    """Arithmetic intensity: 5.69 -> "5.7 FLOP/B" (FLOPs per byte read and written)."""
+    if x is None:
+        return "n/a"
+    return f"{x:.2f} FLOP/B" if x < 10 else f"{x:,.0f} FLOP/B" if x >= 1000 else f"{x:.1f} FLOP/B"

@@ -1,0 +1,379 @@
+"""The "FLOPs and time" tab: where the FLOPs go (per layer, per category, per op family), the total against
+6·N·tokens, the per-op GPT-2 derivation with fused and manual attention, and per-node time, achieved FLOP/s and
+arithmetic intensity on a roofline against the device's measured peak."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from graphviz_core import flop_analysis as fa
+from graphviz_core.capture import Capture
+from graphviz_core.device_peak import DevicePeak, measure_peak
+from graphviz_core.flop_terms import terms_both_ways
+from graphviz_core.ui.format import (
+    escape_markdown,
+    flops_unit,
+    format_bytes,
+    format_flops,
+    format_intensity,
+    format_ratio,
+    format_seconds,
+)
+
+GRAPH_SEARCH_KEY = "view.search"  # the graph tab's search box: setting it highlights nodes there
+PASS_COLOURS = {"forward": "#4c78a8", "backward": "#e45756"}
+
+
+@st.fragment
+def show_flops(capture: Capture) -> None:
+    """A fragment: its widgets (top-N, both attentions, highlight) rerun this panel only, never the capture."""
+    f = capture.flops
+    ratio = fa.overall_ratio(capture)
+    rule = fa.rule_of_thumb(capture)
+    cols = st.columns(4)
+    cols[0].metric("Forward FLOPs", format_flops(f.forward), help="every aten op the forward ran, counted by shape")
+    cols[1].metric(
+        "Backward FLOPs",
+        format_flops(f.backward),
+        help="every aten op that ran while backward ran, including gradient sums between nodes"
+        + (" and checkpointing's recompute" if f.backward_recompute else ""),
+    )
+    cols[2].metric(
+        "Backward / forward",
+        format_ratio(ratio),
+        "folklore says 2.00×",
+        delta_color="off",
+        help="LayerNorm, GELU and softmax count no forward FLOPs (no forward formula), so this overstates a little",
+    )
+    cols[3].metric(
+        "Measured vs 6·N·tokens + attention",
+        format_ratio(rule.measured_flop / rule.rule_flop if rule.rule_flop else None),
+        f"rule {format_flops(rule.rule_flop)}",
+        delta_color="off",
+        help="forward + backward measured, divided by the rule of thumb; the gap is explained term by term below",
+    )
+    _per_layer(capture)
+    _ratios(capture)
+    _rule_of_thumb(rule)
+    _both_attentions(capture)
+    _time_and_roofline(capture)
+
+
+def _grouped_bars(data: pd.DataFrame, group: str, unit: str, order: list[str]) -> alt.Chart:
+    """Forward and backward side by side per `group`, horizontal, in the given order."""
+    return (
+        alt.Chart(data)
+        .mark_bar()
+        .encode(
+            x=alt.X(f"{unit}:Q", title=unit),
+            y=alt.Y(f"{group}:N", sort=order, title=None, axis=alt.Axis(labelLimit=240)),
+            yOffset=alt.YOffset("pass:N", sort=list(PASS_COLOURS)),
+            color=alt.Color(
+                "pass:N",
+                scale=alt.Scale(domain=list(PASS_COLOURS), range=list(PASS_COLOURS.values())),
+                legend=alt.Legend(orient="bottom", title=None),
+            ),
+            tooltip=[alt.Tooltip(f"{group}:N"), alt.Tooltip("pass:N"), alt.Tooltip("FLOPs:N")],
+        )
+        .properties(height=alt.Step(16))  # per bar: two bars (forward, backward) per row
+    )
+
+
+def _per_layer(capture: Capture) -> None:
+    st.markdown("##### Where the FLOPs go")
+    layers = fa.flops_per_layer(capture)
+    by_category = {k: v for k, v in capture.flops.backward_by_category.items() if v}
+    largest = max([1, *(max(r.forward_flop, r.backward_flop) for r in layers), *by_category.values()])
+    unit, divisor = flops_unit(largest)
+    left, right = st.columns(2)
+    rows = [
+        {"layer": r.layer, "pass": name, unit: value / divisor, "FLOPs": format_flops(value)}
+        for r in layers
+        for name, value in (("forward", r.forward_flop), ("backward", r.backward_flop))
+    ]
+    left.caption(
+        "Forward and backward per layer (modules grouped by layer index), in the order backward reaches them; ops "
+        "outside every module (loss, embedding sum) and the engine's gradient sums where two paths meet come last."
+    )
+    if rows:
+        left.altair_chart(_grouped_bars(pd.DataFrame(rows), "layer", unit, [r.layer for r in layers]), width="stretch")
+    right.caption("Backward per category of the node that ran it (the colours of the graph).")
+    if by_category:
+        data = pd.DataFrame(
+            [{"category": k, unit: v / divisor, "FLOPs": format_flops(v)} for k, v in by_category.items()]
+        )
+        right.altair_chart(
+            alt.Chart(data)
+            .mark_bar(color=PASS_COLOURS["backward"])
+            .encode(
+                x=alt.X(f"{unit}:Q", title=f"backward ({unit})"),
+                y=alt.Y("category:N", sort="-x", title=None),
+                tooltip=["category:N", "FLOPs:N"],
+            )
+            .properties(height=alt.Step(26)),
+            width="stretch",
+        )
+    else:
+        right.caption("No backward FLOPs were counted in this run.")
+
+
+def _ratios(capture: Capture) -> None:
+    st.markdown("##### Is backward really 2× forward?")
+    st.caption(
+        "The folklore: backward costs twice the forward. Measured per op family from the aten ops each pass ran: "
+        "true for matmuls, not for a fused attention kernel (it recomputes q·kᵀ) nor for elementwise ops."
+    )
+    rows = fa.ratios_by_family(capture)
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "op family": r.family,
+                    "forward": format_flops(r.forward_flop),
+                    "backward": format_flops(r.backward_flop),
+                    "measured backward / forward": format_ratio(r.ratio),
+                    "expected": format_ratio(r.expected_ratio) if r.expected_ratio else "—",
+                    "folklore": format_ratio(fa.FOLKLORE_RATIO),
+                    "why": r.why,
+                }
+                for r in rows
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+
+
+def _rule_of_thumb(rule: fa.RuleOfThumb) -> None:
+    st.markdown("##### The total against 6·N·tokens")
+    st.caption(
+        f"Training costs about 6 FLOPs per parameter per token (2 forward, 4 backward) — here 6 × "
+        f"{rule.parameters:,} parameters × {rule.tokens:,} tokens — plus attention's q·kᵀ and p·v, which no "
+        "parameter counts (12·L·b·s²·h for forward and backward). The rows below add up exactly to the measurement."
+    )
+    rows = [
+        ("6·N·tokens", rule.six_n_tokens_flop, "the rule of thumb"),
+        ("+ attention term 12·L·b·s²·h", rule.attention_flop, "dense q·kᵀ and p·v, forward and backward"),
+        ("= rule of thumb", rule.rule_flop, ""),
+        *(("gap: " + t.term.split(":")[0].split(" (")[0], t.flop, t.term) for t in rule.gap),
+        ("= measured forward + backward", rule.measured_flop, "every aten op counted by shape"),
+    ]
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "term": term,
+                    "FLOPs": ("+" if flop > 0 and term.startswith("gap") else "") + format_flops(flop),
+                    "why": why,
+                }
+                for term, flop, why in rows
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+
+
+def _both_attentions(capture: Capture) -> None:
+    """The per-op backward derivation for GPT-2 (11 terms per layer, then the head and loss), measured with the
+    fused kernel and with attention spelled out op by op."""
+    from graphviz_core.ui.capture_cache import get_capture  # the panel asks for the other attention's capture
+
+    st.markdown("##### Backward FLOPs op by op: fused vs spelled-out attention (GPT-2)")
+    config = capture.config
+    if config.model != "gpt2":
+        st.caption("This derivation covers the built-in GPT-2 model; pick the GPT-2 family to see it.")
+        return
+    other = "sdpa" if config.attention == "manual" else "manual"
+    st.caption(
+        "The textbook derivation of GPT-2's backward, one row per op (summed over layers), next to the nodes "
+        "that ran it. Spelled-out (manual) attention matches the formula exactly; the fused kernel does q·kᵀ, "
+        "softmax and p·v in one node and recomputes q·kᵀ in backward."
+    )
+    if not st.toggle(f"Also capture this config with {other} attention", key="flops.both_ways"):
+        return
+    twin = get_capture(config.replace(attention=other))
+    if twin is None:
+        return
+    fused, manual = (capture, twin) if other == "manual" else (twin, capture)
+    try:
+        rows = terms_both_ways(fused, manual)
+    except ValueError as exc:
+        st.error(escape_markdown(exc))
+        return
+
+    def cell(v: int | None) -> str:
+        return "—" if v is None else format_flops(v)
+
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "op": r.term,
+                    "formula": r.formula,
+                    "textbook": cell(r.seed_flop),
+                    "manual attention": cell(r.manual_flop),
+                    f"fused ({fused.config.attention})": cell(r.fused_flop),
+                    "note": r.note,
+                }
+                for r in rows
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+
+
+def _highlight(op: str, module: str) -> None:
+    # The graph's search matches "op module" as one string, so this selects exactly that node's op in that module.
+    st.session_state[GRAPH_SEARCH_KEY] = f"{op} {module}".strip()
+
+
+def _node_table(rows: list[fa.NodeCost]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "node": r.node,
+                "module": r.module or "—",
+                "category": r.category,
+                "FLOPs": format_flops(r.flop),
+                "time": format_seconds(r.time_s),
+                "achieved": format_flops(r.flop_per_s, "FLOP/s"),
+                "bytes moved": format_bytes(r.bytes_moved),
+                "intensity": format_intensity(r.intensity_flop_per_byte),
+            }
+            for r in rows
+        ]
+    )
+
+
+def _time_and_roofline(capture: Capture) -> None:
+    st.markdown("##### Time and achieved throughput per node")
+    timed = capture.device != "meta"
+    if not timed:
+        st.info(
+            "On the meta device nothing runs: there is no time and no achieved FLOP/s. FLOPs and arithmetic "
+            "intensity come from shapes alone and are shown below; run on cpu or cuda to time the nodes."
+        )
+    overhead = fa.instrumentation_overhead_s(capture)
+    if timed and overhead is not None:
+        st.caption(
+            f"Times are as measured, so each includes the instrumentation's own cost (timing hooks, FLOP counter): "
+            f"about {format_seconds(overhead)} per node here, the median time of the shape nodes (views, "
+            "transposes), which do no arithmetic. Achieved FLOP/s subtracts that overhead from each node's time."
+        )
+    elif timed:
+        st.caption("Times are as measured, instrumentation included (no shape nodes here to measure its overhead).")
+    n = st.select_slider("Nodes to list", [5, 10, 20, 50], value=10, key="flops.top_n")
+    by_flop = fa.top_nodes(capture, "flop", n)
+    st.caption(f"Top {n} nodes by backward FLOPs")
+    st.dataframe(_node_table(by_flop), hide_index=True, width="stretch")
+    by_time = fa.top_nodes(capture, "time_s", n) if timed else []
+    st.caption(f"Top {n} nodes by time" + ("" if timed else " — not measured on meta"))
+    if by_time:
+        st.dataframe(_node_table(by_time), hide_index=True, width="stretch")
+    choices = list(dict.fromkeys([*by_flop, *by_time]))
+    if choices:
+        row = st.columns([3, 1])
+        picked = row[0].selectbox(
+            "Find a node in the graph",
+            choices,
+            format_func=lambda r: f"{r.op} · {r.module or '(no module)'} · {format_flops(r.flop)}",
+            key="flops.find",
+        )
+        if row[1].button(
+            "Highlight in the graph", key="flops.highlight", on_click=_highlight, args=(picked.op, picked.module)
+        ):
+            st.rerun()  # the whole page, so the graph tab redraws with the highlight
+        st.caption(
+            "Highlighted nodes get a pink border in the Graph tab (its search box holds the node's op and module)."
+        )
+    if timed:
+        _roofline(capture)
+    with st.expander("Every node: FLOPs, time, achieved FLOP/s, bytes moved, intensity"):
+        st.caption(
+            "Bytes moved: the gradients the node reads and writes plus the tensors saved for it (read back in "
+            "backward), parameters included. Intensity = FLOPs / bytes moved."
+        )
+        st.dataframe(_node_table(fa.node_costs(capture)), hide_index=True, width="stretch")
+
+
+def _roofline(capture: Capture) -> None:
+    st.markdown("##### Roofline")
+    if st.button(
+        "Measure the peak again",
+        key="flops.remeasure",
+        help="the peak is measured once per process; measure again if the machine was busy then",
+    ):
+        measure_peak.cache_clear()
+    peak: DevicePeak | None = measure_peak(capture.device)
+    if peak is None:
+        return
+    nodes = [r for r in fa.node_costs(capture) if r.flop_per_s and r.intensity_flop_per_byte]
+    st.caption(
+        f"Each dot is a node: FLOPs per byte it moves (x) against the FLOP/s it achieved (y), both log scale. The "
+        f"roofs are this {peak.device}'s own, measured once per process: a {peak.matmul_n}×{peak.matmul_n} float32 "
+        f"matmul at {format_flops(peak.flop_per_s, 'FLOP/s')} and a {format_bytes(peak.copy_bytes)} copy at "
+        f"{format_bytes(peak.bytes_per_s)}/s. Left of the ridge "
+        f"({format_intensity(peak.ridge_flop_per_byte)}) a node is memory-bound: it cannot beat bandwidth × intensity."
+        f" {len(nodes)} of {capture.summary.nodes} nodes did arithmetic within a measurable time."
+    )
+    if not nodes:
+        return
+    unit, divisor = flops_unit(max(peak.flop_per_s, *(r.flop_per_s for r in nodes)), "FLOP/s")
+    points = pd.DataFrame(
+        [
+            {
+                "intensity (FLOP/B)": r.intensity_flop_per_byte,
+                unit: r.flop_per_s / divisor,
+                "category": r.category,
+                "node": r.node,
+                "module": r.module or "—",
+                "FLOPs": format_flops(r.flop),
+                "time": format_seconds(r.time_s),
+            }
+            for r in nodes
+        ]
+    )
+    lo = min(points["intensity (FLOP/B)"].min(), peak.ridge_flop_per_byte) / 2
+    hi = max(points["intensity (FLOP/B)"].max(), peak.ridge_flop_per_byte) * 2
+    xs = [lo * (hi / lo) ** (i / 40) for i in range(41)]
+    roof = pd.DataFrame(
+        [{"intensity (FLOP/B)": x, unit: min(peak.flop_per_s, peak.bytes_per_s * x) / divisor} for x in xs]
+    )
+    x = alt.X("intensity (FLOP/B):Q", scale=alt.Scale(type="log"), title="arithmetic intensity (FLOP per byte)")
+    y = alt.Y(f"{unit}:Q", scale=alt.Scale(type="log"), title=f"achieved ({unit})")
+    line = alt.Chart(roof).mark_line(color="black", strokeDash=[4, 3]).encode(x=x, y=y)
+    dots = (
+        alt.Chart(points)
+        .mark_circle(size=70, opacity=0.8)
+        .encode(
+            x=x,
+            y=y,
+            color=alt.Color("category:N", legend=alt.Legend(orient="bottom", columns=4)),
+            tooltip=[
+                "node:N",
+                "module:N",
+                "category:N",
+                "FLOPs:N",
+                "time:N",
+                alt.Tooltip("intensity (FLOP/B):Q", format=".2f"),
+            ],
+        )
+    )
+    st.altair_chart((line + dots).properties(height=380), width="stretch")
+    slow = sum(1 for r in nodes if r.intensity_flop_per_byte < peak.ridge_flop_per_byte)
+    above = sum(1 for r in nodes if r.flop_per_s > min(peak.flop_per_s, peak.bytes_per_s * r.intensity_flop_per_byte))
+    best = max(r.flop_per_s for r in nodes) / peak.flop_per_s
+    st.caption(
+        f"{slow} of these {len(nodes)} nodes sit left of the ridge (memory-bound); the best reached {best:.0%} of "
+        "the matmul peak. Small shapes run far below the roof: per-call overhead dominates kernels this short."
+        + (
+            f" {above} nodes sit above the roof: the microbenchmark ran while this machine was busier than during the "
+            "capture, so read the roof as a lower bound, or measure it again."
+            if above
+            else ""
+        )
+    )

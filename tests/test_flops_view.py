@@ -1,0 +1,90 @@
+"""AppTests of the "FLOPs and time" tab on gpt2-tiny (b=2, s=32, h=64, nh=4, d=16, V=512, L=2)."""
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+from tests.conftest import captured
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+B, S, H, NH, D, V, L = 2, 32, 64, 4, 16, 512, 2
+
+
+def _frame(at, column: str):
+    """The first dataframe on the page with this column."""
+    return next(d.value for d in at.dataframe if column in d.value.columns)
+
+
+def test_flops_tab_shows_totals_ratios_and_the_rule_of_thumb_with_units():
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    assert not at.exception
+    assert "FLOPs and time" in [t.label for t in at.tabs]
+    capture = captured("gpt2-tiny")
+    metrics = {m.label: m.value for m in at.metric}
+    # forward: linear 16_777_216 + fused attention 1_048_576 + elementwise 20_480 = 17_846_272 -> "17.8 MFLOP"
+    assert capture.flops.forward == 16_777_216 + 1_048_576 + 20_480
+    assert metrics["Forward FLOPs"] == "17.8 MFLOP"
+    ratios = _frame(at, "op family").set_index("op family")
+    # linear layers: backward dx and dW, two matmuls of the forward's size -> exactly 2x
+    assert ratios.loc["linear layers (mm, addmm)", "measured backward / forward"] == "2.00×"
+    # fused attention: forward 4*b*nh*s²*d per layer, backward 10*b*nh*s²*d (q·kᵀ recomputed) -> 2.5x
+    fused = next(i for i in ratios.index if i.startswith("fused attention"))
+    assert ratios.loc[fused, "measured backward / forward"] == "2.50×"
+    assert set(ratios["folklore"]) == {"2.00×"}
+    rule = _frame(at, "term").set_index("term")
+    # 6 · N · tokens = 6 * 134_912 parameters * (2*32) tokens = 51_806_208 -> "51.8 MFLOP"
+    assert rule.loc["6·N·tokens", "FLOPs"] == "51.8 MFLOP"
+    # attention 12·L·b·s²·h = 12*2*2*1024*64 = 3_145_728 -> "3.1 MFLOP"
+    assert rule.loc["+ attention term 12·L·b·s²·h", "FLOPs"] == "3.1 MFLOP"
+    # every FLOP cell carries its unit
+    for frame in at.dataframe:
+        for column in ("FLOPs", "forward", "backward"):
+            if column in frame.value.columns:
+                assert all(v.endswith("FLOP") for v in frame.value[column]), column
+
+
+def test_flops_tab_times_nodes_on_cpu_and_says_the_overhead_is_subtracted():
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    captions = " ".join(c.value for c in at.caption)
+    assert "includes the instrumentation" in captions and "subtracts that overhead" in captions
+    top = _frame(at, "achieved")
+    # the largest backward node of gpt2-tiny is lm_head's MmBackward0: 4*b*s*h*V = 4*2*32*64*512 = 8_388_608
+    assert top.iloc[0]["node"].startswith("MmBackward0") and top.iloc[0]["FLOPs"] == "8.4 MFLOP"
+    assert any(c.value.startswith("Top 10 nodes by time") for c in at.caption)
+
+
+def test_highlight_sends_the_node_to_the_graph_search():
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    next(b for b in at.button if b.label == "Highlight in the graph").click().run()
+    assert not at.exception
+    assert at.text_input(key="view.search").value == "MmBackward0 lm_head"
+
+
+def test_both_attentions_table_puts_manual_and_fused_side_by_side():
+    at = AppTest.from_file(APP, default_timeout=180).run()
+    at.toggle(key="flops.both_ways").set_value(True).run()
+    assert not at.exception
+    table = _frame(at, "manual attention").set_index("op")
+    # query@key backward with manual attention: 4·b·nh·s²·d = 4*2*4*1024*16 = 524_288 per layer, x2 layers
+    assert table.loc[f"{L} layers × query@key", "manual attention"] == "1.0 MFLOP"
+    assert table.loc[f"{L} layers × query@key", "textbook"] == "1.0 MFLOP"
+    # the fused kernel's one node per layer: 10·b·nh·s²·d = 1_310_720 per layer, x2 = 2_621_440
+    assert table.loc[f"{L} layers × attention core, fused", "fused (sdpa)"] == "2.6 MFLOP"
+
+
+def test_meta_says_time_is_absent():
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    at.selectbox(key="config.device").set_value("meta")
+    next(b for b in at.button if b.label == "Run backward pass").click().run()
+    assert not at.exception
+    assert any("no time and no achieved FLOP/s" in i.value for i in at.info)
+
+
+def test_chart_units_switch_prefix_at_the_threshold():
+    from graphviz_core.ui.format import flops_unit, format_intensity
+
+    assert flops_unit(999) == ("FLOP", 1.0)
+    assert flops_unit(1_000) == ("kFLOP", 1e3)  # 1000 FLOP reads as 1 kFLOP, never "1000 FLOP"
+    assert flops_unit(8_388_608) == ("MFLOP", 1e6)
+    assert flops_unit(2.1e11, "FLOP/s") == ("GFLOP/s", 1e9)
+    assert format_intensity(5.6889) == "5.69 FLOP/B" and format_intensity(19.69) == "19.7 FLOP/B"
