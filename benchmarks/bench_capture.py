@@ -1,10 +1,11 @@
-"""Capture overhead: a full instrumented capture vs a bare forward + backward of the same model.
+"""Capture overhead: a full instrumented capture vs a bare forward + backward of the same model (issue 13, goal 3).
 
-Config from issue 2: gpt2, 4 layers, h=512, 8 heads, b=8, s=256 (GPT-2's vocab), CPU. Runs alternate in one
-process so both see the same machine load; prints the ratio of medians and of the best runs (the best
-run is the least disturbed by other work on a shared machine). Goal: <= 1.3x.
+For each config, rounds pair one bare step with one capture, the order alternating round by round (bare
+first, then capture first), so both members of a pair see the same machine load; the figure is the median
+of the per-round ratios capture/bare. Both steps build the model, run forward, loss and backward, and free
+what they allocated. Goals: gpt2-small <= 1.1x, 4 layers h=512 b=8 s=256 <= 1.1x, gpt2-tiny <= 2x.
 
-    python benchmarks/bench_capture.py [--repeats N]
+    python benchmarks/bench_capture.py [--rounds N] [--only NAME]
 """
 
 from __future__ import annotations
@@ -16,15 +17,21 @@ import time
 import torch
 
 from graphviz_core.capture import capture_backward
-from graphviz_core.config import ModelConfig
+from graphviz_core.config import ModelConfig, config_from_preset
 from graphviz_core.models import build_model, compute_loss, make_batch
 
-CONFIG = ModelConfig(model="gpt2", layers=4, hidden=512, heads=8, vocab=50257, batch=8, seq=256, device="cpu")
+CONFIGS: dict[str, tuple[ModelConfig, float]] = {
+    "gpt2-tiny": (config_from_preset("gpt2-tiny", device="cpu"), 2.0),
+    "4 layers h=512 b=8 s=256": (
+        ModelConfig(model="gpt2", layers=4, hidden=512, heads=8, vocab=50257, batch=8, seq=256, device="cpu"),
+        1.1,
+    ),
+    "gpt2-small": (config_from_preset("gpt2-small", device="cpu"), 1.1),
+}
 
 
 def bare_step(config: ModelConfig) -> float:
-    """Build, forward, loss, backward: exactly what the capture does, with no instrumentation. Both steps
-    include freeing what they allocated, so neither leaves its clean-up to the other's timing."""
+    """Build, forward, loss, backward: exactly what the capture does, with no instrumentation."""
     started = time.perf_counter()
     model = build_model(config)
     batch = make_batch(config, "cpu")
@@ -40,24 +47,39 @@ def captured_step(config: ModelConfig) -> float:
     return time.perf_counter() - started
 
 
+def paired(config: ModelConfig, rounds: int) -> tuple[list[float], list[float], list[float]]:
+    bare_step(config)  # warm-up: allocator, kernels, lazy imports (the first capture of a process pays them)
+    captured_step(config)
+    bare, captured, ratios = [], [], []
+    for i in range(rounds):
+        if i % 2 == 0:
+            b = bare_step(config)
+            c = captured_step(config)
+        else:
+            c = captured_step(config)
+            b = bare_step(config)
+        bare.append(b)
+        captured.append(c)
+        ratios.append(c / b)
+    return bare, captured, ratios
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", choices=list(CONFIGS))
     args = parser.parse_args()
-    print(f"config: {CONFIG}")
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
-    bare_step(CONFIG)  # warm-up: allocator, kernels, lazy imports
-    captured_step(CONFIG)
-    bare, captured = [], []
-    for _ in range(args.repeats):
-        bare.append(bare_step(CONFIG))
-        captured.append(captured_step(CONFIG))
-    capture = capture_backward(CONFIG)
-    b, c = statistics.median(bare), statistics.median(captured)
-    print(f"nodes: {capture.summary.nodes}, backward FLOPs: {capture.flops.backward:,}")
-    print(f"bare forward+backward: median {b:.3f} s  {[round(x, 3) for x in bare]}")
-    print(f"full capture:          median {c:.3f} s  {[round(x, 3) for x in captured]}")
-    print(f"ratio capture/bare: median {c / b:.3f}x, best-of-{args.repeats} {min(captured) / min(bare):.3f}x (goal <= 1.3x)")
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {args.rounds} paired rounds, order alternating")
+    for name, (config, goal) in CONFIGS.items():
+        if args.only and name != args.only:
+            continue
+        bare, captured, ratios = paired(config, args.rounds)
+        nodes = capture_backward(config).summary.nodes
+        ratio = statistics.median(ratios)
+        print(f"{name}: {nodes} nodes; bare median {statistics.median(bare) * 1000:.1f} ms, "
+              f"capture median {statistics.median(captured) * 1000:.1f} ms; "
+              f"paired ratio median {ratio:.2f}x (rounds {', '.join(f'{r:.2f}' for r in ratios)}); "
+              f"goal <= {goal}x: {'met' if ratio <= goal else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import importlib
 import math
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -183,6 +184,7 @@ class _FlopCounter(TorchDispatchMode):
         out = func(*args, **kwargs)
         if not self.run.paused:
             self.run.charge(flops_of(func, args, kwargs, out), func)
+            self.run.storages.after_op(func, out)  # the memory timeline: one mode for both (see forward(own_mode))
         return out
 
 
@@ -291,6 +293,9 @@ class _Run:
         self.started: dict[str, object] = {}
         self.ended: dict[str, object] = {}
         self.norm_parts: dict[str, list[torch.Tensor]] = {}
+        self.norms_seen: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # id(gradient) -> (ref, its norm)
+        self.last_finished: str | None = None  # the engine sums gradients right after their producer's hooks
+        self.sums_after: Counter[str] = Counter()  # producer node id -> FLOPs of the sums that followed it
         self.backward_order: list[str] = []
         self.node_hooks: list = []
         self.param_names: dict = {}
@@ -304,7 +309,7 @@ class _Run:
             handle.remove()
         self.storages.release()
         for store in (self.node_hooks, self.labels, self.boundaries, self.recomputed_nodes, self.started,
-                      self.ended, self.norm_parts, self.param_names, self.module_paths):
+                      self.ended, self.norm_parts, self.norms_seen, self.param_names, self.module_paths):
             store.clear()
 
     # ---- hooks -------------------------------------------------------------------------------------
@@ -319,6 +324,8 @@ class _Run:
             self.flops_forward_by_module[self.module_stack[-1] if self.module_stack else ""] += flops
         elif self.current is None:
             self.flops_unattributed += flops
+            if self.last_finished is not None:
+                self.sums_after[self.last_finished] += flops
         else:
             self.flops_by_node[self.current] += flops
             if self.recompute_depth:
@@ -395,16 +402,28 @@ class _Run:
         def hook(grad_inputs, grad_outputs):
             self.ended[node_id] = self._clock()
             self.current = None
+            self.last_finished = node_id
             self.io_bytes[node_id] = sum(g.numel() * g.element_size() for g in (*grad_inputs, *grad_outputs) if g is not None)
             if self.real:
                 self.paused = True
                 grads = grad_outputs if is_leaf else grad_inputs
-                self.norm_parts[node_id] = [
-                    torch.linalg.vector_norm(g.detach(), dtype=torch.float32) for g in grads if g is not None
-                ]
+                self.norm_parts[node_id] = [self._norm_once(g) for g in grads if g is not None]
                 self.paused = False
 
         return hook
+
+    def _norm_once(self, g: torch.Tensor) -> torch.Tensor:
+        """The L2 norm of one gradient, read once however many nodes it passes through: a parameter's gradient
+        is sent by one node and received by its AccumulateGrad, an add sends the same tensor down both paths.
+        Keyed by the Python object (PyTorch keeps one per live tensor), checked with a weak reference so a
+        recycled id never returns another tensor's norm."""
+        seen = self.norms_seen.get(id(g))
+        if seen is not None and seen[0]() is g:
+            return seen[1]
+        with torch._C._DisableTorchDispatch():  # bookkeeping, not the model's work: skip the capture's own mode
+            norm = torch.linalg.vector_norm(g, dtype=torch.float32)
+        self.norms_seen[id(g)] = (weakref.ref(g), norm)
+        return norm
 
     def _clock(self) -> object:
         if self.device == "cuda":
@@ -419,8 +438,11 @@ class _Run:
         config, device = self.config, self.device
         self.say("building the model")
         if self.source is None:
-            with torch.device(device):
+            if device == "cpu":  # the default device: torch.device()'s hook on every call costs ~1.5 ms here
                 model = build_model(config)
+            else:
+                with torch.device(device):
+                    model = build_model(config)
             batch = make_batch(config, device)
             inputs, loss_of = (batch.inputs,), lambda out: compute_loss(config, out, batch.targets)
             held = (batch.inputs, batch.targets)
@@ -449,7 +471,7 @@ class _Run:
         self.say("running the forward pass")
         self.phase = "forward"
         started = time.perf_counter()
-        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack), _FlopCounter(self), self.storages.forward():
+        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack), _FlopCounter(self), self.storages.forward(own_mode=False):
             output = model(*inputs)
             loss = loss_of(output)
         synchronize(device)
@@ -472,7 +494,7 @@ class _Run:
         self.say("running the backward pass")
         self.phase = "backward"
         started = time.perf_counter()
-        with _FlopCounter(self), self.storages.backward():
+        with _FlopCounter(self), self.storages.backward(own_mode=False):
             loss.backward()
         synchronize(device)
         backward_s = time.perf_counter() - started
@@ -565,6 +587,7 @@ class _Run:
                 ],
                 backward_index=None,
                 recomputed=node in self.recomputed_nodes,
+                gradient_sum_flops=0,
             )
         for position, node_id in enumerate(self.backward_order):
             if graph.nodes[node_id]["backward_index"] is None:
@@ -574,6 +597,7 @@ class _Run:
                 if child is not None:
                     graph.add_edge(ids[node], ids[child])
 
+        self._place_gradient_sums(graph)
         by_category = Counter(data["category"] for _, data in graph.nodes(data=True))
         saved_by_category = Counter()
         for _, data in graph.nodes(data=True):
@@ -624,6 +648,25 @@ class _Run:
             backward_order=tuple(self.backward_order),
             timeline=timeline,
         )
+
+    def _place_gradient_sums(self, graph: nx.DiGraph) -> None:
+        """Charge each sum the engine ran between nodes to the node whose input it summed (`gradient_sum_flops`).
+
+        The engine adds a gradient into a node's input buffer right after the producer's hooks ran, when that
+        buffer already holds a gradient from another producer; so the receiver is the producer's successor
+        with another producer that finished earlier.
+        """
+        position = {node_id: i for i, node_id in enumerate(self.backward_order)}
+        for producer, flops in self.sums_after.items():
+            if producer not in graph:
+                continue
+            mine = position[producer]
+            receivers = [
+                v for v in graph.successors(producer)
+                if any(u != producer and position.get(u, mine) < mine for u in graph.predecessors(v))
+            ]
+            if receivers:
+                graph.nodes[receivers[0]]["gradient_sum_flops"] += flops
 
     def _elapsed(self, node_id: str) -> float | None:
         if not self.real or node_id not in self.ended:

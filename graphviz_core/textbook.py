@@ -29,6 +29,38 @@ class Comparison:
     note: str
 
 
+_LAYER_INDEX = re.compile(r"\.\d+(?=\.|$)")
+
+_SUM_KIND = {
+    "residual_add": "residual stream",
+    "accumulate_grad": "a parameter used in two places (tied weights)",
+    "shape": "pieces of one tensor used separately",
+}
+
+
+def gradient_sum_places(capture: Capture) -> list[tuple[str, int, int]]:
+    """Where the engine summed gradients, grouped by receiving op and module (layer numbers as N): (place, how many
+    receiving nodes, FLOP). A `Clone` receiving three `Select` gradients is nn.MultiheadAttention's packed
+    in-projection (q, k, v cut from one tensor); an `AccumulateGrad` is a tied parameter; an Add, the residual."""
+    groups: dict[str, list[int]] = {}
+    for _, d in _nodes(capture):
+        if d.get("gradient_sum_flops"):
+            module = _LAYER_INDEX.sub(".N", d["module"]) or "(top level)"
+            kind = _SUM_KIND.get(d["category"], d["category"])
+            place = f"{d['op']} in {module}: {kind}"
+            if d["param"]:
+                place = f"{d['param']['name']}: {kind}"
+            groups.setdefault(place, []).append(d["gradient_sum_flops"])
+    return sorted(((p, len(f), sum(f)) for p, f in groups.items()), key=lambda r: -r[2])
+
+
+def describe_gradient_sums(capture: Capture) -> str:
+    places = gradient_sum_places(capture)
+    if not places:
+        return "none"
+    return "; ".join(f"{n} × {place} ({flops:,} FLOP)" for place, n, flops in places)
+
+
 def _nodes(capture: Capture):
     return capture.graph.nodes(data=True)
 
@@ -165,9 +197,9 @@ def backward_flops(capture: Capture) -> list[Comparison]:
         Comparison("cross-entropy: log-softmax (4bsV)", None,
                    _sum(capture, "flops", lambda x: x["op"] == "LogSoftmaxBackward0"),
                    "seed 004 derives 4bsV but leaves it out of its total."),
-        Comparison("gradient sums where paths meet (residuals, tied weights)", None, capture.flops.backward_unattributed,
-                   "the engine adds gradients arriving by two paths before the next node runs; seed 004 treats "
-                   "residuals as free."),
+        Comparison("gradient sums where paths meet", None, capture.flops.backward_unattributed,
+                   "the engine adds gradients arriving by two paths before the receiving node runs; here: "
+                   + describe_gradient_sums(capture) + ". Seed 004 treats them as free."),
     ]
     if capture.flops.backward_recompute:
         rows.append(Comparison("checkpointing: forward recomputed in backward", None, capture.flops.backward_recompute,

@@ -264,3 +264,56 @@ def test_a_capture_frees_its_model_without_waiting_for_the_cyclic_gc():
         assert built and built[0]() is None  # freed by reference counting alone: no cycle holds it
     finally:
         gc.enable()
+
+
+def test_every_gradient_norm_matches_an_independent_backward():
+    """Norms are read once per distinct gradient (a parameter's gradient is sent by one node and received by its
+    AccumulateGrad; an add sends one tensor down both paths): every node's figure must still equal the norm of
+    all the gradients it sends, computed here from plain hooks on a second, uninstrumented run."""
+    import math
+
+    from graphviz_core.capture import autograd_nodes
+    from graphviz_core.categories import normalise_op
+    from graphviz_core.models import build_model, compute_loss, make_batch
+
+    capture = captured("gpt2-tiny")
+    config = capture.config
+    model = build_model(config)
+    batch = make_batch(config, "cpu")
+    loss = compute_loss(config, model(batch.inputs), batch.targets)
+    expected = {}
+    for i, node in enumerate(autograd_nodes(loss.grad_fn)):
+        node_id = f"{normalise_op(node.name())}:{i}"
+        leaf = normalise_op(node.name()) == "AccumulateGrad"
+
+        def hook(grad_inputs, grad_outputs, node_id=node_id, leaf=leaf):
+            grads = [g for g in (grad_outputs if leaf else grad_inputs) if g is not None]
+            expected[node_id] = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads)) if grads else None
+
+        node.register_hook(hook)
+    loss.backward()
+    assert set(expected) == set(capture.graph.nodes)
+    for node_id, d in capture.graph.nodes(data=True):
+        if expected[node_id] is None:
+            assert d["grad_norm"] is None
+        else:
+            assert d["grad_norm"] == pytest.approx(expected[node_id], rel=1e-6), node_id
+
+
+def test_gradient_sums_are_placed_where_the_paths_meet():
+    """gpt2-tiny (b=2, s=32, h=64, V=512, 2 layers) with nn.MultiheadAttention: the engine's sums between nodes,
+    each one FLOP per element of the gradients added:
+    - wte.weight is tied to lm_head: one sum of two V×h gradients = 512·64 = 32,768;
+    - the residual stream: each of the 4 residual adds' inputs also feeds a LayerNorm; 3 of those sums land in
+      a block's Add, the first in the embedding sum (wte + wpe) at top level, b·s·h = 4,096 each;
+    - the packed in-projection: q, k, v are Selects of one (3, b, s, h)-shaped tensor, so their three gradients
+      are summed into its Clone: 2 adds of b·s·3h = 12,288 elements = 24,576 per layer, 2 layers."""
+    from graphviz_core.textbook import gradient_sum_places
+
+    capture = captured("gpt2-tiny", attention="mha")
+    places = {place: (n, flops) for place, n, flops in gradient_sum_places(capture)}
+    b, s, h, V = 2, 32, 64, 512
+    assert places["wte.weight: a parameter used in two places (tied weights)"] == (1, V * h)
+    assert places["AddBackward0 in blocks.N: residual stream"] == (3, 3 * b * s * h)
+    assert places["CloneBackward0 in blocks.N.attn.mha: pieces of one tensor used separately"] == (2, 2 * 2 * b * s * 3 * h)
+    assert sum(f for _, f in places.values()) == capture.flops.backward_unattributed

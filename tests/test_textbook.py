@@ -61,7 +61,7 @@ def test_backward_flops_gap_to_seed_004_is_explained_exactly():
     # ...and the total differs by exactly the two things seed 004 leaves out: log-softmax 4bsV = 131_072 and
     # the engine's gradient sums where paths meet (residual streams and the tied embedding).
     total = rows["total backward"]
-    assert total.measured - total.textbook == 4 * b * s * V + rows["gradient sums where paths meet (residuals, tied weights)"].measured
+    assert total.measured - total.textbook == 4 * b * s * V + rows["gradient sums where paths meet"].measured
     assert rows["cross-entropy: log-softmax (4bsV)"].measured == 4 * b * s * V == 131_072
 
 
