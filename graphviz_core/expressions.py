@@ -72,8 +72,35 @@ class Call:
 Expr = Num | Var | BinOp | Neg | Call
 
 
+ROOT = "L"  # the name of the whole expression, as in seed 003's L = (a*b + c)**2
+
+# What a newcomer typed, in words (Python's AST class names mean nothing to them).
+_OPERATOR_WORDS = {
+    ast.MatMult: "@ (matrix multiplication)", ast.FloorDiv: "// (floor division)", ast.Mod: "% (remainder)",
+    ast.BitXor: "^ (for a power, write **)", ast.BitOr: "|", ast.BitAnd: "&", ast.LShift: "<<", ast.RShift: ">>",
+}
+_UNARY_WORDS = {ast.Not: "not", ast.Invert: "~"}
+_CONSTRUCT_WORDS = {
+    ast.IfExp: "conditional expressions (x if c else y)", ast.Subscript: "indexing (a[...])",
+    ast.Compare: "comparisons (<, ==, ...)", ast.BoolOp: "and / or", ast.Lambda: "lambda functions",
+    ast.ListComp: "list comprehensions", ast.SetComp: "set comprehensions", ast.DictComp: "dict comprehensions",
+    ast.GeneratorExp: "generator expressions", ast.List: "lists [...]", ast.Tuple: "commas (tuples)",
+    ast.Set: "sets {...}", ast.Dict: "dicts {...}", ast.NamedExpr: "assignments (:=)",
+    ast.JoinedStr: "f-strings", ast.Starred: "starred arguments (*x)", ast.Await: "await", ast.Yield: "yield",
+    ast.YieldFrom: "yield",
+}
+_ALLOWED = "use numbers, variables, + - * / **, parentheses and the functions " + ", ".join(FUNCTIONS)
+
+
 def _where(node: ast.AST) -> str:
     return f" at column {getattr(node, 'col_offset', 0) + 1}"
+
+
+def _typed(source: str, node: ast.AST) -> str:
+    """What the user typed for `node`, quoted, cut short, with its column: "'a[0]' at column 1"."""
+    segment = ast.get_source_segment(source, node) or ""
+    segment = segment if len(segment) <= 40 else segment[:37] + "..."
+    return f"{segment!r}{_where(node)}"
 
 
 def parse_expression(text: str) -> Expr:
@@ -82,8 +109,9 @@ def parse_expression(text: str) -> Expr:
         raise ValueError("the expression is empty; type one such as (a*b + c)**2.")
     if len(text) > MAX_LENGTH:
         raise ValueError(f"the expression is {len(text)} characters long; the limit is {MAX_LENGTH}.")
+    source = text.strip()
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        tree = ast.parse(source, mode="eval")
     except SyntaxError as exc:
         column = f" at column {exc.offset}" if exc.offset else ""
         raise ValueError(f"syntax error{column}: {exc.msg}.") from None
@@ -91,12 +119,12 @@ def parse_expression(text: str) -> Expr:
         raise ValueError("the expression is nested too deeply.") from None
     counter = [0]
     try:
-        return _convert(tree.body, counter)
+        return _convert(tree.body, counter, source)
     except RecursionError:
         raise ValueError("the expression is nested too deeply.") from None
 
 
-def _convert(node: ast.AST, counter: list[int]) -> Expr:
+def _convert(node: ast.AST, counter: list[int], source: str) -> Expr:
     if isinstance(node, ast.Constant):
         if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
             raise ValueError(f"only numbers are allowed as constants, not {node.value!r}{_where(node)}.")
@@ -112,14 +140,20 @@ def _convert(node: ast.AST, counter: list[int]) -> Expr:
             raise ValueError(f"the name {node.id!r}{_where(node)} is not allowed; use letters, digits and _.")
         if node.id in FUNCTIONS:
             raise ValueError(f"{node.id!r}{_where(node)} is a function; call it, e.g. {node.id}(x).")
+        if node.id == ROOT:
+            # L names the whole expression in every step ("dL/da"); a variable L would read as the result.
+            raise ValueError(f"the name {ROOT}{_where(node)} is kept for the result ({ROOT} = the whole expression); "
+                             f"rename the variable, e.g. to l or {ROOT}1.")
         return Var(node.id)
     counter[0] += 1
     if counter[0] > MAX_OPERATIONS:
         raise ValueError(f"the expression has more than {MAX_OPERATIONS} operations; make it shorter.")
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        return BinOp(_BINARY[type(node.op)], _convert(node.left, counter), _convert(node.right, counter))
+        return BinOp(_BINARY[type(node.op)], _convert(node.left, counter, source), _convert(node.right, counter, source))
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return Neg(_convert(node.operand, counter))
+        return Neg(_convert(node.operand, counter, source))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd):
+        return _convert(node.operand, counter, source)  # +a is a
     if isinstance(node, ast.Call):
         if not isinstance(node.func, ast.Name):
             raise ValueError(f"only the functions {', '.join(FUNCTIONS)} can be called{_where(node)}.")
@@ -127,12 +161,17 @@ def _convert(node: ast.AST, counter: list[int]) -> Expr:
             raise ValueError(f"unknown function {node.func.id!r}{_where(node)}; allowed: {', '.join(FUNCTIONS)}.")
         if len(node.args) != 1 or node.keywords:
             raise ValueError(f"{node.func.id}(){_where(node)} takes exactly one argument.")
-        return Call(node.func.id, _convert(node.args[0], counter))
+        return Call(node.func.id, _convert(node.args[0], counter, source))
     if isinstance(node, ast.Attribute):
         raise ValueError(f"attribute access (.{node.attr}){_where(node)} is not allowed.")
     if isinstance(node, ast.BinOp):
-        raise ValueError(f"the operator {type(node.op).__name__}{_where(node)} is not allowed; use + - * / **.")
-    raise ValueError(f"{type(node).__name__}{_where(node)} is not allowed in an expression.")
+        word = _OPERATOR_WORDS.get(type(node.op), "this operator")
+        raise ValueError(f"the operator {word} cannot be used (you typed {_typed(source, node)}); {_ALLOWED}.")
+    if isinstance(node, ast.UnaryOp):
+        word = _UNARY_WORDS.get(type(node.op), "this operator")
+        raise ValueError(f"the operator {word} cannot be used (you typed {_typed(source, node)}); {_ALLOWED}.")
+    words = _CONSTRUCT_WORDS.get(type(node), "this kind of expression")
+    raise ValueError(f"{words} cannot be used (you typed {_typed(source, node)}); {_ALLOWED}.")
 
 
 def variables_of(expr: Expr) -> list[str]:
@@ -247,14 +286,12 @@ def _fmt(x: float) -> str:
 
 def _names(expr: Expr, variables: Iterable[str]) -> dict[int, str]:
     """Names for intermediates, in evaluation order: the next free letters after the variables (seed 003's
-    d, e), t1, t2… once letters run out; the root is always L."""
-    taken = set(variables) | {"L"}
-    letters = [c for c in "defghijkmnopqrstuvwxyz" if c not in taken]
-    names: dict[int, str] = {}
+    d, e), then t1, t2... (skipping any a variable has taken) once letters run out; the root is always L."""
+    taken = set(variables) | {ROOT}
+    spare = iter([c for c in "defghijkmnopqrstuvwxyz" if c not in taken]
+                 + [f"t{k}" for k in range(1, 2 * MAX_OPERATIONS + 2) if f"t{k}" not in taken])
     order = [n for n in _postorder(expr) if isinstance(n, (BinOp, Neg, Call))]
-    for i, node in enumerate(order):
-        names[id(node)] = "L" if node is expr else (letters[i] if i < len(letters) else f"t{i + 1}")
-    return names
+    return {id(node): ROOT if node is expr else next(spare) for node in order}
 
 
 def _postorder(expr: Expr) -> list[Expr]:

@@ -116,7 +116,8 @@ def test_expr_prints_the_trace_json():
 
 
 @pytest.mark.parametrize("args", [["expr", "a+", "a=1"], ["expr", "a*b", "a=1"], ["expr", "a", "a=x"],
-                                  ["expr", "__import__('os')"]])
+                                  ["expr", "__import__('os')"],
+                                  ["expr", "L*2 + d", "L=3", "d=1"]])  # issue 12 item 5: L names the result
 def test_expr_bad_input_is_one_line_exit_2(args, capsys):
     assert main(args) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
