@@ -11,6 +11,7 @@ st.set_page_config(page_title="Backprop, visible", layout="wide")
 navigation = st.navigation(
     [
         st.Page("pages/graph_explorer.py", title="Graph explorer", default=True),
+        st.Page("pages/compare.py", title="Compare two configs"),
         st.Page("pages/toy_expressions.py", title="Toy expressions"),
         st.Page("pages/parallel.py", title="Beyond one GPU"),
     ]

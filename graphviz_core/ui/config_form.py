@@ -133,13 +133,13 @@ def _named(config: ModelConfig, preset: str) -> ModelConfig:
     return config.replace(preset=preset if same else "")
 
 
-def _trusted_models(key: str) -> None:
+def _trusted_models(key: str, where=None) -> None:
     """Only when the server was started with GRAPHVIZ_CORE_TRUSTED_MODEL_DIR: pick one of that folder's factories.
     The options are the server's own listing; nothing typed in the browser names a file."""
     factories = trusted_factories()
     if not factories:
         return
-    with st.sidebar.expander("Your model (trusted folder)"):
+    with (where or st.sidebar).expander("Your model (trusted folder)"):
         spec = st.selectbox(
             "Factory",
             factories,
@@ -152,8 +152,21 @@ def _trusted_models(key: str) -> None:
             st.session_state.pop(f"{key}.error", None)
 
 
-def config_form(key: str = "config") -> ModelConfig | None:
-    """Draw the form in the sidebar; return the config last applied (the default preset at first).
+def set_config(key: str, config: ModelConfig) -> None:
+    """Load `config` into the form `key` and apply it, as if typed and run (call before the form is drawn, or from
+    a widget callback)."""
+    _load(key, config)
+    # The preset box keeps its last choice when the config is no preset (its fields say what it is).
+    st.session_state[f"{key}.preset"] = (
+        config.preset if config.preset in PRESETS else st.session_state.get(f"{key}.preset", DEFAULT_PRESET)
+    )
+    st.session_state[f"{key}.applied"] = config
+    st.session_state.pop(f"{key}.error", None)
+
+
+def config_form(key: str = "config", where=None, submit_label: str = "Run backward pass") -> ModelConfig | None:
+    """Draw the form in the sidebar (or in `where`, a container); return the config last applied (the default
+    preset at first). `key` prefixes every widget key, so a page may draw two forms (A and B).
 
     A config that cannot run (invalid field, cuda missing, over the memory budget) is refused here with one
     message, and the config applied before stays, so the page keeps showing its result.
@@ -162,7 +175,7 @@ def config_form(key: str = "config") -> ModelConfig | None:
         st.session_state[f"{key}.preset"] = DEFAULT_PRESET
         _load_preset(key)
         st.session_state[f"{key}.applied"] = config_from_preset(DEFAULT_PRESET)
-    sidebar = st.sidebar
+    sidebar = where or st.sidebar
     sidebar.selectbox(
         "Preset",
         list(PRESETS),
@@ -182,7 +195,7 @@ def config_form(key: str = "config") -> ModelConfig | None:
         help="Built-in teaching models, or a transformers architecture built from its config with "
         "random weights (nothing is downloaded). Switching loads that family's toy size.",
     )
-    _trusted_models(key)
+    _trusted_models(key, where)
     # Refusals and "stale result" notices go here, above the fields, where they are seen without scrolling.
     notice = sidebar.empty()
     model = st.session_state[f"{key}.model"]
@@ -231,7 +244,7 @@ def config_form(key: str = "config") -> ModelConfig | None:
         )
         right.selectbox("Dtype", DTYPES, key=f"{key}.dtype")
         st.number_input(_label("seed", model), step=1, key=f"{key}.seed", help=f"0 to {SEED_MAX:,}")
-        submitted = st.form_submit_button("Run backward pass", type="primary", width="stretch")
+        submitted = st.form_submit_button(submit_label, type="primary", width="stretch")
     if submitted:
         try:
             config = _named(ModelConfig(**form_fields(key)), st.session_state[f"{key}.preset"])

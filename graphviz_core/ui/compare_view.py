@@ -1,0 +1,288 @@
+"""The compare page's parts: config A and config B (two keyed copies of the shared form), quick pairs that load
+both at once, and the comparison side by side — headline deltas, nodes added/removed/changed per op and per
+module, memory and FLOPs per layer as paired bars, the two graphs with their own nodes highlighted, and one
+sentence per difference."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from graphviz_core.capture import Capture
+from graphviz_core.compare import Comparison, Headline, compare_captures
+from graphviz_core.config import DEFAULT_PRESET, HF_FAMILIES, ModelConfig, applies, config_from_preset
+from graphviz_core.render import render_html
+from graphviz_core.ui.config_form import config_form, set_config
+from graphviz_core.ui.format import (
+    bytes_unit,
+    escape_markdown,
+    flops_unit,
+    format_bytes,
+    format_flops,
+    format_ratio,
+    format_seconds,
+)
+
+A, B = "compare.a", "compare.b"
+DRAW_LIMIT = 1500  # nodes: above this the two graphs are not drawn side by side (the explorer draws one)
+SIDE_COLOURS = {"A": "#4c78a8", "B": "#f58518"}
+
+
+def _changed(base: ModelConfig, **changes) -> ModelConfig:
+    """`base` with `changes`; it keeps its preset name only while it is still exactly that preset."""
+    changed = base.replace(**changes)
+    return changed if changed == base else changed.replace(preset="")
+
+
+def _attention_pair(base: ModelConfig) -> tuple[ModelConfig, ModelConfig]:
+    if not applies("attention", base.model):
+        base = config_from_preset("gpt2-tiny")
+    spelled_out = "eager" if base.model in HF_FAMILIES else "manual"
+    return _changed(base, attention="sdpa"), _changed(base, attention=spelled_out)
+
+
+def _checkpoint_pair(policy: str) -> Callable[[ModelConfig], tuple[ModelConfig, ModelConfig]]:
+    def pair(base: ModelConfig) -> tuple[ModelConfig, ModelConfig]:
+        other = "full" if policy == "selective" and base.model == "mlp" else policy  # MLPs have no attention core
+        return _changed(base, checkpoint="none"), _changed(base, checkpoint=other)
+
+    return pair
+
+
+# Label -> (A, B) from the config A holds now; each pair keeps A's other fields.
+QUICK_PAIRS: dict[str, Callable[[ModelConfig], tuple[ModelConfig, ModelConfig]]] = {
+    "Fused vs spelled-out attention": _attention_pair,
+    "No checkpointing vs full": _checkpoint_pair("full"),
+    "No checkpointing vs selective": _checkpoint_pair("selective"),
+    "float32 vs bfloat16": lambda c: (_changed(c, dtype="float32"), _changed(c, dtype="bfloat16")),
+    "Batch 1 vs 8": lambda c: (_changed(c, batch=1), _changed(c, batch=8)),
+    "GPT-2 vs Llama (tiny)": lambda c: (config_from_preset("gpt2-tiny"), config_from_preset("llama-tiny")),
+    "Llama 3.1 8B vs 70B (meta)": lambda c: (config_from_preset("llama-3.1-8b"), config_from_preset("llama-3.1-70b")),
+}
+
+
+def _load_pair(label: str) -> None:
+    try:
+        base = st.session_state.get(f"{A}.applied") or config_from_preset(DEFAULT_PRESET)
+        a, b = QUICK_PAIRS[label](base)
+    except ValueError as exc:  # a pair this model cannot take (the config refuses it with a sentence)
+        st.session_state["compare.pair_error"] = f"{label}: {exc}"
+        return
+    st.session_state.pop("compare.pair_error", None)
+    set_config(A, a)
+    set_config(B, b)
+
+
+def pick_configs() -> tuple[ModelConfig, ModelConfig]:
+    """Quick pairs, then A's and B's forms side by side; returns the two configs last applied."""
+    if f"{A}.preset" not in st.session_state:  # first visit: the pair with the best-known difference
+        _load_pair("Fused vs spelled-out attention")
+    st.caption("Quick pairs (built from config A's current fields):")
+    labels = list(QUICK_PAIRS)
+    for column, label in zip(st.columns(4) + st.columns(4), labels, strict=False):
+        column.button(label, key=f"compare.pair.{label}", on_click=_load_pair, args=(label,), width="stretch")
+    if "compare.pair_error" in st.session_state:
+        st.error(escape_markdown(st.session_state["compare.pair_error"]))
+    configs = []
+    for column, key, side in zip(st.columns(2), (A, B), "AB", strict=True):
+        applied = st.session_state[f"{key}.applied"]
+        name = f"{applied.preset} · " if applied.preset else ""
+        with column.expander(f"Config {side}: {name}{applied.describe()}"):
+            configs.append(config_form(key, where=st.container(), submit_label=f"Use as {side}"))
+    return configs[0], configs[1]
+
+
+@st.cache_resource
+def _comparisons() -> dict:
+    # Shared by every session: the same pair of captures is compared once (captures are cached by config).
+    return {"lock": threading.Lock(), "items": OrderedDict()}
+
+
+def get_comparison(a: Capture, b: Capture) -> Comparison:
+    store, key = _comparisons(), (a.config, b.config, id(a), id(b))
+    with store["lock"]:
+        if key in store["items"]:
+            return store["items"][key]
+    comparison = compare_captures(a, b)
+    with store["lock"]:
+        store["items"][key] = comparison
+        while len(store["items"]) > 8:
+            store["items"].popitem(last=False)
+    return comparison
+
+
+def _value(unit: str, v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    if unit == "bytes":
+        return format_bytes(v)
+    if unit == "FLOP":
+        return format_flops(v)
+    if unit == "s":
+        return format_seconds(v)
+    return f"{int(v):,}"
+
+
+def _delta(h: Headline) -> str:
+    d = h.delta
+    if d is None:
+        return "n/a"
+    if d == 0:
+        return "same"
+    return ("+" if d > 0 else "-") + _value(h.unit, abs(d))
+
+
+def show_comparison(c: Comparison) -> None:
+    st.markdown("##### What changed, and why")
+    for sentence in c.explanations:
+        st.markdown("- " + escape_markdown(sentence))
+    cols = st.columns(5)
+    if c.nodes_per_layer_delta is not None and c.a.config.layers == c.b.config.layers:
+        cols[0].metric("Nodes per layer", f"{c.nodes_per_layer_delta:+d}", help="B − A, the same in every layer")
+    else:
+        cols[0].metric("Nodes", f"{c.b.summary.nodes:,}", _delta(c.headline[0]), delta_color="off")
+    shown = {h.name: h for h in c.headline}
+    for col, name in zip(
+        cols[1:], ("Saved for backward", "Peak memory", "Backward FLOPs", "Forward + backward time"), strict=True
+    ):
+        h = shown[name]
+        col.metric(f"{name} (B)", _value(h.unit, h.b), _delta(h) + f" vs A {_value(h.unit, h.a)}", delta_color="off")
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "": h.name,
+                    "A": _value(h.unit, h.a),
+                    "B": _value(h.unit, h.b),
+                    "B − A": _delta(h),
+                    "B / A": format_ratio(h.b / h.a) if h.a and h.b is not None else "—",
+                }
+                for h in c.headline
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+    _node_diff(c)
+    _per_layer_bars(c)
+    _graphs(c)
+
+
+def _count_table(rows, name: str) -> pd.DataFrame:
+    return pd.DataFrame(
+        [{name: r.name or "(no module)", "A": r.a_nodes, "B": r.b_nodes, "B − A": r.delta} for r in rows]
+    )
+
+
+def _node_diff(c: Comparison) -> None:
+    st.markdown("##### Nodes added, removed and changed")
+    st.caption(
+        f"Nodes are matched by module, op and position among that module's nodes of the same op. Only in A: "
+        f"{len(c.only_a):,}; only in B: {len(c.only_b):,}; in both with different saved bytes or FLOPs: "
+        f"{len(c.changed):,}."
+    )
+    if not c.by_op and not c.by_module:
+        st.caption("Every op and every module has the same number of nodes in A and B.")
+    else:
+        left, right = st.columns(2)
+        left.caption("Per op (only ops whose count differs)")
+        left.dataframe(_count_table(c.by_op, "op"), hide_index=True, width="stretch")
+        right.caption("Per module (only modules whose count differs)")
+        right.dataframe(_count_table(c.by_module, "module"), hide_index=True, width="stretch")
+    if c.changed:
+        with st.expander(f"{len(c.changed):,} matched nodes whose saved bytes or FLOPs differ"):
+            rows = []
+            for ch in c.changed[:500]:
+                da, db = c.a.graph.nodes[ch.a_node], c.b.graph.nodes[ch.b_node]
+                rows.append(
+                    {
+                        "node (A)": ch.a_node,
+                        "module": da["module"] or "—",
+                        "saved A": format_bytes(da["saved_bytes"]),
+                        "saved B": format_bytes(db["saved_bytes"]),
+                        "FLOPs A": format_flops(da["flops"]),
+                        "FLOPs B": format_flops(db["flops"]),
+                    }
+                )
+            st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+            if len(c.changed) > 500:
+                st.caption(f"The first 500 of {len(c.changed):,}, in A's numbering from the loss.")
+
+
+def _paired(data: pd.DataFrame, unit: str, order: list[str], title: str) -> alt.Chart:
+    return (
+        alt.Chart(data)
+        .mark_bar()
+        .encode(
+            x=alt.X(f"{unit}:Q", title=f"{title} ({unit})"),
+            y=alt.Y("layer:N", sort=order, title=None, axis=alt.Axis(labelLimit=240)),
+            yOffset=alt.YOffset("config:N", sort=["A", "B"]),
+            color=alt.Color(
+                "config:N",
+                scale=alt.Scale(domain=list(SIDE_COLOURS), range=list(SIDE_COLOURS.values())),
+                legend=alt.Legend(orient="bottom", title=None),
+            ),
+            tooltip=["layer:N", "config:N", "value:N"],
+        )
+        .properties(height=alt.Step(12))
+    )
+
+
+def _per_layer_bars(c: Comparison) -> None:
+    st.markdown("##### Memory and FLOPs per layer, A next to B")
+    layers = list(c.per_layer)
+    if len(layers) > 40:  # 80-layer models: the repeated layers read the same; show the ends and say so
+        st.caption(f"{len(layers)} layers: the first 20 and the last 20 are drawn.")
+        layers = layers[:20] + layers[-20:]
+    order = [p.layer for p in layers]
+    byte_unit, byte_div = bytes_unit(max([1, *(max(p.a_saved_bytes, p.b_saved_bytes) for p in layers)]))
+    flop_unit, flop_div = flops_unit(max([1, *(max(p.a_flop, p.b_flop) for p in layers)]))
+    memory = pd.DataFrame(
+        [
+            {"layer": p.layer, "config": side, byte_unit: v / byte_div, "value": format_bytes(v)}
+            for p in layers
+            for side, v in (("A", p.a_saved_bytes), ("B", p.b_saved_bytes))
+        ]
+    )
+    flops = pd.DataFrame(
+        [
+            {"layer": p.layer, "config": side, flop_unit: v / flop_div, "value": format_flops(v)}
+            for p in layers
+            for side, v in (("A", p.a_flop), ("B", p.b_flop))
+        ]
+    )
+    left, right = st.columns(2)
+    left.caption("Saved for backward per layer")
+    left.altair_chart(_paired(memory, byte_unit, order, "saved"), width="stretch")
+    right.caption("Forward + backward FLOPs per layer")
+    right.altair_chart(_paired(flops, flop_unit, order, "FLOPs"), width="stretch")
+
+
+def _graphs(c: Comparison) -> None:
+    st.markdown("##### The two graphs")
+    largest = max(c.a.summary.nodes, c.b.summary.nodes)
+    if largest > DRAW_LIMIT:
+        st.caption(
+            f"Not drawn here: {largest:,} nodes is over {DRAW_LIMIT:,} per graph for two side by side. Open either "
+            "config in the graph explorer to draw it."
+        )
+        return
+    st.caption("Nodes only in this config have a pink border.")
+    tab_b, tab_a = st.tabs([f"B: {len(c.only_b):,} nodes only in B", f"A: {len(c.only_a):,} nodes only in A"])
+    for tab, capture, own in ((tab_b, c.b, c.only_b), (tab_a, c.a, c.only_a)):
+        with tab:
+            config = capture.config
+            st.iframe(
+                render_html(
+                    capture.graph,
+                    title=f"{config.preset or config.model}: {len(own):,} nodes only here",
+                    subtitle=config.describe(),
+                    highlight=set(own),
+                ),
+                height=790,
+            )

@@ -1,0 +1,64 @@
+"""AppTests of the compare page on gpt2-tiny pairs (b=2, s=32, h=64, nh=4, V=512, L=2 layers)."""
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+from tests.conftest import captured
+
+PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "compare.py")
+L = 2
+
+
+def _sentences(at) -> list[str]:
+    return [m.value.replace("\\", "") for m in at.markdown if m.value.startswith("- ")]
+
+
+def _headline(at):
+    return next(d.value for d in at.dataframe if "B − A" in d.value.columns and "" in d.value.columns).set_index("")
+
+
+def test_first_visit_compares_sdpa_with_manual_attention_plus_19_nodes_per_layer():
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    assert not at.exception and not at.error
+    metrics = {m.label: m.value for m in at.metric}
+    # manual attention per layer: +20 spelled-out nodes (transpose, 2 bmm, 4 expand, 4 clone, 5 unsafe view,
+    # 1 view, mul, masked_fill, softmax) - the fused kernel's 1 node = +19 (tests/test_compare.py derives it)
+    assert metrics["Nodes per layer"] == "+19"
+    headline = _headline(at)
+    a, b = captured("gpt2-tiny").summary.nodes, captured("gpt2-tiny", attention="manual").summary.nodes
+    assert (a, b) == (101, 101 + L * 19)
+    assert headline.loc["Nodes", "A"] == "101" and headline.loc["Nodes", "B"] == "139"
+    assert headline.loc["Nodes", "B − A"] == "+38"
+    assert any("+19 nodes per layer" in s and "keeps the s×s probabilities" in s for s in _sentences(at))
+    by_op = next(d.value for d in at.dataframe if "op" in d.value.columns).set_index("op")
+    assert by_op.loc["BmmBackward0", "B − A"] == L * 2  # q@kᵀ and p@v per layer
+    assert len(at.get("iframe")) == 2  # both graphs drawn, own nodes highlighted
+
+
+def test_batch_quick_pair_changes_no_node_and_says_why():
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    at.button(key="compare.pair.Batch 1 vs 8").click().run()
+    assert not at.exception
+    headline = _headline(at)
+    assert headline.loc["Nodes", "B − A"] == "same"  # the graph does not depend on the batch (seed 000)
+    assert any("does not depend on batch" in s for s in _sentences(at))
+
+
+def test_checkpoint_quick_pair_explains_the_recompute():
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    at.button(key="compare.pair.No checkpointing vs full").click().run()
+    assert not at.exception
+    assert any(s.startswith("- checkpointing none → full") for s in _sentences(at))
+    # A is sdpa from the first pair and stays so; both sides now differ only in checkpointing
+    assert at.session_state["compare.a.applied"].attention == "sdpa"
+    assert at.session_state["compare.b.applied"].checkpoint == "full"
+
+
+def test_an_invalid_b_is_refused_with_a_sentence_and_the_comparison_stays():
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    at.number_input(key="compare.b.hidden").set_value(70)
+    next(b for b in at.button if b.label == "Use as B").click().run()
+    assert not at.exception
+    assert any("not divisible by 4 heads" in e.value for e in at.error)
+    assert {m.label: m.value for m in at.metric}["Nodes per layer"] == "+19"
