@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 
@@ -50,9 +51,36 @@ def browser():
         b.close()
 
 
+# Streamlit's own frontend, opened at a page URL (/toy_expressions), first probes its server endpoints under
+# that path (/toy_expressions/_stcore/health, .../host-config), gets a 404 and retries at the root; the
+# browser logs each 404 as a console error. Unavoidable from the app's side, and only these two are ignored.
+_STREAMLIT_PROBES = re.compile(r"^https?://(127\.0\.0\.1|localhost):\d+/[^?#]+/_stcore/(health|host-config)$")
+
+
+def _console_error(message) -> str | None:
+    """A console error as a line, or None for messages that are not errors (or Streamlit's path probes)."""
+    if message.type != "error":
+        return None
+    location = message.location or {}
+    if message.text.startswith("Failed to load resource") and _STREAMLIT_PROBES.match(location.get("url", "")):
+        return None
+    return f"console error: {message.text} ({location.get('url', '')[:120]}:{location.get('lineNumber', '')})"
+
+
 @pytest.fixture
 def page(browser):
+    """A fresh browser page that fails the test on any page error or console error.
+
+    Playwright reports `pageerror` (uncaught exceptions) and `console` messages for the page and every frame
+    in it, so errors thrown inside the graph's iframe (st.iframe, srcdoc) are caught here too. The only
+    messages let through are Streamlit's path probes (see _STREAMLIT_PROBES); any other error fails the test.
+    """
     context = browser.new_context(viewport={"width": 1500, "height": 1000})
     pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda error: errors.append(f"page error: {error}"))
+    pg.on("console", lambda message: errors.append(line) if (line := _console_error(message)) else None)
+    pg.errors = errors  # tests may assert on it mid-way; teardown asserts it stayed empty
     yield pg
     context.close()
+    assert not errors, "the page logged errors:\n" + "\n".join(errors)

@@ -4,11 +4,35 @@ from urllib.parse import urlparse
 
 import pytest
 
-from graphviz_core.render import render_html
+from graphviz_core.render import render_html, render_standalone_html
 from graphviz_core.ui.live import graph_frame
 from tests.conftest import captured
 
 pytestmark = pytest.mark.browser
+
+
+def node_point(frame, node: str) -> tuple[float, float]:
+    """Where `node` is drawn, in the page's coordinates (the frame's offset added for an iframe)."""
+    x, y = frame.evaluate("id => { const p = window.network.canvasToDOM(window.network.getPosition(id));"
+                          " return [p.x, p.y]; }", node)
+    # canvasToDOM is relative to the graph's container; Playwright's bounding_box of an element inside a
+    # frame is already in the page's coordinates.
+    frame.locator("#graph").scroll_into_view_if_needed()
+    graph = frame.locator("#graph").bounding_box()
+    return graph["x"] + x, graph["y"] + y
+
+
+def hover_and_leave(page, frame, node: str) -> str:
+    """Hover `node` until its tooltip shows, return the tooltip's text, then move off the graph."""
+    x, y = node_point(frame, node)
+    page.mouse.move(x - 40, y - 40)
+    page.mouse.move(x, y, steps=5)
+    frame.locator("#tip").wait_for(state="visible", timeout=5_000)
+    text = frame.locator("#tip").inner_text()
+    page.mouse.move(x + 600, y + 600, steps=5)
+    page.mouse.move(1, 1)
+    frame.locator("#tip").wait_for(state="hidden", timeout=5_000)
+    return text
 
 def test_page_draws_the_capture_and_requests_only_localhost(page, streamlit_url):
     requests = []
@@ -94,6 +118,7 @@ def test_a_page_url_as_the_first_request_still_goes_through_the_apps_navigation(
         nav.get_by_text("Graph explorer").wait_for(timeout=30_000)
         assert nav.get_by_text("Toy expressions").count() == 1
         assert nav.get_by_text("app", exact=True).count() == 0  # the legacy list would name app.py "app"
+        page.goto("about:blank")  # before this server stops: its lazily loaded scripts would fail to load
 
 
 def test_toy_expression_page_requests_only_localhost_and_draws(page, streamlit_url):
@@ -109,3 +134,23 @@ def test_toy_expression_page_requests_only_localhost_and_draws(page, streamlit_u
     assert "8" in labels  # after step 1 (L's backward), L -> e carries dL/de = 2e = 8
     hosts = {urlparse(u).hostname for u in requests if urlparse(u).scheme in ("http", "https", "ws", "wss")}
     assert hosts <= {"127.0.0.1", "localhost"}, hosts
+
+
+def test_hovering_a_node_shows_its_tooltip_and_leaving_hides_it_without_errors(page, streamlit_url, tmp_path):
+    # The tooltip used to live inside the container vis-network empties: every hover threw a TypeError and
+    # every leave another; the page fixture fails the test on any page error or console error.
+    capture = captured("gpt2-tiny")
+    node = next(n for n, d in capture.graph.nodes(data=True) if d["category"] == "loss")
+    page.goto(streamlit_url)
+    frame = graph_frame(page, capture.summary.nodes)
+    frame.evaluate("id => window.network.focus(id, {scale: 1.0, animation: false})", node)
+    text = hover_and_leave(page, frame, node)
+    assert "category: loss" in text
+    assert page.errors == []
+    # The downloaded standalone page: same template, opened from disk.
+    path = tmp_path / "standalone.html"
+    path.write_text(render_standalone_html(capture))
+    page.goto(path.as_uri())
+    page.wait_for_function("window.__firstDrawMs !== undefined")
+    page.evaluate("id => window.network.focus(id, {scale: 1.0, animation: false})", node)
+    assert "category: loss" in hover_and_leave(page, page.main_frame, node)
