@@ -247,6 +247,8 @@ class Step:
     upstream: float  # dL/d(node): the gradient arriving
     edges: tuple[EdgeStep, ...] = ()
     accumulated: float | None = None  # for AccumulateGrad: the variable's .grad after this step
+    backward_pass: int = 1  # 2 for the steps of a second backward without zeroing .grad
+    before: float | None = None  # for AccumulateGrad: the variable's .grad before this step (None: unset)
 
 
 @dataclass(frozen=True)
@@ -426,8 +428,10 @@ def trace_expression(
     steps: list[Step] = []
     per_pass: list[dict[str, float | None]] = []
     if output.grad_fn is not None:
-        handles = _hook_steps(output.grad_fn, record, tensors, detached, steps)
+        current_pass = [1]
+        handles = _hook_steps(output.grad_fn, record, tensors, detached, steps, current_pass)
         for pass_index in range(backward_passes):
+            current_pass[0] = pass_index + 1
             output.backward(retain_graph=pass_index + 1 < backward_passes)
             per_pass.append({v: (None if tensors[v].grad is None else float(tensors[v].grad)) for v in variables})
         for handle in handles:
@@ -442,20 +446,20 @@ def trace_expression(
                  numerical, epsilon, tuple(sorted(detached)), backward_passes, tuple(per_pass))
 
 
-def _hook_steps(root, record, tensors, detached, steps):
+def _hook_steps(root, record, tensors, detached, steps, current_pass):
     """Hook every node of the expression's backward graph: op nodes record their edges, leaves their +=."""
     op_records = {rec[1].grad_fn: rec for rec in record.values() if rec[1].grad_fn is not None}
     leaves = {id(tensor): name for name, tensor in tensors.items() if name not in detached}
     handles = []
     for node in autograd_nodes(root):
         if node in op_records:
-            handles.append(node.register_hook(_op_hook(node, op_records[node], steps)))
+            handles.append(node.register_hook(_op_hook(node, op_records[node], steps, current_pass)))
         elif id(getattr(node, "variable", None)) in leaves:
-            handles.append(node.register_prehook(_leaf_hook(leaves[id(node.variable)], tensors, steps)))
+            handles.append(node.register_prehook(_leaf_hook(leaves[id(node.variable)], tensors, steps, current_pass)))
     return handles
 
 
-def _op_hook(node, rec, steps):
+def _op_hook(node, rec, steps, current_pass):
     expr_node, tensor, name, formula, inputs, args = rec
 
     def hook(grad_inputs, grad_outputs):
@@ -466,18 +470,20 @@ def _op_hook(node, rec, steps):
             if child is None or grad is None or input_name is None:
                 continue  # a constant or a detached variable: no gradient flows there
             edges.append(EdgeStep(input_name, local, local_text, float(grad)))
-        steps.append(Step(len(steps), name, node.name(), f"{name} = {formula}", upstream, tuple(edges)))
+        steps.append(Step(len(steps), name, node.name(), f"{name} = {formula}", upstream, tuple(edges),
+                          backward_pass=current_pass[0]))
 
     return hook
 
 
-def _leaf_hook(name, tensors, steps):
+def _leaf_hook(name, tensors, steps, current_pass):
     # A pre-hook: it runs before AccumulateGrad adds into .grad, so "before" is still the old value.
     def hook(grad_outputs):
         incoming = float(grad_outputs[0])
-        before = tensors[name].grad
-        after = incoming + (0.0 if before is None else float(before))
-        steps.append(Step(len(steps), name, "AccumulateGrad", f"{name}.grad += dL/d{name}", incoming, (), after))
+        before = None if tensors[name].grad is None else float(tensors[name].grad)
+        after = incoming + (0.0 if before is None else before)
+        steps.append(Step(len(steps), name, "AccumulateGrad", f"{name}.grad += dL/d{name}", incoming, (), after,
+                          current_pass[0], before))
 
     return hook
 
@@ -538,24 +544,45 @@ def _node_rows(trace: Trace, name: str) -> list[list[str]]:
                  ["finite difference", f"{trace.numerical_grads[name]:.8g} (ε = {trace.epsilon:g})"]]
     for step in trace.steps:
         if step.node == name:
-            rows.append([f"step {step.index}", f"upstream dL/d{name} = {step.upstream:g}"])
+            rows.append([f"step {step.index + 1}", f"upstream dL/d{name} = {step.upstream:g}"])
     return rows
 
 
 def step_table(trace: Trace, revealed_steps: int) -> list[dict[str, str]]:
-    """Seed 003's table (gradient, computation, value) for the steps revealed so far."""
-    rows = [{"step": "", "gradient": "dL/dL", "computation": "by definition", "value": "1"}]
+    """Seed 003's table (gradient, computation, value) for the steps revealed so far.
+
+    Rows are numbered from 1, as the stepper's "Step k of n" is. With two backward passes each pass starts
+    again at dL/dL = 1 and its sums count only its own paths; the += then adds to what pass 1 left.
+    """
+    passes = trace.backward_passes > 1
+
+    def start(number: int) -> dict[str, str]:
+        row = {"step": "", "gradient": "dL/dL", "computation": "by definition", "value": "1"}
+        if passes:
+            again = "" if number == 1 else " (backward again, .grad not zeroed)"
+            return {"pass": str(number), **row, "computation": "by definition" + again}
+        return row
+
+    rows = [start(1)]
     contributions: dict[str, list[float]] = {}
+    current = 1
     for step in trace.steps[:revealed_steps]:
+        if step.backward_pass != current:
+            current = step.backward_pass
+            contributions = {}  # a new pass: its paths are its own
+            rows.append(start(current))
+        prefix = {"pass": str(step.backward_pass)} if passes else {}
         if step.op == "AccumulateGrad":
             parts = contributions.get(step.node, [step.upstream])
             how = " + ".join(_fmt(p) for p in parts) + (f" (sum over {len(parts)} paths)" if len(parts) > 1 else "")
-            rows.append({"step": str(step.index), "gradient": f"{step.node}.grad",
+            if step.before is not None:
+                how += f"; .grad was {step.before:g}, so {_fmt(step.before)} + {_fmt(step.upstream)}"
+            rows.append({**prefix, "step": str(step.index + 1), "gradient": f"{step.node}.grad",
                          "computation": f"{step.node}.grad += {how}", "value": f"{step.accumulated:g}"})
             continue
         for edge in step.edges:
             contributions.setdefault(edge.to, []).append(edge.grad)
-            rows.append({"step": str(step.index), "gradient": f"dL/d{edge.to} (via {step.node})",
+            rows.append({**prefix, "step": str(step.index + 1), "gradient": f"dL/d{edge.to} (via {step.node})",
                          "computation": f"dL/d{step.node} × d{step.node}/d{edge.to} = {_fmt(step.upstream)} × {edge.local_text}",
                          "value": f"{edge.grad:g}"})
     return rows

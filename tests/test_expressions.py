@@ -71,7 +71,35 @@ def test_fan_out_gradient_is_the_sum_over_paths():
     assert into_a == [-2.0, 6.0]
     assert trace.grads["a"] == sum(into_a) == 4.0
     rows = step_table(trace, len(trace.steps))
-    assert {"step": "3", "gradient": "a.grad", "computation": "a.grad += 6 + (-2) (sum over 2 paths)", "value": "4"} in rows
+    # rows are numbered from 1 like the stepper's "Step k of 6": a's accumulation is the 4th node autograd runs
+    # (L = d + e, e = a**2, d = a*b, then a), so its row reads 4, not its 0-based index 3
+    assert {"step": "4", "gradient": "a.grad", "computation": "a.grad += 6 + (-2) (sum over 2 paths)", "value": "4"} in rows
+
+
+def test_step_table_numbers_rows_like_the_stepper_headline():
+    # issue 12 item 16: the headline says "Step 1 of 6" after one step; the table's first step row read 0
+    trace = trace_expression("(a*b + c)**2", {"a": 2, "b": -3, "c": 10})
+    rows = step_table(trace, 1)  # after step 1: L = e**2 has run, one edge L -> e
+    assert [r["step"] for r in rows] == ["", "1"]
+    assert [r["step"] for r in step_table(trace, len(trace.steps))][-1] == str(len(trace.steps)) == "6"
+
+
+def test_second_backward_pass_sentences_count_only_that_passs_paths():
+    # issue 12 item 4: a*b + a**2 at a=3, b=-2, backward twice without zeroing. Each pass sends a 6 (via a**2,
+    # 2a = 6) and -2 (via a*b, b = -2) into a, and 3 (a) into b. Pass 2 used to read "6 + (-2) + 6 + (-2) (sum
+    # over 4 paths)" and "3 + 3 (sum over 2 paths)": the sums mixed both passes' paths.
+    trace = trace_expression("a*b + a**2", {"a": 3, "b": -2}, backward_passes=2)
+    rows = step_table(trace, len(trace.steps))
+    grads = [(r["pass"], r["computation"], r["value"]) for r in rows if r["gradient"] in ("a.grad", "b.grad")]
+    assert grads == [
+        ("1", "a.grad += 6 + (-2) (sum over 2 paths)", "4"),  # 6 - 2 = 4
+        ("1", "b.grad += 3", "3"),
+        ("2", "a.grad += 6 + (-2) (sum over 2 paths); .grad was 4, so 4 + 4", "8"),  # 4 + (6 - 2) = 8
+        ("2", "b.grad += 3; .grad was 3, so 3 + 3", "6"),  # 3 + 3 = 6
+    ]
+    # each pass opens with its own dL/dL = 1
+    assert [r["pass"] for r in rows if r["gradient"] == "dL/dL"] == ["1", "2"]
+    assert [s.backward_pass for s in trace.steps] == [1] * 5 + [2] * 5  # L, e, d, a, b per pass
 
 
 def test_detach_removes_the_path_and_leaves_grad_none():
