@@ -118,23 +118,77 @@ def node_details(node: str, data: dict) -> list[list[str]]:
     return rows
 
 
-def _metric_scale(graph: nx.DiGraph, metric: str | None) -> dict[str, float]:
-    """0..1 per node: sqrt of value / max, so small nodes stay visible next to the biggest."""
+NO_VALUE_COLOUR = "#e0e0e0"  # a node without the metric (time and gradient norm on `meta`): grey, not "lowest"
+DARK_TEXT, LIGHT_TEXT = "#000000", "#ffffff"  # black or white: one of them always reaches 4.58:1
+HEAT_STOPS = ((255, 255, 255), (253, 174, 97), (165, 0, 38))  # white -> orange -> dark red
+
+
+def format_metric(metric: str, value: float) -> str:
+    """A metric's value in its unit: FLOP, seconds (µs/ms/s), bytes (KiB/MiB), a plain number for norms."""
+    if metric == "flops":
+        return format_flops(value)
+    if metric == "time_s":
+        return format_seconds(value)
+    if metric == "saved_bytes":
+        return format_bytes(value)
+    return f"{value:.4g}"
+
+
+def _metric_values(graph: nx.DiGraph, metric: str) -> dict[str, float]:
+    """The nodes that have a finite value of `metric`, and that value."""
+    values = {n: _finite_or_none(d.get(metric)) for n, d in graph.nodes(data=True)}
+    return {n: float(v) for n, v in values.items() if v is not None}
+
+
+def _metric_scale(graph: nx.DiGraph, metric: str | None) -> dict[str, float | None]:
+    """0..1 per node: sqrt((value - min) / (max - min)), so small values stay visible next to the biggest;
+    None for a node without a value."""
     if not metric:
         return {}
-    values = {n: _finite_or_none(d.get(metric)) or 0.0 for n, d in graph.nodes(data=True)}
-    top = max(values.values(), default=0.0)
-    return {n: math.sqrt(v / top) if top > 0 else 0.0 for n, v in values.items()}
+    values = _metric_values(graph, metric)
+    low, high = min(values.values(), default=0.0), max(values.values(), default=0.0)
+    span = high - low
+    return {n: (math.sqrt((values[n] - low) / span) if span > 0 else 0.0) if n in values else None for n in graph}
+
+
+def colour_scale(graph: nx.DiGraph, metric: str) -> dict:
+    """What the legend shows when colouring by `metric`: the bar's colours and its values at both ends and the
+    middle (the colour runs with the square root, so the middle of the bar is min + (max - min) / 4)."""
+    values = _metric_values(graph, metric)
+    missing = graph.number_of_nodes() - len(values)
+    scale = {"metric": METRICS[metric], "gradient": ", ".join(_heat(t) for t in (0.0, 0.25, 0.5, 0.75, 1.0)),
+             "missing": missing, "missing_colour": NO_VALUE_COLOUR, "ticks": []}
+    if values:
+        low, high = min(values.values()), max(values.values())
+        scale["ticks"] = [format_metric(metric, low + t * t * (high - low)) for t in (0.0, 0.5, 1.0)]
+    return scale
 
 
 def _heat(t: float) -> str:
     """White -> orange -> dark red."""
-    stops = [(255, 255, 255), (253, 174, 97), (165, 0, 38)]
     seg = min(int(t * 2), 1)
     local = t * 2 - seg
-    a, b = stops[seg], stops[seg + 1]
+    a, b = HEAT_STOPS[seg], HEAT_STOPS[seg + 1]
     red, green, blue = (round(a[i] + (b[i] - a[i]) * local) for i in range(3))
     return f"#{red:02x}{green:02x}{blue:02x}"
+
+
+def relative_luminance(colour: str) -> float:
+    """WCAG 2.1 relative luminance of a #rrggbb colour."""
+    channels = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def contrast_ratio(a: str, b: str) -> float:
+    """WCAG contrast ratio of two colours (1 to 21; body text wants >= 4.5)."""
+    la, lb = sorted((relative_luminance(a), relative_luminance(b)), reverse=True)
+    return (la + 0.05) / (lb + 0.05)
+
+
+def text_colour(fill: str) -> str:
+    """Dark or light label text, whichever contrasts more with `fill` (light on the darkest heat fills)."""
+    return LIGHT_TEXT if contrast_ratio(LIGHT_TEXT, fill) > contrast_ratio(DARK_TEXT, fill) else DARK_TEXT
 
 
 def build_network(
@@ -155,7 +209,8 @@ def build_network(
         category = data["category"]
         fill = MODULE_COLOUR if category == "module" else CATEGORY_COLOURS.get(category, "#000000")
         if colour_by:
-            fill = _heat(colour_scale[node])
+            t = colour_scale[node]
+            fill = NO_VALUE_COLOUR if t is None else _heat(t)
         options = dict(
             label=_label(data),
             x=x,
@@ -163,13 +218,15 @@ def build_network(
             shape="ellipse" if category == "accumulate_grad" else "box",
             color={"background": fill, "border": "#333333", "highlight": {"background": fill, "border": "#000000"}},
             borderWidth=1,
+            # a dot's label sits below it, on the page's white; a box's or ellipse's sits on its fill
+            font={"color": DARK_TEXT if size_by else text_colour(fill)},
         )
         if category == "module":
             options["shapeProperties"] = {"borderDashes": [6, 4]}
             options["borderWidth"] = 2
         if size_by:
             options["shape"] = "dot"
-            options["size"] = 6 + 40 * size_scale[node]
+            options["size"] = 6 + 40 * (size_scale[node] or 0.0)
         if node in highlight:
             options["borderWidth"] = 5
             options["color"]["border"] = "#e6007e"
@@ -218,6 +275,7 @@ def render_html(
         vis_css=Markup(vis_css.replace("</style", "<\\/style")),
         data={"nodes": nodes, "edges": edges, "options": net.options, "details": details},
         legend=legend,
+        scale=colour_scale(graph, colour_by) if colour_by else None,
         metric_note=(f"colour: {METRICS[colour_by]}" if colour_by else "") + (f"  size: {METRICS[size_by]}" if size_by else ""),
         height_px=height_px,
         node_count=len(nodes),

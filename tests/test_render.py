@@ -55,3 +55,63 @@ def test_gradient_norm_says_what_it_is_the_norm_of():
     # a residual add sends |g| to both inputs, so its norm is sqrt(2)*|g|: the label must say "combined"
     assert any("combined" in label for cat, label in labels.items() if cat != "accumulate_grad")
     assert labels["accumulate_grad"] == "gradient norm (this parameter's gradient)"
+
+
+def wcag_contrast(a: str, b: str) -> float:
+    """WCAG 2.1 contrast ratio, computed here from the spec (not with render's helper)."""
+    def luminance(colour: str) -> float:
+        r, g, b = (int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
+        r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in (r, g, b))
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+    high, low = sorted((luminance(a), luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def text_between(html: str, element_id: str) -> str:
+    return re.search(rf'id="{element_id}">([^<]*)<', html).group(1)
+
+
+def test_colouring_by_flops_shows_the_scale_in_flop_not_the_category_legend():
+    html = render_html(captured("gpt2-tiny").graph, colour_by="flops")
+    assert 'id="legend"' not in html and 'id="scale"' in html
+    # min: view nodes run no FLOPs. max: lm_head's Mm backward, x (b*s=64, h=64) @ W^T (64, vocab 512):
+    # grad_x = 2*64*512*64 = 4,194,304 and grad_W = 2*512*64*64 = 4,194,304, 8,388,608 in all.
+    # The colour runs with sqrt, so the bar's middle is min + (max - min) / 4 = 2,097,152.
+    assert text_between(html, "scale-min") == "0 FLOP"
+    assert text_between(html, "scale-mid") == "2.1 MFLOP"
+    assert text_between(html, "scale-max") == "8.4 MFLOP"
+
+
+@pytest.mark.parametrize("metric, unit", [("time_s", "s"), ("saved_bytes", "B"), ("grad_norm", "")])
+def test_every_metric_scale_names_its_unit(metric, unit):
+    graph = captured("gpt2-tiny").graph
+    html = render_html(graph, colour_by=metric)
+    ticks = [text_between(html, f"scale-{end}") for end in ("min", "max")]
+    if metric == "saved_bytes":
+        # a view saves nothing (0 B); the biggest saved set is the logits' log-softmax output, 64 x 512 fp32
+        assert ticks == ["0 B", "128.0 KiB"]
+    elif unit:
+        assert all(t.endswith(unit) for t in ticks), ticks
+    else:
+        values = [d["grad_norm"] for _, d in graph.nodes(data=True)]
+        assert ticks == [f"{min(values):.4g}", f"{max(values):.4g}"]  # a norm has no unit
+
+
+def test_labels_stay_readable_on_every_fill():
+    # Black or white text, whichever contrasts more, always reaches sqrt(21) = 4.58:1; WCAG asks 4.5 for text.
+    graph = captured("gpt2-tiny").graph
+    for metric in (None, "flops", "time_s", "saved_bytes", "grad_norm"):
+        for node in graph_data(render_html(graph, colour_by=metric))["nodes"]:
+            fill = node["color"]["background"]
+            assert wcag_contrast(node["font"]["color"], fill) >= 4.5, (metric, node["id"], fill)
+
+
+def test_a_metric_that_was_not_measured_is_grey_and_said_so():
+    from graphviz_core.capture import capture_backward
+    from graphviz_core.config import config_from_preset
+
+    graph = capture_backward(config_from_preset("gpt2-tiny", device="meta")).graph  # meta runs no kernels: no time
+    html = render_html(graph, colour_by="time_s")
+    assert 'id="scale-min"' not in html
+    assert f"no value: {graph.number_of_nodes()} nodes (none measured on this device)" in html
+    assert {n["color"]["background"] for n in graph_data(html)["nodes"]} == {"#e0e0e0"}
