@@ -1,46 +1,152 @@
-"""Runs captures for the pages: cached per config, with progress, and errors shown as sentences."""
+"""Runs captures for the pages through the process-wide shared cache: one capture per config for every session,
+its queue position and a Cancel button while it waits or runs, and where the result came from once it is there."""
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
+import hashlib
+import time
 
 import streamlit as st
+from streamlit.runtime import Runtime
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from graphviz_core.capture import Capture, capture_backward
+from graphviz_core.admission import CaptureCancelled
+from graphviz_core.capture import Capture
 from graphviz_core.config import ModelConfig
-from graphviz_core.ui.format import escape_markdown, format_seconds
+from graphviz_core.shared_captures import Cached, Job, shared_captures
+from graphviz_core.ui.format import escape_markdown, format_bytes, format_seconds
 
-MAX_CACHED = 8
+POLL_S = 0.3  # how often the waiting page refreshes its line (and notices a click on Cancel)
 
 
-@st.cache_resource
-def _store() -> dict:
-    # Shared by every session in this process: the same config is captured once.
-    return {"lock": threading.Lock(), "captures": OrderedDict()}
+def _session_id() -> str:
+    ctx = get_script_run_ctx()
+    return ctx.session_id if ctx is not None else "no-session"
+
+
+def _session_alive(session_id: str) -> bool:
+    """Whether the browser session is still connected (a closed tab cancels what only it waited for)."""
+    if not Runtime.exists():  # AppTest and bare scripts: no server, nobody can go away
+        return True
+    return Runtime.instance().is_active_session(session_id)
+
+
+shared_captures().alive = _session_alive
+
+
+def _key(config: ModelConfig) -> str:
+    return hashlib.sha1(repr(config).encode()).hexdigest()[:12]
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
+def _name(config: ModelConfig) -> str:
+    return (f"preset {config.preset}: " if config.preset else "") + config.describe()
+
+
+def _cancel(config: ModelConfig) -> None:
+    """Cancel button callback: this session stops waiting; the capture stops when nobody else waits for it."""
+    st.session_state.setdefault("capture.cancelled", {})[config] = "Capture cancelled."
+    job = shared_captures().in_flight(config)
+    if job is not None:
+        shared_captures().withdraw(job, _session_id())
+
+
+def _capture_again(config: ModelConfig) -> None:
+    st.session_state.setdefault("capture.cancelled", {}).pop(config, None)
+
+
+def _waiting_line(job: Job) -> str:
+    device = job.ticket.device or "the device"
+    others = len(job.waiters) - 1
+    shared = f" · shared with {others} other session{'s' if others != 1 else ''}" if others > 0 else ""
+    ahead = job.ahead()
+    if ahead:
+        return f"Waiting for room on {device}: {ahead} ahead of you · {time.time() - job.started_at:.0f} s{shared}"
+    return f"{job.phase.capitalize()}… {time.time() - job.started_at:.0f} s{shared}"
+
+
+def _wait(job: Job) -> None:
+    """Show the job's queue position or phase until it ends, with a Cancel button.
+
+    The loop redraws its line every POLL_S; a click on Cancel (or any widget) makes Streamlit stop this run at
+    the next redraw and rerun the page, where the button's callback has withdrawn this session from the job.
+    """
+    box = st.empty()
+    with box.container(border=True):
+        line = st.empty()
+        line.info(_waiting_line(job))
+        st.button(
+            "Cancel",
+            key=f"capture.cancel.{_key(job.config)}",
+            on_click=_cancel,
+            args=(job.config,),
+            help="Stops waiting for this capture; it stops at the next node unless another session waits for it too",
+        )
+    while not job.done.wait(POLL_S):
+        line.info(_waiting_line(job))
+    box.empty()
+
+
+def _show_origin(cached: Cached, measured_now: bool) -> None:
+    capture = cached.capture
+    took = (capture.time.forward_s or 0) + (capture.time.backward_s or 0)
+    what = f"{capture.summary.nodes:,} nodes on {capture.device}" + (
+        f" in {format_seconds(took)}" if capture.time.forward_s is not None else " (shapes only)"
+    )
+    if measured_now:
+        line = f"Captured {what} · measured now, at {_clock(cached.measured_at)}"
+    else:
+        line = f"From the shared cache: {what}, measured at {_clock(cached.measured_at)} by an earlier run"
+    load = shared_captures().load()
+    line += (
+        f" · shared cache {load.entries} of {load.max_entries} captures, "
+        f"{format_bytes(load.retained_bytes)} of {format_bytes(load.max_bytes)}"
+    )
+    st.caption(line)
+    if measured_now and cached.evicted:
+        gone = ", ".join(
+            f"{escape_markdown(_name(e.config))} ({format_bytes(e.retained_bytes)})" for e in cached.evicted
+        )
+        st.caption(f"Evicted {gone} from the shared cache to make room (least recently used first).")
+    if not cached.kept:
+        st.caption(
+            f"Not kept in the shared cache: this capture alone ({format_bytes(cached.retained_bytes)}) is larger "
+            "than the cache's limit (GRAPHVIZ_CORE_CACHE_MAX_BYTES)."
+        )
 
 
 def get_capture(config: ModelConfig) -> Capture | None:
-    """The capture of `config` (cached); None after showing an st.error when it cannot run."""
-    store = _store()
-    with store["lock"]:
-        if config in store["captures"]:
-            store["captures"].move_to_end(config)
-            return store["captures"][config]
-    try:
-        with st.status("Capturing the backward pass…", expanded=False) as status:
-            capture = capture_backward(config, progress=lambda phase: status.update(label=phase.capitalize() + "…"))
-            took = (capture.time.forward_s or 0) + (capture.time.backward_s or 0)
-            status.update(
-                label=f"Captured {capture.summary.nodes:,} nodes on {capture.device}"
-                + (f" in {format_seconds(took)}" if capture.time.forward_s is not None else " (shapes only)"),
-                state="complete",
-            )
-    except ValueError as exc:
-        st.error(escape_markdown(exc))
+    """The capture of `config` from the shared cache, or captured now (waiting with everyone who asked for the same
+    config); None after showing an st.error, or a cancelled notice, when there is no result."""
+    store = shared_captures()
+    # config -> measured_at of the result this session waited for (None while waiting); times, not captures, so
+    # that sessions never keep an evicted capture alive
+    measured = st.session_state.setdefault("capture.measured", {})
+    cancelled = st.session_state.setdefault("capture.cancelled", {})  # config -> why it stopped
+    got = store.lookup(config)
+    if got is None and config in cancelled:
+        st.warning(escape_markdown(cancelled[config]))
+        st.button("Capture again", key=f"capture.again.{_key(config)}", on_click=_capture_again, args=(config,))
         return None
-    with store["lock"]:
-        store["captures"][config] = capture
-        while len(store["captures"]) > MAX_CACHED:
-            store["captures"].popitem(last=False)
-    return capture
+    if got is None:
+        got = store.request(config, _session_id())
+    if isinstance(got, Job):
+        measured[config] = None  # this session waits for it: its result is "measured now" here
+        _wait(got)
+        if got.error is not None:
+            if isinstance(got.error, CaptureCancelled):
+                cancelled[config] = f"Capture stopped: {got.error}."
+                return get_capture(config)
+            if isinstance(got.error, ValueError):
+                st.error(escape_markdown(got.error))
+                return None
+            raise got.error
+        got = got.result
+    cancelled.pop(config, None)
+    if config in measured and measured[config] is None:
+        measured[config] = got.measured_at
+    _show_origin(got, measured.get(config) == got.measured_at)
+    return got.capture

@@ -1,0 +1,88 @@
+"""Browser tests of the app served to a team: two people at once, the queue, Cancel, a closed tab, links."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphviz_core.config import config_from_preset
+from graphviz_core.device import estimate_peak_bytes
+from graphviz_core.ui.live import graph_frame, serve_app
+from tests.conftest import captured
+
+pytestmark = pytest.mark.browser
+
+# A capture slow enough to queue behind (gpt2-tiny at 16 layers, b=4, s=256: 703 nodes, 10-20 s on 2 cores).
+SLOW = dict(layers=16, batch=4, seq=256)
+SLOW_BYTES = estimate_peak_bytes(config_from_preset("gpt2-tiny", device="cpu", **SLOW))  # ~80 MiB
+# Room for one slow capture beside the default gpt2-tiny (~2 MiB), not for two slow ones: the second one queues.
+BUDGET = int(SLOW_BYTES * 1.25)
+
+
+@pytest.fixture(scope="module")
+def team_url():
+    with serve_app({"GRAPHVIZ_CORE_DEVICE": "cpu", "GRAPHVIZ_CORE_CPU_BUDGET_BYTES": str(BUDGET)}) as url:
+        yield url
+
+
+@pytest.fixture
+def second_page(browser):
+    """Another person: a browser context of its own (own cookies, own Streamlit session)."""
+    from tests.conftest import _console_error
+
+    context = browser.new_context(viewport={"width": 1500, "height": 1000})
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda error: errors.append(f"page error: {error}"))
+    pg.on("console", lambda message: errors.append(line) if (line := _console_error(message)) else None)
+    yield pg
+    if not pg.is_closed():
+        context.close()
+    assert not errors, "the second page logged errors:\n" + "\n".join(errors)
+
+
+def _run_config(page, **fields):
+    labels = {"layers": "Layers", "batch": "Batch", "seq": "Sequence length", "seed": "Random seed"}
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    for name, value in fields.items():
+        box = sidebar.get_by_label(labels[name], exact=True)
+        box.fill(str(value))
+    sidebar.get_by_role("button", name="Run backward pass").click()
+
+
+def _waiting_box(page):
+    return page.locator('[data-testid="stAlert"]').filter(has_text="ahead of you")
+
+
+def test_a_second_person_sees_the_queue_cancels_and_a_running_capture_stops_at_cancel(page, second_page, team_url):
+    tiny = captured("gpt2-tiny").summary.nodes  # 101
+    for p in (page, second_page):
+        p.goto(team_url)
+        graph_frame(p, tiny)
+    _run_config(page, **SLOW)  # person A: a slow capture starts running
+    page.get_by_role("button", name="Cancel").wait_for(timeout=30_000)
+    _run_config(second_page, **SLOW, seed=2)  # person B: another slow one; both do not fit the budget together
+    _waiting_box(second_page).get_by_text("1 ahead of you").wait_for(timeout=30_000)
+    second_page.screenshot(path="/tmp/queue-waiting.png")
+    second_page.get_by_role("button", name="Cancel").click()  # B gives up while waiting
+    second_page.get_by_text("Capture cancelled.").wait_for(timeout=15_000)
+    assert second_page.get_by_role("button", name="Capture again").is_visible()
+    # A cancels its running capture: it stops at the next node, so its reservation is released and B, asking
+    # again, is admitted at once instead of waiting behind it.
+    page.get_by_role("button", name="Cancel").click()
+    page.get_by_text("Capture cancelled.").wait_for(timeout=15_000)
+    second_page.get_by_role("button", name="Capture again").click()
+    second_page.get_by_role("button", name="Cancel").wait_for(timeout=15_000)
+    running = second_page.locator('[data-testid="stAlert"]').filter(has_text="…").first
+    running.wait_for(timeout=15_000)
+    assert "ahead of you" not in running.inner_text()
+    # B closes the tab mid-capture: nobody waits for it any more, so it is cancelled and A, asking for the same
+    # config, starts it afresh (a capture that had run on would be joined, at its elapsed time, instead).
+    second_page.context.close()
+    page.wait_for_timeout(2000)  # the server notices the closed websocket, the capture stops at its next node
+    _run_config(page, **SLOW, seed=2)
+    line = page.locator('[data-testid="stAlert"]').filter(has_text="…").first
+    line.wait_for(timeout=15_000)
+    text = line.inner_text()
+    assert "ahead of you" not in text and "shared with" not in text and int(text.rsplit("…", 1)[1].split()[0]) < 5, text
+    page.get_by_role("button", name="Cancel").click()
+    page.get_by_text("Capture cancelled.").wait_for(timeout=15_000)
