@@ -1,4 +1,5 @@
-"""Writes a Capture in the formats DESIGN.md promises: JSON (the contract), GraphML, DOT and SVG.
+"""Writes a Capture, or a view of its graph, in the formats DESIGN.md promises: JSON (the contract),
+GraphML, DOT, SVG, and PNG (a rendered page photographed by headless Chromium).
 
 HTML lives in `graphviz_core.render`, which is allowed to use pyvis.
 """
@@ -6,10 +7,12 @@ HTML lives in `graphviz_core.render`, which is allowed to use pyvis.
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import math
 import shutil
 import subprocess
+from collections.abc import Mapping
 
 import networkx as nx
 
@@ -18,6 +21,8 @@ from graphviz_core.training_step import memory_details
 
 SCHEMA_VERSION = 1
 FORMATS = ("json", "html", "graphml", "dot", "svg")
+MODULE_COLOUR = "#f4f1ea"  # a collapsed module (graph.collapse_modules), as in the interactive view
+HIGHLIGHT_COLOUR = "#e6007e"  # a search match's border, as in the interactive view
 
 # Fill colours per category, shared by DOT/SVG and the interactive view (colour-blind-safe where possible).
 CATEGORY_COLOURS = {
@@ -54,8 +59,17 @@ def _finite(value: object) -> object:
     return value
 
 
-def capture_to_dict(capture: Capture) -> dict:
-    """The `graph --format json` object (DESIGN.md): schema, config, device, summaries and the graph."""
+def capture_to_dict(capture: Capture, graph: nx.DiGraph | None = None, view: Mapping | None = None) -> dict:
+    """The `graph --format json` object (DESIGN.md): schema, config, device, summaries and the graph.
+
+    `graph` replaces the capture's graph with a view of it (shape ops hidden, modules collapsed...); the
+    summaries still describe the whole capture, and `view` (what was applied) is written beside them with the
+    view's own node and edge counts, so a reader can tell the two apart.
+    """
+    graph = capture.graph if graph is None else graph
+    extra = {}
+    if view is not None:
+        extra["view"] = {**view, "nodes": graph.number_of_nodes(), "edges": graph.number_of_edges()}
     return _finite(
         {
             "schema": SCHEMA_VERSION,
@@ -68,13 +82,14 @@ def capture_to_dict(capture: Capture) -> dict:
             "time": dataclasses.asdict(capture.time),
             "backward_order": list(capture.backward_order),
             "save_order": [dataclasses.asdict(e) for e in capture.save_order],
-            "graph": nx.node_link_data(capture.graph, edges="links"),
+            **extra,
+            "graph": nx.node_link_data(graph, edges="links"),
         }
     )
 
 
-def to_json(capture: Capture) -> str:
-    return json.dumps(capture_to_dict(capture), indent=1)
+def to_json(capture: Capture, graph: nx.DiGraph | None = None, view: Mapping | None = None) -> str:
+    return json.dumps(capture_to_dict(capture, graph, view), indent=1)
 
 
 def to_graphml(graph: nx.DiGraph) -> str:
@@ -98,35 +113,96 @@ def _dot_quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def to_dot(graph: nx.DiGraph) -> str:
-    """Graphviz DOT: one box per node (op and module), filled by category; edges follow gradient flow."""
+def _ink(fill: str) -> str:
+    """Black or white text, whichever reads better on `fill` (#rrggbb): WCAG relative luminance."""
+    def channel(c: int) -> float:
+        c = c / 255
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    red, green, blue = (channel(int(fill[i : i + 2], 16)) for i in (1, 3, 5))
+    luminance = 0.2126 * red + 0.7152 * green + 0.0722 * blue
+    return "#000000" if luminance > 0.179 else "#ffffff"
+
+
+def category_legend(graph: nx.DiGraph) -> list[tuple[str, str]]:
+    """(category, fill) for each category present, as the interactive view's legend lists them."""
+    present = sorted({d["category"] for _, d in graph.nodes(data=True)})
+    return [(c, MODULE_COLOUR if c == "module" else CATEGORY_COLOURS.get(c, "#000000")) for c in present]
+
+
+def _dot_label(data: dict) -> str:
+    if data.get("param"):
+        return f"{data['param']['name']}\n{tuple(data['param']['shape'])}"
+    if data["category"] == "module" or not data.get("module"):
+        return data["op"]  # a collapsed module's op already names it: "blocks.0 (43 nodes)"
+    return f"{data['op']}\n{data['module']}"
+
+
+def _legend_label(title: str, legend: list[tuple[str, str]], note: str) -> str:
+    """A Graphviz HTML-like label: the title, then one swatch per legend row (every text escaped)."""
+    rows = [f'<TR><TD COLSPAN="2" ALIGN="LEFT"><B>{html.escape(title)}</B></TD></TR>'] if title else []
+    if note:
+        rows.append(f'<TR><TD COLSPAN="2" ALIGN="LEFT">{html.escape(note)}</TD></TR>')
+    for name, colour in legend:
+        rows.append(f'<TR><TD BGCOLOR="{html.escape(colour)}" WIDTH="14" HEIGHT="12" BORDER="1"></TD>'
+                    f'<TD ALIGN="LEFT">{html.escape(name)}</TD></TR>')
+    return '<<TABLE BORDER="0" CELLSPACING="2" CELLPADDING="1">' + "".join(rows) + "</TABLE>>"
+
+
+def to_dot(
+    graph: nx.DiGraph,
+    *,
+    fills: Mapping[str, str] | None = None,
+    highlight: set[str] | frozenset = frozenset(),
+    title: str = "",
+    legend: list[tuple[str, str]] | None = None,
+    legend_note: str = "",
+) -> str:
+    """Graphviz DOT: one box per node (op and module), filled by category; edges follow gradient flow.
+
+    A view passes what the screen shows: `fills` (node -> #rrggbb, e.g. coloured by FLOPs) replaces the
+    category colours, `highlight` draws search matches with a thick pink border, and `title`, `legend` and
+    `legend_note` become a legend at the top (by default the categories present). Collapsed modules are
+    dashed boxes, parameters ellipses, as in the interactive view.
+    """
     lines = [
         "digraph autograd {",
         "  rankdir=TB;",
         '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10];',
     ]
+    if title or legend or legend is None:
+        lines.append(f'  graph [labelloc=t, labeljust=l, fontname="Helvetica", fontsize=11, '
+                     f"label={_legend_label(title, category_legend(graph) if legend is None else legend, legend_note)}];")
     for node, data in graph.nodes(data=True):
-        label = data["op"] if not data.get("module") else f"{data['op']}\n{data['module']}"
-        if data.get("param"):
-            label = f"{data['param']['name']}\n{tuple(data['param']['shape'])}"
-        colour = CATEGORY_COLOURS.get(data["category"], "#000000")
-        shape = ", shape=ellipse" if data["category"] == "accumulate_grad" else ""
-        lines.append(f"  {_dot_quote(node)} [label={_dot_quote(label)}, fillcolor={_dot_quote(colour)}{shape}];")
+        category = data["category"]
+        colour = MODULE_COLOUR if category == "module" else CATEGORY_COLOURS.get(category, "#000000")
+        if fills is not None and node in fills:
+            colour = fills[node]
+        attrs = [f"label={_dot_quote(_dot_label(data))}", f"fillcolor={_dot_quote(colour)}",
+                 f"fontcolor={_dot_quote(_ink(colour))}"]
+        if category == "accumulate_grad":
+            attrs.append("shape=ellipse")
+        if category == "module":
+            attrs.append('style="rounded,filled,dashed"')
+        if node in highlight:
+            attrs += [f"color={_dot_quote(HIGHLIGHT_COLOUR)}", "penwidth=4"]
+        lines.append(f"  {_dot_quote(node)} [{', '.join(attrs)}];")
     for u, v in graph.edges():
         lines.append(f"  {_dot_quote(u)} -> {_dot_quote(v)};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
-def to_svg(graph: nx.DiGraph) -> str:
-    """SVG through Graphviz's `dot`; a ValueError that says how to get it when it is not installed."""
+def to_svg(graph: nx.DiGraph, **dot_options) -> str:
+    """SVG through Graphviz's `dot` (same options as `to_dot`); a ValueError that says how to get `dot`."""
     dot = shutil.which("dot")
     if dot is None:
         raise ValueError(
             "SVG needs Graphviz's `dot` program, which is not installed; install it (apt-get install graphviz) "
             "or use --format dot / html."
         )
-    done = subprocess.run([dot, "-Tsvg"], input=to_dot(graph), capture_output=True, text=True, timeout=300)
+    done = subprocess.run([dot, "-Tsvg"], input=to_dot(graph, **dot_options), capture_output=True, text=True,
+                          timeout=300)
     if done.returncode != 0:
         raise ValueError(f"Graphviz `dot` failed: {done.stderr.strip().splitlines()[0] if done.stderr else done.returncode}")
     return done.stdout

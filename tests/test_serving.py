@@ -114,7 +114,7 @@ def test_four_downloads_clicked_in_quick_succession_all_arrive(page, streamlit_u
     downloads = []
     page.on("download", lambda d: downloads.append(d))
     for name in names:
-        page.get_by_role("button", name=name).click()
+        page.get_by_role("button", name=name, exact=True).click()
         page.wait_for_timeout(100)
     page.wait_for_timeout(3000)
     assert sorted(d.suggested_filename for d in downloads) == sorted(

@@ -54,8 +54,7 @@ def graph_view(capture: Capture) -> None:
     if query.strip():
         note += f" · {len(matches)} match “{escape_markdown(query.strip())}” (pink border)"
     st.caption(note)
-    html = render_html(
-        view,
+    drawing = dict(
         title=f"autograd graph: {capture.config.preset or capture.config.model}",
         subtitle=f"{capture.config.model} · {capture.config.layers} layers · b={capture.config.batch} · "
                  f"s={capture.config.seq} · {capture.config.attention} · {capture.device}",
@@ -63,17 +62,56 @@ def graph_view(capture: Capture) -> None:
         size_by=None if size == NONE else size,
         highlight=matches,
     )
-    st.iframe(html, height=790)
-    _downloads(capture)
+    st.iframe(render_html(view, **drawing), height=790)
+    settings = {"focus": None if focus == WHOLE else focus, "hide_shape": hide_shape, "collapse": collapse,
+                "expanded": None if expanded == NONE else expanded, "colour_by": drawing["colour_by"],
+                "size_by": drawing["size_by"], "search": query.strip()}
+    _downloads(capture, view, drawing, settings)
 
 
-def _downloads(capture: Capture) -> None:
-    # on_click="ignore": a click that reran the fragment dropped the other buttons' deferred files, so a
-    # second download clicked soon after failed ("Deferred file ... not found").
+def _view_fills(view, drawing: dict) -> dict[str, str]:
+    """Each node's fill exactly as the screen draws it (category colours, or the colour-by scale)."""
+    from graphviz_core.render import build_network
+
+    net = build_network(view, colour_by=drawing["colour_by"], size_by=drawing["size_by"], highlight=drawing["highlight"])
+    return {node["id"]: node["color"]["background"] for node in net.nodes}
+
+
+def _view_dot(view, drawing: dict) -> str:
+    note = f"colour: {METRICS[drawing['colour_by']]}, white = least, dark red = most" if drawing["colour_by"] else ""
+    legend = [] if drawing["colour_by"] else None  # None: the categories present
+    return to_dot(view, fills=_view_fills(view, drawing), highlight=drawing["highlight"], title=drawing["title"],
+                  legend=legend, legend_note=note)
+
+
+def _downloads(capture: Capture, view, drawing: dict, settings: dict) -> None:
+    """Two rows: this view (what the screen shows: hidden ops, collapsed modules, colours) and the whole graph.
+
+    on_click="ignore": a click neither reruns the page nor the fragment, so the iframe is not re-rendered and
+    keeps its zoom and selection; a rerun also dropped the other buttons' deferred files, so a second download
+    clicked soon after failed ("Deferred file ... not found"). Files are built only when clicked.
+    """
     name = (capture.config.preset or capture.config.model).replace(" ", "_")
-    cols = st.columns(4)
-    cols[0].download_button("Standalone HTML", lambda: render_standalone_html(capture), f"{name}.html", "text/html",
-                            help="Works offline when opened from disk", on_click="ignore")
-    cols[1].download_button("JSON (node-link)", lambda: to_json(capture), f"{name}.json", "application/json", on_click="ignore")
-    cols[2].download_button("GraphML", lambda: to_graphml(capture.graph), f"{name}.graphml", "application/xml", on_click="ignore")
-    cols[3].download_button("DOT", lambda: to_dot(capture.graph), f"{name}.dot", "text/vnd.graphviz", on_click="ignore")
+    whole = capture.graph.number_of_nodes()
+    cols = st.columns([1.6, 1, 1, 1, 1])
+    cols[0].markdown(f"**This view** ({view.number_of_nodes():,} nodes, as drawn)")
+    cols[1].download_button("HTML (this view)", lambda: render_html(view, **drawing), f"{name}-view.html", "text/html",
+                            key="download.view.html", help="This view as a standalone page: works offline from disk",
+                            on_click="ignore")
+    cols[2].download_button("JSON (this view)", lambda: to_json(capture, view, settings), f"{name}-view.json",
+                            "application/json", key="download.view.json", on_click="ignore",
+                            help="The JSON contract with `graph` holding this view's nodes; `view` says what was applied")
+    cols[3].download_button("GraphML (this view)", lambda: to_graphml(view), f"{name}-view.graphml", "application/xml",
+                            key="download.view.graphml", on_click="ignore")
+    cols[4].download_button("DOT (this view)", lambda: _view_dot(view, drawing), f"{name}-view.dot", "text/vnd.graphviz",
+                            key="download.view.dot", on_click="ignore")
+    cols = st.columns([1.6, 1, 1, 1, 1])
+    cols[0].markdown(f"**Whole graph** ({whole:,} nodes)")
+    cols[1].download_button("Standalone HTML", lambda: render_standalone_html(capture), f"{name}.html", "text/html",
+                            key="download.whole.html", help="Works offline when opened from disk", on_click="ignore")
+    cols[2].download_button("JSON (node-link)", lambda: to_json(capture), f"{name}.json", "application/json",
+                            key="download.whole.json", on_click="ignore")
+    cols[3].download_button("GraphML", lambda: to_graphml(capture.graph), f"{name}.graphml", "application/xml",
+                            key="download.whole.graphml", on_click="ignore")
+    cols[4].download_button("DOT", lambda: to_dot(capture.graph), f"{name}.dot", "text/vnd.graphviz",
+                            key="download.whole.dot", on_click="ignore")
