@@ -61,9 +61,13 @@ def expression_inputs() -> Trace | None:
         return None
 
 
+PLAY_INTERVAL_S = 0.9  # one backward step per tick while playing
+
+
 def _move(delta: int | None, total: int) -> None:
     step = st.session_state.get(f"{KEY}.step", 0)
     st.session_state[f"{KEY}.step"] = total if delta is None else min(max(step + delta, 0), total)
+    st.session_state[f"{KEY}.playing"] = False  # stepping by hand pauses
 
 
 def _toggle_play(total: int) -> None:
@@ -82,15 +86,25 @@ def backward_stepper(trace: Trace) -> None:
                     "through an operation autograd records (constants only, or every path detached).")
         return
     st.session_state[f"{KEY}.step"] = min(st.session_state.get(f"{KEY}.step", 0), total)
-    playing = st.session_state.get(f"{KEY}.playing", False)
+    # Streamlit sends a fragment's run_every to the browser only when the fragment is called from a full app
+    # run; a fragment rerun (a click on one of its buttons, or a tick) keeps the timer of the last full run.
+    # So the timer is decided here, remembered, and the fragment asks for a full run whenever Play/Pause (or
+    # reaching the end) has made it wrong: st.rerun() from inside the fragment reruns the whole app.
+    timer = PLAY_INTERVAL_S if st.session_state.get(f"{KEY}.playing", False) else None
+    st.session_state[f"{KEY}.timer"] = timer
 
-    @st.fragment(run_every=0.9 if playing else None)
+    @st.fragment(run_every=timer)
     def stepper() -> None:
-        if st.session_state.get(f"{KEY}.playing") and st.session_state[f"{KEY}.step"] < total:
+        playing = st.session_state.get(f"{KEY}.playing", False)
+        if playing != (st.session_state.get(f"{KEY}.timer") is not None):
+            st.rerun()  # start or stop the timer with a full run
+        if playing and st.session_state[f"{KEY}.step"] < total:
             st.session_state[f"{KEY}.step"] += 1
-        elif st.session_state.get(f"{KEY}.playing"):
+        if playing and st.session_state[f"{KEY}.step"] >= total:
+            # The last step is drawn in this run; the next tick finds playing off and stops the timer. (Stopping
+            # it here with st.rerun() would drop this run's drawing: the browser's slider would still hold the
+            # previous step and send it back as if the user had moved it.)
             st.session_state[f"{KEY}.playing"] = False
-            st.rerun()
         cols = st.columns([1, 1, 1, 1, 1.2])
         # Plain characters, not Material icons: those load a font from fonts.gstatic.com.
         cols[0].button("« Start", on_click=_move, args=(-total, total), width="stretch")
@@ -99,6 +113,8 @@ def backward_stepper(trace: Trace) -> None:
         cols[3].button("End »", on_click=_move, args=(None, total), width="stretch")
         playing_now = st.session_state.get(f"{KEY}.playing")
         cols[4].button("❚❚ Pause" if playing_now else "▶ Play", on_click=_toggle_play, args=(total,), width="stretch")
+        # No pause on a slider move: a tick sent before the last step arrived carries the slider's old value,
+        # and pausing on it would stop Play by itself on a slow machine (it only repeats a step instead).
         step = st.slider("Backward step", 0, total, key=f"{KEY}.step",
                          help="0 = after the forward pass; each step is one autograd node running")
         current = trace.steps[step - 1] if step else None
