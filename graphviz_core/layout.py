@@ -4,30 +4,48 @@ The loss is the only source (edges run the way gradients flow), so generation 0 
 parameters' AccumulateGrad nodes sit at the bottom. Within a layer, nodes are ordered by the barycentre
 heuristic (Sugiyama et al. 1981): a few sweeps down and up, each placing a node at the mean position of its
 neighbours in the layer before. O(sweeps x edges), so ~10,000 nodes lay out in well under a second.
+
+A deep network is hundreds of layers tall and three nodes wide: fitted to a screen it is one hairline
+column (gpt2-small: 286 layers, scale 0.03). So the layer sequence is folded into side-by-side columns, like
+a newspaper, as many as bring the drawing's width : height nearest the screen's (ASPECT), each cut between two
+module groups (transformer blocks) where one is near, else where the fewest edges cross.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import networkx as nx
 
+from graphviz_core.graph import module_group
+
 LAYER_GAP = 80  # px between layers
 NODE_GAP = 200  # px between neighbours in a layer
 SWEEPS = 4
+ASPECT = 1.5  # width : height of the graph's pane (the app's iframe and the standalone page, both ~1.3-2.1)
+NODE_WIDTH = 160  # px a typical box takes ("NativeLayerNorm / blocks.11.ln_1" at 13 px monospace)
+COLUMN_GAP = 240  # px between folded columns, wider than NODE_GAP so columns read as columns
+# A column of 20 layers (1,600 px) fits a 760 px pane at scale 0.47, labels still readable: no fold needed.
+FOLD_ABOVE_LAYERS = 20
 
 
 @dataclass(frozen=True)
 class Layout:
-    """x, y per node id, plus the layer index of each (0 = the loss)."""
+    """x, y per node id, the layers (0 = the loss), and the first layer of each folded column."""
 
     positions: dict[str, tuple[float, float]]
     layers: list[list[str]]
+    column_starts: tuple[int, ...] = (0,)
+
+    def column_of(self, depth: int) -> int:
+        return sum(1 for start in self.column_starts if start <= depth) - 1
 
 
-def layered_layout(graph: nx.DiGraph) -> Layout:
+def layered_layout(graph: nx.DiGraph, aspect: float = ASPECT) -> Layout:
     """Positions for every node; a view with cycles (collapsed modules can make them) is laid out on an
-    acyclic copy without its DFS back edges, which are still drawn."""
+    acyclic copy without its DFS back edges, which are still drawn. Layers run down each column, columns
+    left to right (`aspect` = the pane's width : height the fold aims for)."""
     graph = _without_back_edges(graph)
     layers = [list(generation) for generation in nx.topological_generations(graph)]
     order = {node: i for layer in layers for i, node in enumerate(layer)}
@@ -43,12 +61,74 @@ def layered_layout(graph: nx.DiGraph) -> Layout:
             layer.sort(key=lambda n: (keys[n], order[n]))
             for i, node in enumerate(layer):
                 order[node] = i
+    starts = _column_starts(graph, layers, aspect)
+    bounds = [*starts, len(layers)]
     positions = {}
-    for depth, layer in enumerate(layers):
-        offset = (len(layer) - 1) / 2
-        for i, node in enumerate(layer):
-            positions[node] = ((i - offset) * NODE_GAP, depth * LAYER_GAP)
-    return Layout(positions, layers)
+    left = 0.0
+    for start, stop in zip(bounds, bounds[1:], strict=False):
+        widest = max(len(layer) for layer in layers[start:stop])
+        centre = left + (widest - 1) * NODE_GAP / 2
+        for depth in range(start, stop):
+            offset = (len(layers[depth]) - 1) / 2
+            for i, node in enumerate(layers[depth]):
+                positions[node] = (centre + (i - offset) * NODE_GAP, (depth - start) * LAYER_GAP)
+        left += (widest - 1) * NODE_GAP + NODE_WIDTH + COLUMN_GAP
+    if len(starts) == 1:  # one column: centred on x = 0, as before folding existed
+        positions = {node: (x - centre, y) for node, (x, y) in positions.items()}
+    return Layout(positions, layers, tuple(starts))
+
+
+def _column_starts(graph: nx.DiGraph, layers: list[list[str]], aspect: float) -> list[int]:
+    """The first layer of each column: the column count whose drawing is nearest `aspect`; each cut moved
+    (within half a column) to split the fewest module groups (blocks.3, model.layers.3...) and then the
+    fewest edges, so repeated blocks stand side by side whole."""
+    count = len(layers)
+    widest = max((len(layer) for layer in layers), default=1)
+    pitch = (widest - 1) * NODE_GAP + NODE_WIDTH + COLUMN_GAP
+
+    def misfit(columns: int) -> float:
+        width = columns * pitch - COLUMN_GAP
+        height = math.ceil(count / columns) * LAYER_GAP
+        return abs(math.log(width / height / aspect))
+
+    if count <= FOLD_ABOVE_LAYERS:
+        return [0]
+    columns = min(range(1, count + 1), key=misfit)
+    if columns == 1:
+        return [0]
+    depth = {node: d for d, layer in enumerate(layers) for node in layer}
+    # crossing[c]: edges from a layer above c to layer c or below, i.e. cut if a column starts at c
+    crossing = [0] * (count + 1)
+    for u, v in graph.edges():
+        low, high = sorted((depth[u], depth[v]))
+        if low < high:
+            crossing[low + 1] += 1
+            crossing[high + 1] -= 1
+    # split[c]: module groups with nodes both above layer c and at or below it
+    # (leaves left out: a block's LayerNorm parameters sit one layer into the next block's backward)
+    spans: dict[str, list[int]] = {}
+    for node, d in depth.items():
+        group = module_group(graph.nodes[node].get("module", ""), 2)
+        if group and graph.out_degree(node):
+            span = spans.setdefault(group, [d, d])
+            span[0], span[1] = min(span[0], d), max(span[1], d)
+    split = [0] * (count + 1)
+    for low, high in spans.values():
+        if low < high:
+            split[low + 1] += 1
+            split[high + 1] -= 1
+    for c in range(1, count + 1):
+        crossing[c] += crossing[c - 1]
+        split[c] += split[c - 1]
+    window = max(1, count // (2 * columns))
+    starts = [0]
+    for j in range(1, columns):
+        ideal = round(j * count / columns)
+        candidates = range(max(starts[-1] + 1, ideal - window), min(count - 1, ideal + window) + 1)
+        if not candidates:
+            break
+        starts.append(min(candidates, key=lambda c: (split[c], crossing[c], abs(c - ideal))))
+    return starts
 
 
 def _without_back_edges(graph: nx.DiGraph) -> nx.DiGraph:

@@ -24,7 +24,8 @@ from markupsafe import Markup
 from pyvis.network import Network
 
 from graphviz_core.export import CATEGORY_COLOURS
-from graphviz_core.layout import layered_layout
+from graphviz_core.graph import module_group
+from graphviz_core.layout import LAYER_GAP, NODE_WIDTH, Layout, layered_layout
 from graphviz_core.ui.format import format_bytes, format_flops, format_seconds
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -191,15 +192,41 @@ def text_colour(fill: str) -> str:
     return LIGHT_TEXT if contrast_ratio(LIGHT_TEXT, fill) > contrast_ratio(DARK_TEXT, fill) else DARK_TEXT
 
 
+def _columns(layout: Layout) -> dict[str, int]:
+    return {node: layout.column_of(depth) for depth, layer in enumerate(layout.layers) for node in layer}
+
+
+def landmarks(graph: nx.DiGraph, layout: Layout) -> list[dict]:
+    """One caption per module group (blocks.3, lm_head...) and column it appears in, above its first node
+    there, at the column's left edge: what a zoomed-out view shows where node labels are too small to draw."""
+    column = _columns(layout)
+    xs: dict[int, float] = {}
+    for node, (x, _) in layout.positions.items():
+        xs[column[node]] = min(xs.get(column[node], x), x)
+    tops: dict[tuple[str, int], float] = {}
+    sizes: dict[tuple[str, int], int] = {}
+    for node, data in graph.nodes(data=True):
+        group = module_group(data["module"], 2)
+        if not group or not graph.out_degree(node):  # leaves (parameters) can sit in the next block's rows
+            continue
+        key = (group, column[node])
+        tops[key] = min(tops.get(key, math.inf), layout.positions[node][1])
+        sizes[key] = sizes.get(key, 0) + 1
+    return [{"text": group, "x": xs[col] - NODE_WIDTH / 2, "y": y - LAYER_GAP / 2, "nodes": sizes[group, col]}
+            for (group, col), y in sorted(tops.items(), key=lambda item: (item[0][1], item[1]))]
+
+
 def build_network(
     graph: nx.DiGraph,
     *,
     colour_by: str | None = None,
     size_by: str | None = None,
     highlight: set[str] | frozenset = frozenset(),
+    layout: Layout | None = None,
 ) -> Network:
     """The pyvis Network for `graph`: server-side positions, physics off, one entry per node and edge."""
-    layout = layered_layout(graph)
+    layout = layout or layered_layout(graph)
+    column = _columns(layout)
     net = Network(directed=True)
     net.node_ids = _IdList()
     colour_scale = _metric_scale(graph, colour_by)
@@ -234,6 +261,8 @@ def build_network(
     for u, v, edge in graph.edges(data=True):
         if edge.get("label"):
             net.add_edge(u, v, label=edge["label"], font={"size": 14, "color": "#b00020", "strokeWidth": 3})
+        elif column[u] != column[v]:  # runs from the foot of one folded column to the head of the next
+            net.add_edge(u, v, dashes=True, color={"color": "#c8c8c8"})
         else:
             net.add_edge(u, v)
     net.set_options(json.dumps({  # pyvis parses this into a plain dict on net.options
@@ -261,7 +290,10 @@ def render_html(
     for metric in (colour_by, size_by):
         if metric is not None and metric not in METRICS:
             raise ValueError(f"unknown metric {metric!r}; choose one of: {', '.join(METRICS)}.")
-    net = build_network(graph, colour_by=colour_by, size_by=size_by, highlight=highlight)
+    layout = layered_layout(graph)
+    net = build_network(graph, colour_by=colour_by, size_by=size_by, highlight=highlight, layout=layout)
+    # search matches in backward order (nearest the loss first): the page opens on the first
+    matches = [node for layer in layout.layers for node in layer if node in highlight]
     nodes, edges = net.nodes, net.edges
     details = {node: node_details(node, data) for node, data in graph.nodes(data=True)}
     present = sorted({d["category"] for _, d in graph.nodes(data=True)})
@@ -273,7 +305,8 @@ def render_html(
         nonce=secrets.token_urlsafe(16),
         vis_js=Markup(vis_js.replace("</script", "<\\/script")),
         vis_css=Markup(vis_css.replace("</style", "<\\/style")),
-        data={"nodes": nodes, "edges": edges, "options": net.options, "details": details},
+        data={"nodes": nodes, "edges": edges, "options": net.options, "details": details, "matches": matches,
+              "landmarks": landmarks(graph, layout)},
         legend=legend,
         scale=colour_scale(graph, colour_by) if colour_by else None,
         metric_note=(f"colour: {METRICS[colour_by]}" if colour_by else "") + (f"  size: {METRICS[size_by]}" if size_by else ""),

@@ -39,3 +39,52 @@ def test_colour_by_flops_shows_the_scale_whole_and_light_text_on_the_darkest_fil
     drawn = page.evaluate("id => { const o = window.network.body.nodes[id].options;"
                           " return [o.color.background, o.font.color]; }", darkest)
     assert drawn == ["#a50026", "#ffffff"]  # the heat scale's dark red end, white text on it
+
+
+def gpt2_small_graph():
+    from graphviz_core.capture import capture_backward
+    from graphviz_core.config import config_from_preset
+
+    return capture_backward(config_from_preset("gpt2-small", device="meta")).graph  # shapes only: instant
+
+
+@pytest.mark.parametrize("width, height", SIZES)
+def test_fit_all_on_gpt2_small_fills_the_pane_at_a_usable_scale(page, tmp_path, width, height):
+    graph = gpt2_small_graph()
+    open_graph(page, tmp_path, render_html(graph), width, height)
+    page.locator("#fit").click()
+    scale, filled = page.evaluate("""() => {
+        const net = window.network, box = document.getElementById('graph');
+        const ids = net.body.data.nodes.getIds();
+        let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+        for (const id of ids) {
+            const b = net.getBoundingBox(id);
+            const a = net.canvasToDOM({x: b.left, y: b.top}), c = net.canvasToDOM({x: b.right, y: b.bottom});
+            x0 = Math.min(x0, a.x); y0 = Math.min(y0, a.y); x1 = Math.max(x1, c.x); y1 = Math.max(y1, c.y);
+        }
+        return [net.getScale(), [(x1 - x0) / box.clientWidth, (y1 - y0) / box.clientHeight]];
+    }""")
+    page.screenshot(path=tmp_path / f"fit-{width}.png")
+    # One column of 286 layers x 80 px = 22,880 px fitted into a 760 px pane was scale 0.033, ~20% of the
+    # width used. Folded: at least 5x that scale, one side of the pane filled and at least half the other.
+    assert scale >= 0.15, scale
+    assert max(filled) >= 0.9 and min(filled) >= 0.5, filled
+
+
+def test_search_opens_on_the_first_match_and_next_match_moves_on(page, tmp_path):
+    from graphviz_core.graph import search_nodes
+
+    graph = gpt2_small_graph()
+    matches = search_nodes(graph, "blocks.5.attn.qkv")
+    assert len(matches) == 6  # one Linear: Addmm, input and output Views, T, weight, bias
+    open_graph(page, tmp_path, render_html(graph, highlight=matches))
+    order = page.evaluate("JSON.parse(document.getElementById('graph-data').textContent).matches")
+    for i, node in enumerate(order[:2]):
+        if i:
+            page.locator("#next-match").click()
+            assert page.locator("#match-count").inner_text() == "match 2 of 6"
+            assert node in page.locator("#details").inner_text()
+        centre = page.evaluate("window.network.getViewPosition()")
+        where = page.evaluate("id => window.network.getPosition(id)", node)
+        assert abs(centre["x"] - where["x"]) < 1 and abs(centre["y"] - where["y"]) < 1, (node, centre, where)
+        assert page.evaluate("window.network.getScale()") >= 0.8  # labels drawn at 13 px x 0.8 = 10 px

@@ -3,6 +3,7 @@
 import json
 import re
 
+import networkx as nx
 import pytest
 
 from graphviz_core.render import node_details, render_html, render_standalone_html
@@ -115,3 +116,28 @@ def test_a_metric_that_was_not_measured_is_grey_and_said_so():
     assert 'id="scale-min"' not in html
     assert f"no value: {graph.number_of_nodes()} nodes (none measured on this device)" in html
     assert {n["color"]["background"] for n in graph_data(html)["nodes"]} == {"#e0e0e0"}
+
+
+def test_a_zoomed_out_gpt2_small_names_each_block_once():
+    from graphviz_core.capture import capture_backward
+    from graphviz_core.config import config_from_preset
+
+    graph = capture_backward(config_from_preset("gpt2-small", device="meta")).graph
+    marks = [m["text"] for m in graph_data(render_html(graph))["landmarks"]]
+    # 12 blocks, each whole in one column (cuts fall between blocks), plus the head and the embeddings
+    assert sorted(marks) == sorted([f"blocks.{i}" for i in range(12)] + ["lm_head", "ln_f", "wpe", "wte"])
+
+
+def test_search_matches_come_in_backward_order():
+    from graphviz_core.graph import search_nodes
+
+    graph = captured("gpt2-tiny").graph
+    matches = search_nodes(graph, "attn.qkv")
+    data = graph_data(render_html(graph, highlight=matches))
+    # two blocks x one Linear each: Addmm, its input and output Views, T, weight and bias = 6 per block
+    assert len(data["matches"]) == 12 and set(data["matches"]) == matches
+    distance = nx.single_source_shortest_path_length(graph, next(n for n in graph if graph.in_degree(n) == 0))
+    # blocks.1 runs backward first, so its nodes lead (longest path from the loss decides the layer; BFS
+    # distance is a lower bound that orders the two blocks the same way)
+    assert all(graph.nodes[n]["module"].startswith("blocks.1.") for n in data["matches"][:6])
+    assert distance[data["matches"][0]] <= min(distance[n] for n in matches if graph.nodes[n]["module"].startswith("blocks.0."))
