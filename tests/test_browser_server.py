@@ -6,6 +6,7 @@ import pytest
 
 from graphviz_core.config import config_from_preset
 from graphviz_core.device import estimate_peak_bytes
+from graphviz_core.ui.graph_view import apply_view
 from graphviz_core.ui.live import graph_frame, serve_app
 from tests.conftest import captured
 
@@ -86,3 +87,48 @@ def test_a_second_person_sees_the_queue_cancels_and_a_running_capture_stops_at_c
     assert "ahead of you" not in text and "shared with" not in text and int(text.rsplit("…", 1)[1].split()[0]) < 5, text
     page.get_by_role("button", name="Cancel").click()
     page.get_by_text("Capture cancelled.").wait_for(timeout=15_000)
+
+
+def _drawn(frame) -> list:
+    """What vis-network drew: each node's id, colour, size and border (a search match has a wider pink border)."""
+    return frame.evaluate(
+        "window.network.body.data.nodes.get().map(n => [n.id, JSON.stringify(n.color), n.size ?? null,"
+        " n.borderWidth ?? null]).sort()"
+    )
+
+
+def test_copy_link_opens_the_same_view_in_a_fresh_browser(page, second_page, team_url):
+    capture = captured("gpt2-tiny", layers=3)
+    view = apply_view(capture, focus="blocks.1", hide_shape=True, collapse=False, expanded=None)
+    page.goto(team_url)
+    graph_frame(page, captured("gpt2-tiny").summary.nodes)
+    _run_config(page, layers=3)
+    graph_frame(page, capture.summary.nodes)  # 3 layers: 144 nodes
+    page.get_by_text("Hide shape ops").click()
+    graph_frame(page, apply_view(capture, focus=None, hide_shape=True, collapse=False, expanded=None).number_of_nodes())
+    page.locator('[data-testid="stSelectbox"]').filter(has_text="Focus on").click()
+    page.get_by_role("option", name="blocks.1", exact=True).click()
+    page.locator('[data-testid="stSelectbox"]').filter(has_text="Colour by").click()
+    page.get_by_role("option", name="FLOPs").click()
+    search = page.get_by_label("Search op, module or parameter")
+    search.fill("Addmm")
+    search.press("Enter")
+    page.get_by_text("match “Addmm”").wait_for(timeout=30_000)
+    frame = graph_frame(page, view.number_of_nodes())
+    page.wait_for_timeout(500)
+    mine = _drawn(graph_frame(page, view.number_of_nodes()))
+    page.locator('[data-testid="stSidebar"]').get_by_role("button", name="Copy link").click()
+    code = page.locator('[data-testid="stSidebar"] [data-testid="stCode"]')
+    code.wait_for(timeout=30_000)
+    url = code.inner_text().strip()
+    assert url.startswith(team_url) and "layers=3" in url and "focus=blocks.1" in url, url
+    page.screenshot(path="/tmp/link-source.png")
+    second_page.goto(url)  # a teammate: a fresh context, nothing in its session yet
+    frame = graph_frame(second_page, view.number_of_nodes())
+    second_page.get_by_text("match “Addmm”").wait_for(timeout=30_000)
+    assert _drawn(frame) == mine
+    assert second_page.locator("label").filter(has_text="Hide shape ops").locator("input").is_checked()
+    assert not second_page.locator('[data-testid="stAlert"]').filter(has_text="could not be used").count()
+    # it came from the shared cache: the first person's capture of this config, not a second one
+    second_page.get_by_text("From the shared cache").wait_for(timeout=10_000)
+    second_page.screenshot(path="/tmp/link-opened.png")

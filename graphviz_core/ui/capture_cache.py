@@ -15,6 +15,7 @@ from graphviz_core.capture import Capture
 from graphviz_core.config import ModelConfig
 from graphviz_core.shared_captures import Cached, Job, shared_captures
 from graphviz_core.ui.format import escape_markdown, format_bytes, format_seconds
+from graphviz_core.ui.links import apply_pending_view
 
 POLL_S = 0.3  # how often the waiting page refreshes its line (and notices a click on Cancel)
 
@@ -149,4 +150,5 @@ def get_capture(config: ModelConfig) -> Capture | None:
     if config in measured and measured[config] is None:
         measured[config] = got.measured_at
     _show_origin(got, measured.get(config) == got.measured_at)
+    apply_pending_view(config, got.capture.graph)  # a link's focused/expanded module, now that its modules are known
     return got.capture

@@ -26,6 +26,7 @@ from graphviz_core.config import (
 )
 from graphviz_core.device import check_budget, resolve_device
 from graphviz_core.ui.format import escape_markdown
+from graphviz_core.ui.links import copy_link, dismiss_notices, restore_from_link, show_notices, sync_url
 from graphviz_core.user_model import trusted_factories
 
 SIZE_FIELDS = ("hidden", "heads", "layers", "vocab", "batch", "seq")
@@ -175,6 +176,7 @@ def config_form(key: str = "config", where=None, submit_label: str = "Run backwa
         st.session_state[f"{key}.preset"] = DEFAULT_PRESET
         _load_preset(key)
         st.session_state[f"{key}.applied"] = config_from_preset(DEFAULT_PRESET)
+    restore_from_link(key, lambda config: set_config(key, config))  # a shared link's config and view, once
     sidebar = where or st.sidebar
     sidebar.selectbox(
         "Preset",
@@ -246,6 +248,7 @@ def config_form(key: str = "config", where=None, submit_label: str = "Run backwa
         st.number_input(_label("seed", model), step=1, key=f"{key}.seed", help=f"0 to {SEED_MAX:,}")
         submitted = st.form_submit_button(submit_label, type="primary", width="stretch")
     if submitted:
+        dismiss_notices(key)
         try:
             config = _named(ModelConfig(**form_fields(key)), st.session_state[f"{key}.preset"])
             check_budget(config, resolve_device(config.device))
@@ -264,4 +267,7 @@ def config_form(key: str = "config", where=None, submit_label: str = "Run backwa
         changed = [name for name, value in form_fields(key).items() if getattr(applied, name) != value]
         if changed:
             notice.warning(f"The form differs from the result shown ({', '.join(changed)}); press Run to capture it.")
+    show_notices(key, where)  # what a link asked for and could not have, until the next Run
+    sync_url(key, applied)
+    copy_link(key, applied, sidebar)
     return applied

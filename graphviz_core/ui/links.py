@@ -1,0 +1,240 @@
+"""Links that open the same view for a teammate: the applied config and the graph view's settings live in the URL's
+query parameters (`?preset=gpt2-small&collapse=1&colour=flops`), read once when a session opens the page.
+
+Nothing in a link is executed or names a file: every value is parsed into a config field (then validated by
+ModelConfig like the form's), a known option, or search text. A value that does not parse, or no longer fits (a
+module the model does not have, a config over this server's budget), falls back to the default with a notice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from urllib.parse import urlencode
+
+import streamlit as st
+
+from graphviz_core.config import CUSTOM, PRESETS, ModelConfig, config_from_preset
+from graphviz_core.device import check_budget, resolve_device
+from graphviz_core.graph import module_groups
+from graphviz_core.render import METRICS
+from graphviz_core.ui.format import escape_markdown
+
+CONFIG_FIELDS = tuple(name for name in ModelConfig.__dataclass_fields__ if name != "preset")
+BOOLS = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
+SEARCH_MAX = 200  # characters of search text a link may carry
+# URL name -> (session_state key of the graph view's widget, its default). The defaults are graph_view's own.
+VIEW = {
+    "hide_shape": ("view.hide_shape", False),
+    "collapse": ("view.collapse", False),
+    "search": ("view.search", ""),
+    "focus": ("view.focus", "(whole model)"),
+    "expanded": ("view.expanded", "(none)"),
+    "colour": ("view.colour", "category"),
+    "size": ("view.size", "(none)"),
+}
+MODULE_VIEWS = ("focus", "expanded")  # checked against the capture's modules once it is there
+PENDING = "link.pending_view"
+NOTICES = "link.notices"
+
+
+def prefix_of(form_key: str) -> str:
+    """URL prefix of a form: none for the explorer's form, `a.` / `b.` for the compare page's two."""
+    return "" if form_key == "config" else form_key.rsplit(".", 1)[-1] + "."
+
+
+def config_params(config: ModelConfig, prefix: str = "") -> dict[str, str]:
+    """The shortest parameters that give `config` back: the preset's name alone while it is exactly that preset,
+    otherwise every field that differs from ModelConfig's defaults."""
+    if config.preset in PRESETS and config_from_preset(config.preset) == config:
+        return {f"{prefix}preset": config.preset}
+    default = ModelConfig()
+    out = {}
+    for name in CONFIG_FIELDS:
+        value = getattr(config, name)
+        if value != getattr(default, name):
+            out[f"{prefix}{name}"] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+    return out
+
+
+def parse_config(params: Mapping[str, str], prefix: str = "") -> tuple[ModelConfig | None, list[str]]:
+    """The config a link names (None when it names none, or one that cannot be used) and what was wrong with it."""
+    given = {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
+    given = {k: v for k, v in given.items() if k in CONFIG_FIELDS or k == "preset"}
+    if not given:
+        return None, []
+    problems = []
+    fields: dict = {}
+    for name, raw in given.items():
+        if name == "preset":
+            continue
+        kind = type(getattr(ModelConfig, name))
+        if kind is bool:
+            if raw.lower() not in BOOLS:
+                problems.append(f"{name}={raw!r} is not on or off")
+                continue
+            fields[name] = BOOLS[raw.lower()]
+        elif kind is int:
+            try:
+                fields[name] = int(raw)
+            except ValueError:
+                problems.append(f"{name}={raw!r} is not a whole number")
+        else:
+            fields[name] = raw
+    preset = given.get("preset")
+    if preset is not None and preset not in PRESETS:
+        problems.append(f"there is no preset {preset!r}")
+        return None, problems
+    if problems:
+        return None, problems
+    if fields.get("model") == CUSTOM:
+        return None, ["a link cannot name your own model (the server's trusted folder is picked in the form)"]
+    try:
+        config = config_from_preset(preset, **fields) if preset else ModelConfig(**fields)
+        if preset and fields and config != config_from_preset(preset):
+            config = config.replace(preset="")
+    except ValueError as exc:
+        return None, [str(exc)]
+    return config, []
+
+
+def view_params(state: Mapping) -> dict[str, str]:
+    """The graph view's settings that differ from their defaults, as URL parameters."""
+    out = {}
+    for name, (key, default) in VIEW.items():
+        value = state.get(key, default)
+        if value != default and value is not None:
+            out[name] = ("1" if value else "0") if isinstance(default, bool) else str(value)
+    return out
+
+
+def parse_view(params: Mapping[str, str]) -> tuple[dict[str, object], list[str]]:
+    """Widget values (session_state key -> value) a link asks for, and what was wrong. Module names are returned as
+    given: only the capture knows whether they exist (see `apply_pending_view`)."""
+    values: dict[str, object] = {}
+    problems = []
+    options = {"colour": ("category", *METRICS), "size": ("(none)", *METRICS)}
+    for name, (key, default) in VIEW.items():
+        if name not in params:
+            continue
+        raw = params[name]
+        if isinstance(default, bool):
+            if raw.lower() in BOOLS:
+                values[key] = BOOLS[raw.lower()]
+            else:
+                problems.append(f"{name}={raw!r} is not on or off")
+        elif name in options:
+            if raw in options[name]:
+                values[key] = raw
+            else:
+                problems.append(f"{name}={raw!r} is not one of {', '.join(options[name])}")
+        elif name == "search":
+            if len(raw) > SEARCH_MAX:
+                problems.append(f"the search text is longer than {SEARCH_MAX} characters")
+            else:
+                values[key] = raw
+        else:
+            values[key] = raw
+    return values, problems
+
+
+def link_url(base: str, params: Mapping[str, str]) -> str:
+    base = base.split("?", 1)[0]
+    return f"{base}?{urlencode(params)}" if params else base
+
+
+# ---- Streamlit side: read once per session, write on every run, show the link ---------------------------------
+
+
+def _note(form_key: str, problems: list[str], what: str) -> str | None:
+    """Keep a notice for this form (shown until its next Run) and return it."""
+    if not problems:
+        return None
+    notice = f"This link's {what} could not be used ({'; '.join(problems)}): the default is shown instead."
+    st.session_state.setdefault(NOTICES, {}).setdefault(form_key, []).append(notice)
+    return notice
+
+
+def restore_from_link(form_key: str, load: Callable[[ModelConfig], None]) -> None:
+    """Once per session and form: apply the config (and, for the explorer's form, the view) the URL names.
+    `load(config)` puts a config into the form (config_form.set_config)."""
+    seen = st.session_state.setdefault("link.read", set())
+    if form_key in seen:
+        return
+    seen.add(form_key)
+    params = {k: st.query_params[k] for k in st.query_params}
+    config, problems = parse_config(params, prefix_of(form_key))
+    if config is not None:
+        try:
+            check_budget(config, resolve_device(config.device))
+            load(config)
+        except ValueError as exc:
+            problems = [str(exc)]
+    _note(form_key, problems, "config")
+    if form_key != "config":
+        return
+    values, problems = parse_view(params)
+    _note(form_key, problems, "view")
+    pending = {k: v for k, v in values.items() if k in (VIEW["focus"][0], VIEW["expanded"][0])}
+    for key, value in values.items():
+        if key not in pending:
+            st.session_state[key] = value
+    if pending:
+        st.session_state[PENDING] = (config or st.session_state.get(f"{form_key}.applied"), pending)
+
+
+def apply_pending_view(config: ModelConfig, graph) -> None:
+    """Once the capture a link asked for is there: focus/expand the modules it names, if the model has them."""
+    pending = st.session_state.get(PENDING)
+    if not pending or (pending[0] is not None and pending[0] != config):
+        return
+    del st.session_state[PENDING]
+    groups = set(module_groups(graph, depth=2))
+    missing = []
+    for key, module in pending[1].items():
+        if module in groups:
+            st.session_state[key] = module
+            st.query_params[key.removeprefix("view.")] = module  # the URL was written before the modules were known
+        else:
+            missing.append(f"{key.removeprefix('view.')}={module!r} is not a module of this model")
+    notice = _note("config", missing, "view")
+    if notice:
+        st.warning(escape_markdown(notice))
+
+
+def show_notices(form_key: str, where=None) -> None:
+    for notice in st.session_state.get(NOTICES, {}).get(form_key, []):
+        (where or st).warning(escape_markdown(notice))
+
+
+def dismiss_notices(form_key: str) -> None:
+    st.session_state.get(NOTICES, {}).pop(form_key, None)
+
+
+def sync_url(form_key: str, applied: ModelConfig) -> dict[str, str]:
+    """Write this form's config (and the explorer's view) into the URL; returns the parameters this page links to."""
+    prefix = prefix_of(form_key)
+    mine = {f"{prefix}{name}" for name in (*CONFIG_FIELDS, "preset")}
+    wanted = config_params(applied, prefix)
+    if form_key == "config":
+        mine |= set(VIEW)
+        wanted |= view_params(st.session_state)
+    current = {k: st.query_params[k] for k in st.query_params}
+    if {k: v for k, v in current.items() if k in mine} != wanted:
+        for k in mine & current.keys():
+            del st.query_params[k]
+        st.query_params.update(wanted)
+    return {**{k: v for k, v in current.items() if k not in mine}, **wanted}
+
+
+def copy_link(form_key: str, applied: ModelConfig, where) -> None:
+    """A "Copy link" button: shows the URL of this page with this config and view (st.code has a copy icon)."""
+    clicked = where.button(
+        "Copy link",
+        key=f"{form_key}.copy_link",
+        width="stretch",
+        help="A URL that opens this config and this view of the graph for someone else",
+    )
+    if clicked:
+        url = link_url(st.context.url or "", sync_url(form_key, applied))
+        where.caption("Link to this page as it is now:")
+        where.code(url, language=None, wrap_lines=True)

@@ -1,0 +1,102 @@
+"""Links: the config and the graph view in the URL, read back into the same page; bad values fall back with a notice."""
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from graphviz_core.config import ModelConfig, config_from_preset
+from graphviz_core.ui.links import config_params, link_url, parse_config, parse_view, view_params
+from tests.conftest import captured
+from tests.test_app import plain
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        config_from_preset("gpt2-small"),
+        # changed from a preset: the form names such a config by its fields, not the preset (config_form._named)
+        config_from_preset("gpt2-tiny", layers=3, attention="manual").replace(preset=""),
+        config_from_preset("llama-tiny", tied=True, checkpoint="selective", seed=7).replace(preset=""),
+        ModelConfig(model="mlp", hidden=32, layers=3, batch=4, seq=8),
+    ],
+)
+def test_a_config_survives_the_round_trip_through_the_url(config):
+    params = config_params(config)
+    assert parse_config(params) == (config, [])
+    # prefixed for the compare page's two forms, and unaffected by the other form's parameters
+    both = {**config_params(config, "a."), **config_params(ModelConfig(seed=3), "b.")}
+    assert parse_config(both, "a.") == (config, [])
+
+
+def test_an_exact_preset_is_linked_by_its_name_and_other_configs_by_the_fields_that_differ():
+    assert config_params(config_from_preset("gpt2-small")) == {"preset": "gpt2-small"}
+    # gpt2-tiny is ModelConfig's defaults; 3 layers differ from them in one field
+    assert config_params(config_from_preset("gpt2-tiny", layers=3)) == {"layers": "3"}
+    assert link_url("http://127.0.0.1:8501/?x=1", {"layers": "3", "search": "a b"}) == (
+        "http://127.0.0.1:8501/?layers=3&search=a+b"
+    )
+
+
+@pytest.mark.parametrize(
+    ("params", "problem"),
+    [
+        ({"layers": "two"}, "layers='two' is not a whole number"),
+        ({"tied": "maybe"}, "tied='maybe' is not on or off"),
+        ({"preset": "gpt5"}, "there is no preset 'gpt5'"),
+        ({"hidden": "770", "heads": "12"}, "hidden 770 is not divisible by 12 heads"),
+        ({"model": "custom", "preset": "evil.py:f"}, "there is no preset 'evil.py:f'"),
+        ({"model": "custom"}, "a link cannot name your own model"),
+        ({"device": "/etc/passwd"}, "device"),
+    ],
+)
+def test_a_bad_config_in_a_link_is_refused_with_a_sentence(params, problem):
+    config, problems = parse_config(params)
+    assert config is None and problem in "; ".join(problems)
+
+
+def test_view_values_are_parsed_into_known_options_only():
+    values, problems = parse_view({"collapse": "1", "colour": "flops", "size": "rainbow", "search": "x" * 201})
+    assert values == {"view.collapse": True, "view.colour": "flops"}
+    assert problems == [  # in the order of the view's controls: search, then size
+        "the search text is longer than 200 characters",
+        "size='rainbow' is not one of (none), time_s, flops, saved_bytes, grad_norm",
+    ]
+    assert view_params({"view.collapse": True, "view.colour": "category", "view.search": "Addmm"}) == {
+        "collapse": "1",
+        "search": "Addmm",
+    }
+
+
+def test_a_link_opens_the_page_with_its_config_and_view():
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update({"layers": "3", "collapse": "1", "colour": "flops", "focus": "blocks.1", "search": "Addmm"})
+    at.run()
+    assert not at.exception and not at.warning
+    assert at.metric[0].value == f"{captured('gpt2-tiny', layers=3).summary.nodes:,}"  # 3 layers: 144 nodes
+    assert at.toggle(key="view.collapse").value is True
+    assert at.selectbox(key="view.colour").value == "flops"
+    assert at.selectbox(key="view.focus").value == "blocks.1"
+    assert at.text_input(key="view.search").value == "Addmm"
+    assert at.number_input(key="config.layers").value == 3
+    # the URL now says the same (focus written once the capture showed the model has blocks.1)
+    linked = {"layers": "3", "collapse": "1", "colour": "flops", "focus": "blocks.1", "search": "Addmm"}
+    assert {k: at.query_params[k] for k in at.query_params} == linked
+
+
+def test_a_stale_or_bad_link_falls_back_to_the_defaults_with_a_notice():
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update({"hidden": "770", "heads": "12", "colour": "purple", "focus": "transformer.h.9"})
+    at.run()
+    assert not at.exception
+    assert at.metric[0].value == f"{captured('gpt2-tiny').summary.nodes:,}"  # the default preset: 101 nodes
+    notices = [plain(w.value) for w in at.warning]
+    assert any("config could not be used (hidden 770 is not divisible by 12 heads" in n for n in notices)
+    assert any("colour='purple' is not one of" in n for n in notices)
+    assert any("focus='transformer.h.9' is not a module of this model" in n for n in notices)
+    assert at.selectbox(key="view.focus").value == "(whole model)"
+    # Run dismisses the notices
+    next(b for b in at.button if b.label == "Run backward pass").click().run()
+    assert not at.warning
