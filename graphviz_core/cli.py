@@ -50,7 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     graph.add_argument("--model-file", metavar="PATH:FACTORY",
                        help="capture your own nn.Module: FACTORY() in PATH returns (module, example inputs, loss function)")
     _add_parallel_flags(graph)
-    graph.add_argument("--format", choices=("json", "html", "graphml", "dot", "svg"), default="json")
+    graph.add_argument("--format", choices=("json", "html", "graphml", "dot", "svg", "png"), default="json",
+                       help="png: the html page photographed by headless Chromium (/usr/bin/chromium)")
+    graph.add_argument("--png-size", default="1600x1000", metavar="WIDTHxHEIGHT",
+                       help="png: the page's size in CSS pixels (default 1600x1000)")
+    graph.add_argument("--png-scale", type=int, default=2, choices=(1, 2, 3, 4),
+                       help="png: device pixels per CSS pixel (default 2: a 1600x1000 page gives 3200x2000 pixels)")
     graph.add_argument("-o", "--output", help="file to write (default: stdout)")
 
     expr = commands.add_parser("expr", help="trace backprop through a scalar expression, step by step")
@@ -173,10 +178,14 @@ def _compare_command(args: argparse.Namespace) -> str:
     return json.dumps(compare_captures(capture_backward(config_a), capture_backward(config_b)).to_dict(), indent=1)
 
 
-def _graph_command(args: argparse.Namespace) -> str:
+def _graph_command(args: argparse.Namespace) -> str | bytes:
     from graphviz_core.capture import capture_backward
-    from graphviz_core.export import to_dot, to_graphml, to_json, to_svg
+    from graphviz_core.export import png_problem, to_dot, to_graphml, to_json, to_svg
 
+    if args.format == "png":  # refuse before a capture that could take minutes
+        size = _png_size(args.png_size)
+        if problem := png_problem(*size, args.png_scale):
+            raise ValueError(problem)
     parallel = None
     if args.model_file:
         fields = {name: getattr(args, name) for name in (*CHOICE_FLAGS, *INT_FLAGS, "tied")}
@@ -216,7 +225,22 @@ def _graph_command(args: argparse.Namespace) -> str:
         return to_svg(capture.graph)
     from graphviz_core.render import render_standalone_html
 
+    if args.format == "png":
+        from graphviz_core.export import to_png
+
+        width, height = size
+        return to_png(render_standalone_html(capture), width=width, height=height, scale=args.png_scale)
     return render_standalone_html(capture)
+
+
+def _png_size(text: str) -> tuple[int, int]:
+    """'1600x1000' -> (1600, 1000); a sentence for anything else."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d{1,5})\s*[xX×]\s*(\d{1,5})\s*", text)
+    if not match:
+        raise ValueError(f"--png-size takes WIDTHxHEIGHT in pixels, e.g. 1600x1000, not {text!r}.")
+    return int(match.group(1)), int(match.group(2))
 
 
 def _expr_command(args: argparse.Namespace) -> str:
@@ -248,11 +272,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     if args.output:
         try:
-            with open(args.output, "w", encoding="utf-8") as f:
-                f.write(text)
+            if isinstance(text, bytes):  # --format png
+                with open(args.output, "wb") as f:
+                    f.write(text)
+            else:
+                with open(args.output, "w", encoding="utf-8") as f:
+                    f.write(text)
         except OSError as exc:
             _say(f"graphviz-core: cannot write {args.output}: {exc.strerror or exc}")
             return EXIT_BAD_INPUT
+    elif isinstance(text, bytes):
+        sys.stdout.flush()
+        sys.stdout.buffer.write(text)
+        sys.stdout.buffer.flush()
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0

@@ -10,6 +10,7 @@ import dataclasses
 import html
 import json
 import math
+import os
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -206,3 +207,73 @@ def to_svg(graph: nx.DiGraph, **dot_options) -> str:
     if done.returncode != 0:
         raise ValueError(f"Graphviz `dot` failed: {done.stderr.strip().splitlines()[0] if done.stderr else done.returncode}")
     return done.stdout
+
+
+# Debian's Chromium, driven by Playwright (`playwright install` cannot download browsers here), with the flags
+# a container needs: no sandbox (no user namespaces), no GPU, /tmp instead of a small /dev/shm, and nothing
+# fetched in the background (updates, component downloads, first-run pages).
+CHROMIUM = os.environ.get("GRAPHVIZ_CORE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+PNG_SIZE = (1600, 1000)  # CSS pixels: the graph beside its 300 px side panel (title, legend)
+PNG_SCALE = 2  # device pixels per CSS pixel: crisp on a high-density screen and when zoomed in docs
+# Below this zoom a fitted graph's 13 px labels shrink under ~4.5 px (9 device pixels at 2x): unreadable. The
+# picture then keeps the page's own start view (the loss, readable), as the interactive page does.
+MIN_FIT_SCALE = 0.35
+
+
+def png_problem(width: int = PNG_SIZE[0], height: int = PNG_SIZE[1], scale: int = PNG_SCALE) -> str | None:
+    """None when a PNG of this size can be rendered here, else the sentence that says why not."""
+    import importlib.util
+
+    if not (100 <= width <= 8000 and 100 <= height <= 8000 and 1 <= scale <= 4):
+        return f"a PNG of {width}x{height} at {scale}x is out of range: 100..8000 pixels a side, scale 1..4."
+    if not os.path.exists(CHROMIUM):
+        return (f"PNG needs Chromium at {CHROMIUM}, which is missing; install it (apt-get install chromium) "
+                "or use --format svg / html.")
+    if importlib.util.find_spec("playwright") is None:
+        return "PNG needs Playwright to drive Chromium; pip install playwright."
+    return None
+
+
+def to_png(page_html: str, *, width: int = PNG_SIZE[0], height: int = PNG_SIZE[1], scale: int = PNG_SCALE) -> bytes:
+    """A rendered graph page (`render.render_html`) photographed by headless Chromium: width*scale x height*scale.
+
+    The page fills the viewport, the graph is fitted to its area (unless that makes labels unreadable), and
+    the side panel with the title and legend is in the picture. Nothing is fetched: the page is self-contained
+    and its Content-Security-Policy forbids network access.
+    """
+    if problem := png_problem(width, height, scale):
+        raise ValueError(problem)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height}, device_scale_factor=scale)
+            page.set_content(page_html, wait_until="load")
+            page.wait_for_function("window.__firstDrawMs !== undefined", timeout=120_000)
+            page.evaluate(
+                """minScale => {
+                  const wrap = document.getElementById("wrap");
+                  if (wrap) { wrap.style.height = window.innerHeight + "px"; }
+                  const net = window.network;
+                  net.setSize("100%", "100%");
+                  net.redraw();
+                  const start = {position: net.getViewPosition(), scale: net.getScale()};
+                  net.fit({animation: false});
+                  if (net.getScale() < minScale) { net.moveTo({...start, animation: false}); }
+                  net.redraw();
+                }""",
+                MIN_FIT_SCALE,
+            )
+            # Buttons and "No node selected." mean nothing in a picture; the title, counts, hint and legend stay.
+            page.evaluate("""() => {
+                  for (const id of ["fit", "top"]) { const b = document.getElementById(id); if (b) { b.style.display = "none"; } }
+                  const details = document.getElementById("details");
+                  if (details && !details.querySelector("table")) { details.style.display = "none"; }
+                }""")
+            page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+            return page.screenshot(type="png")
+        finally:
+            browser.close()

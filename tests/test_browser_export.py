@@ -1,10 +1,13 @@
 """Downloads in a real browser: "this view" holds what the screen shows, and downloading keeps the view."""
 
+import io
 import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from graphviz_core.ui.live import graph_frame
 from tests.conftest import captured
@@ -26,10 +29,11 @@ def drawn_frame(page, nodes: int, text: str, timeout_ms: int = 60_000):
     raise TimeoutError(f"no frame drew {nodes} nodes with {text!r}")
 
 
-def download(page, label: str) -> str:
+def download(page, label: str, binary: bool = False) -> str | bytes:
     with page.expect_download(timeout=90_000) as info:
         page.get_by_role("button", name=label, exact=True).click()
-    return Path(info.value.path()).read_text()
+    path = Path(info.value.path())
+    return path.read_bytes() if binary else path.read_text()
 
 
 KEPT = "[window.__kept, window.network.getScale(), window.network.getSelectedNodes()]"
@@ -69,6 +73,16 @@ def test_downloads_offer_this_view_and_the_whole_graph_and_keep_zoom_and_selecti
     assert download(page, "GraphML (this view)").count("<node ") == 9
     html = download(page, "HTML (this view)")
     assert html.count('"shape":"box"') + html.count('"shape":"ellipse"') == 9
+    svg = download(page, "SVG (this view)")
+    assert svg.count('class="node"') == 9 and "colour: FLOPs" in svg
+    png = Image.open(io.BytesIO(download(page, "PNG (this view)", binary=True)))
+    # PNG_SIZE 1600x1000 CSS pixels at PNG_SCALE 2 -> 3200x2000 device pixels
+    assert png.size == (3200, 2000)
+    rgb = np.asarray(png.convert("RGB")).astype(int)
+    # The biggest FLOP nodes (the two blocks) are filled with the scale's darkest colour, #a50026 = (165, 0, 38):
+    # the picture is this view coloured by FLOPs, not the category colours.
+    dark_red = (np.abs(rgb - [165, 0, 38]).sum(axis=2) < 12).sum()
+    assert dark_red > 2000, dark_red
     page.wait_for_timeout(1500)  # time for any rerun the clicks might have started
     assert frame.evaluate(KEPT) == ["kept", 1.7, [loss]]
 

@@ -121,3 +121,37 @@ def test_expr_prints_the_trace_json():
 def test_expr_bad_input_is_one_line_exit_2(args, capsys):
     assert main(args) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_png_is_the_html_page_photographed_at_the_requested_size(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    out = tmp_path / "mlp.png"
+    assert main(["graph", "--preset", "mlp", "--format", "png", "--png-size", "800x600", "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = Image.open(out)
+    image.verify()  # a complete, valid PNG (checksums included)
+    image = Image.open(out)
+    assert image.size == (1600, 1200)  # 800x600 CSS pixels at the default --png-scale 2
+    rgb = np.asarray(image.convert("RGB")).astype(int)
+    assert rgb.std() > 20  # not blank: white page, dark text, coloured nodes
+    # the mlp's Addmm nodes are filled with the matmul colour #1f77b4 = (31, 119, 180): the graph was drawn
+    blue = (np.abs(rgb - [31, 119, 180]).sum(axis=2) < 12).sum()
+    assert blue > 500, blue
+
+
+def test_png_without_chromium_is_one_line_exit_2(monkeypatch, capsys, tmp_path):
+    from graphviz_core import export
+
+    monkeypatch.setattr(export, "CHROMIUM", str(tmp_path / "no-chromium"))
+    assert main(["graph", "--preset", "mlp", "--format", "png", "-o", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "PNG needs Chromium" in err and "apt-get install chromium" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("size", ["big", "10x10", "1600x99999", "0x0"])
+def test_png_size_out_of_range_is_one_line_exit_2(size, capsys):
+    assert main(["graph", "--preset", "mlp", "--format", "png", "--png-size", size]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+
 import streamlit as st
 
 from graphviz_core.capture import Capture
-from graphviz_core.export import to_dot, to_graphml, to_json
+from graphviz_core.export import PNG_SCALE, PNG_SIZE, png_problem, to_dot, to_graphml, to_json, to_png, to_svg
 from graphviz_core.graph import collapse_modules, focus_module, hide_categories, module_groups, search_nodes
 from graphviz_core.render import METRICS, render_html, render_standalone_html
 from graphviz_core.ui.format import escape_markdown
@@ -77,11 +79,17 @@ def _view_fills(view, drawing: dict) -> dict[str, str]:
     return {node["id"]: node["color"]["background"] for node in net.nodes}
 
 
-def _view_dot(view, drawing: dict) -> str:
+def _view_dot_options(view, drawing: dict) -> dict:
     note = f"colour: {METRICS[drawing['colour_by']]}, white = least, dark red = most" if drawing["colour_by"] else ""
     legend = [] if drawing["colour_by"] else None  # None: the categories present
-    return to_dot(view, fills=_view_fills(view, drawing), highlight=drawing["highlight"], title=drawing["title"],
-                  legend=legend, legend_note=note)
+    return dict(fills=_view_fills(view, drawing), highlight=drawing["highlight"], title=drawing["title"], legend=legend,
+                legend_note=note)
+
+
+def _view_png(view, drawing: dict) -> bytes:
+    # Rendered on the server by headless Chromium: the same page as the iframe, at PNG_SIZE CSS pixels and
+    # PNG_SCALE device pixels per CSS pixel, fitted to the graph's area, legend in the side panel.
+    return to_png(render_html(view, **drawing, height_px=PNG_SIZE[1]))
 
 
 def _downloads(capture: Capture, view, drawing: dict, settings: dict) -> None:
@@ -93,25 +101,43 @@ def _downloads(capture: Capture, view, drawing: dict, settings: dict) -> None:
     """
     name = (capture.config.preset or capture.config.model).replace(" ", "_")
     whole = capture.graph.number_of_nodes()
-    cols = st.columns([1.6, 1, 1, 1, 1])
+    png = png_problem() is None
+    svg = shutil.which("dot") is not None
+    widths = [1.5, 1, 1, 1, 1, 1, 1]
+    width, height = PNG_SIZE
+    png_help = f"{width * PNG_SCALE}x{height * PNG_SCALE} pixels ({PNG_SCALE}x density), graph fitted, legend beside it"
+
+    cols = st.columns(widths)
     cols[0].markdown(f"**This view** ({view.number_of_nodes():,} nodes, as drawn)")
-    cols[1].download_button("HTML (this view)", lambda: render_html(view, **drawing), f"{name}-view.html", "text/html",
+    cols[1].download_button("PNG (this view)", lambda: _view_png(view, drawing), f"{name}-view.png", "image/png",
+                            key="download.view.png", on_click="ignore", disabled=not png,
+                            help=png_help if png else png_problem())
+    cols[2].download_button("SVG (this view)", lambda: to_svg(view, **_view_dot_options(view, drawing)),
+                            f"{name}-view.svg", "image/svg+xml", key="download.view.svg", on_click="ignore",
+                            disabled=not svg, help="Laid out by Graphviz's dot" if svg else "Needs Graphviz's dot")
+    cols[3].download_button("HTML (this view)", lambda: render_html(view, **drawing), f"{name}-view.html", "text/html",
                             key="download.view.html", help="This view as a standalone page: works offline from disk",
                             on_click="ignore")
-    cols[2].download_button("JSON (this view)", lambda: to_json(capture, view, settings), f"{name}-view.json",
+    cols[4].download_button("JSON (this view)", lambda: to_json(capture, view, settings), f"{name}-view.json",
                             "application/json", key="download.view.json", on_click="ignore",
                             help="The JSON contract with `graph` holding this view's nodes; `view` says what was applied")
-    cols[3].download_button("GraphML (this view)", lambda: to_graphml(view), f"{name}-view.graphml", "application/xml",
+    cols[5].download_button("GraphML (this view)", lambda: to_graphml(view), f"{name}-view.graphml", "application/xml",
                             key="download.view.graphml", on_click="ignore")
-    cols[4].download_button("DOT (this view)", lambda: _view_dot(view, drawing), f"{name}-view.dot", "text/vnd.graphviz",
-                            key="download.view.dot", on_click="ignore")
-    cols = st.columns([1.6, 1, 1, 1, 1])
+    cols[6].download_button("DOT (this view)", lambda: to_dot(view, **_view_dot_options(view, drawing)),
+                            f"{name}-view.dot", "text/vnd.graphviz", key="download.view.dot", on_click="ignore")
+
+    cols = st.columns(widths)
     cols[0].markdown(f"**Whole graph** ({whole:,} nodes)")
-    cols[1].download_button("Standalone HTML", lambda: render_standalone_html(capture), f"{name}.html", "text/html",
+    cols[1].download_button("PNG", lambda: to_png(render_standalone_html(capture)), f"{name}.png", "image/png",
+                            key="download.whole.png", on_click="ignore", disabled=not png,
+                            help=png_help if png else png_problem())
+    cols[2].download_button("SVG", lambda: to_svg(capture.graph, title=drawing["title"]), f"{name}.svg", "image/svg+xml",
+                            key="download.whole.svg", on_click="ignore", disabled=not svg)
+    cols[3].download_button("Standalone HTML", lambda: render_standalone_html(capture), f"{name}.html", "text/html",
                             key="download.whole.html", help="Works offline when opened from disk", on_click="ignore")
-    cols[2].download_button("JSON (node-link)", lambda: to_json(capture), f"{name}.json", "application/json",
+    cols[4].download_button("JSON (node-link)", lambda: to_json(capture), f"{name}.json", "application/json",
                             key="download.whole.json", on_click="ignore")
-    cols[3].download_button("GraphML", lambda: to_graphml(capture.graph), f"{name}.graphml", "application/xml",
+    cols[5].download_button("GraphML", lambda: to_graphml(capture.graph), f"{name}.graphml", "application/xml",
                             key="download.whole.graphml", on_click="ignore")
-    cols[4].download_button("DOT", lambda: to_dot(capture.graph), f"{name}.dot", "text/vnd.graphviz",
+    cols[6].download_button("DOT", lambda: to_dot(capture.graph), f"{name}.dot", "text/vnd.graphviz",
                             key="download.whole.dot", on_click="ignore")

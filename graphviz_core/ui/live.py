@@ -13,10 +13,9 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from graphviz_core.export import CHROMIUM, CHROMIUM_ARGS  # noqa: F401 - one definition, shared with PNG export
+
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
 
 
 def free_port() -> int:
