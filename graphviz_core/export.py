@@ -245,6 +245,15 @@ def to_png(page_html: str, *, width: int = PNG_SIZE[0], height: int = PNG_SIZE[1
     """
     if problem := png_problem(width, height, scale):
         raise ValueError(problem)
+    # Playwright's sync API refuses to start inside a running asyncio loop (a Streamlit server thread, a test
+    # session already driving a browser): photograph from a thread of its own.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="png") as pool:
+        return pool.submit(_photograph, page_html, width, height, scale).result()
+
+
+def _photograph(page_html: str, width: int, height: int, scale: int) -> bytes:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
