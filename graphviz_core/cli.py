@@ -249,7 +249,8 @@ def _expr_command(args: argparse.Namespace) -> str:
     from graphviz_core.expressions import parse_assignments, trace_expression
 
     trace = trace_expression(args.expression, parse_assignments(args.values))
-    return json.dumps(trace.to_dict(), indent=1)
+    # NaN/inf are not JSON: to_json_dict writes them as null and says where, in "notes"
+    return json.dumps(trace.to_json_dict(), indent=1, allow_nan=False)
 
 
 def _say(line: str) -> None:

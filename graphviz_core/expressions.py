@@ -261,6 +261,19 @@ class Intermediate:
 
 
 @dataclass(frozen=True)
+class FiniteDifference:
+    """The numerical derivative of L in one variable, how it was taken, and what it says about L there."""
+
+    value: float | None  # None where L is not finite on either side within the smallest step tried
+    method: str  # "central", "forward" (x, x + h), "backward" (x - h, x) or "none"
+    step: float  # h
+    left: float | None = None  # (L(x) - L(x - h)) / h: the slope from the left
+    right: float | None = None  # (L(x + h) - L(x)) / h: the slope from the right
+    kink: bool = False  # the two sides disagree and keep disagreeing as h halves: no derivative at x
+    note: str = ""  # one sentence for a user; "" when the central difference with ε is unremarkable
+
+
+@dataclass(frozen=True)
 class Trace:
     """Forward values, every backward step, final gradients and their finite-difference check."""
 
@@ -270,16 +283,38 @@ class Trace:
     intermediates: tuple[Intermediate, ...]
     steps: tuple[Step, ...]
     grads: dict[str, float | None]  # None for a detached variable: no path from L reaches it
-    numerical_grads: dict[str, float]
+    numerical_grads: dict[str, float | None]  # None where no finite difference exists (see finite_differences)
     epsilon: float
     detached: tuple[str, ...] = ()
     backward_passes: int = 1
     grads_after_each_pass: tuple[dict[str, float | None], ...] = field(default=())
+    finite_differences: dict[str, FiniteDifference] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["steps"] = [asdict(s) for s in self.steps]
         return data
+
+    def to_json_dict(self) -> dict:
+        """`to_dict` with every non-finite float (NaN, ±inf) replaced by None and named in `notes`, so that
+        `json.dumps(..., allow_nan=False)` writes valid JSON."""
+        notes: list[str] = []
+        data = _finite_only(self.to_dict(), "", notes)
+        data["notes"] = notes + [f"finite_differences.{name}: {fd.note}" for name, fd in self.finite_differences.items()
+                                 if fd.note]
+        return data
+
+
+def _finite_only(value, path: str, notes: list[str]):
+    """`value` with non-finite floats as None, each one's path and value noted."""
+    if isinstance(value, float) and not math.isfinite(value):
+        notes.append(f"{path}: {value} as a float (written as null)")
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_only(v, f"{path}.{k}" if path else str(k), notes) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_only(v, f"{path}[{i}]", notes) for i, v in enumerate(value)]
+    return value
 
 
 def _fmt(x: float) -> str:
@@ -344,8 +379,12 @@ def _local_derivatives(node: Expr, args: list[float], result: float) -> list[tup
         return [(y, _fmt(y)), (x, _fmt(x))]
     if node.op == "/":
         return [(_safe(lambda: 1 / y), f"1/{_fmt(y)}"), (_safe(lambda: -x / y**2), f"-{_fmt(x)}/{_fmt(y)}²")]
-    return [(_safe(lambda: y * x ** (y - 1)), f"{_fmt(y)}·{_fmt(x)}^{_fmt(y - 1)}"),
-            (_safe(lambda: result * math.log(x)), f"{_fmt(x)}^{_fmt(y)}·ln {_fmt(x)}")]
+    if x == 0 and y > 0:
+        # x^y·ln x -> 0 as x -> 0+ (for y > 0): the limit, as PyTorch's pow backward also gives 0 there
+        by_y = (0.0, f"0^{_fmt(y)}·ln 0 → 0 (the limit as the base → 0)")
+    else:
+        by_y = (_safe(lambda: result * math.log(x)), f"{_fmt(x)}^{_fmt(y)}·ln {_fmt(x)}")
+    return [(_safe(lambda: y * x ** (y - 1)), f"{_fmt(y)}·{_fmt(x)}^{_fmt(y - 1)}"), by_y]
 
 
 def _formula(node: Expr, child_text: list[str]) -> str:
@@ -441,9 +480,14 @@ def trace_expression(
     grads = per_pass[-1]
     if any(g is not None and not math.isfinite(g) for g in grads.values()):
         raise ValueError("a gradient is not finite at these values (e.g. sqrt or log at 0); change the values.")
-    numerical = {v: _central_difference(expr, values, v, epsilon) for v in variables}
+    at_zero = sorted({rec[0].function for rec in record.values()
+                      if isinstance(rec[0], Call) and rec[0].function in KINKS and rec[5][0] == 0.0})
+    differences = {v: finite_difference(lambda x, v=v: _evaluate_float(expr, {**values, v: x}), float(values[v]), v,
+                                        epsilon, autograd=per_pass[0][v], kinked_functions=at_zero)
+                   for v in variables}
     return Trace(text.strip(), {v: float(values[v]) for v in variables}, value, intermediates, tuple(steps), grads,
-                 numerical, epsilon, tuple(sorted(detached)), backward_passes, tuple(per_pass))
+                 {v: d.value for v, d in differences.items()}, epsilon, tuple(sorted(detached)), backward_passes,
+                 tuple(per_pass), differences)
 
 
 def _hook_steps(root, record, tensors, detached, steps, current_pass):
@@ -488,11 +532,85 @@ def _leaf_hook(name, tensors, steps, current_pass):
     return hook
 
 
-def _central_difference(expr: Expr, values: dict[str, float], name: str, epsilon: float) -> float:
-    """(f(x + ε) - f(x - ε)) / 2ε, evaluated in float64 with every other variable fixed."""
-    up = {**values, name: values[name] + epsilon}
-    down = {**values, name: values[name] - epsilon}
-    return (_evaluate_float(expr, up) - _evaluate_float(expr, down)) / (2 * epsilon)
+# Functions with a kink at 0, and the one-sided slope PyTorch's backward takes there.
+KINKS = {"relu": "relu'(0) = 0, the slope of its left side", "abs": "abs'(0) = sign(0) = 0, between its sides' -1 and 1"}
+
+
+def finite_difference(f, x: float, name: str, epsilon: float = FINITE_DIFFERENCE_EPS, *,
+                      autograd: float | None = None, kinked_functions: Iterable[str] = ()) -> FiniteDifference:
+    """The numerical derivative of `f` at `x`: a central difference, with step h = ε·max(1, |x|) where it can.
+
+    The step shrinks by 10 while x ± h leaves f's domain (sqrt or log just above 0: f is not finite there)
+    or while the one-sided slopes (f(x) - f(x-h))/h and (f(x+h) - f(x))/h still move as h halves (a pole, or
+    a kink, within h of x). Once they have settled: where they agree, the central difference is the
+    derivative; where they settle apart, f has a kink at x (a smooth f's sides differ by about f''·h, which
+    halves with h; a kink's difference stays). No settled step down to 1e-13·max(1, |x|): one side, or none.
+    """
+    fx = f(x)
+    h0 = h = epsilon * max(1.0, abs(x))
+    floor = 1e-13 * max(1.0, abs(x))
+    left_domain = False
+    rough: tuple[float, float] | None = None  # (central, h) at the smallest finite step, if none settles
+    while h >= floor:
+        up, down, up2, down2 = f(x + h), f(x - h), f(x + h / 2), f(x - h / 2)
+        if not all(math.isfinite(v) for v in (up, down, up2, down2)):
+            left_domain, h = True, h / 10
+            continue
+        left, right = (fx - down) / h, (up - fx) / h
+        left2, right2 = (fx - down2) / (h / 2), (up2 - fx) / (h / 2)
+        noise = 64 * 2.2e-16 * max(abs(fx), abs(up), abs(down)) / (h / 2)  # float rounding in the slopes
+        tolerance = 1e-4 * max(1.0, abs(left2), abs(right2)) + noise
+        rough = ((up - down) / (2 * h), h)
+        if abs(left - left2) <= tolerance and abs(right - right2) <= tolerance:
+            break
+        h /= 10
+    else:
+        if rough is None:
+            return _one_sided(f, x, fx, name, h0)
+        central, h = rough
+        return FiniteDifference(central, "central", h, note=(
+            f"The slopes on either side of {name} = {x:g} never settled (steps {h0:g} down to {h:g}): the expression "
+            f"changes too fast here (a pole or a jump nearby), so this central difference is rough."))
+    central = (up - down) / (2 * h)
+    kink = abs(right2 - left2) > tolerance and abs(right2 - left2) > 0.75 * abs(right - left)
+    if kink:
+        note = _kink_note(name, x, h, left2, right2, central, autograd, kinked_functions)
+    elif h < h0:
+        why = (f"Stepping {name} = {x:g} by ±{h0:g} leaves the domain (the expression is not finite there)"
+               if left_domain else
+               f"At the step ±{h0:g} the slopes on either side of {name} = {x:g} had not settled (the expression "
+               f"bends sharply, or breaks, within {h0:g} of it)")
+        note = f"{why}, so the central difference uses the smaller step {h:g}."
+    else:
+        note = ""
+    return FiniteDifference(central, "central", h, left2, right2, kink, note)
+
+
+def _kink_note(name, x, h, left, right, central, autograd, kinked_functions) -> str:
+    where = (f"at {name} = {x:g}" if kinked_functions else f"at or within {h:g} of {name} = {x:g}")
+    note = (f"The expression has a kink {where}: its slope is {left:.6g} from the left and {right:.6g} from the "
+            f"right, so it has no derivative there.")
+    if autograd is not None:
+        close = 1e-3 * max(1.0, abs(left), abs(right))
+        side = ("the left-hand slope" if abs(autograd - left) <= close else
+                "the right-hand slope" if abs(autograd - right) <= close else "a value between the two sides")
+        why = "; ".join(KINKS[k] for k in kinked_functions)
+        note += f" Autograd reports {autograd:g}, {side}" + (f", because PyTorch defines {why}." if why else ".")
+    return note + f" The central difference ({central:.6g}) averages the two sides; neither number is wrong."
+
+
+def _one_sided(f, x: float, fx: float, name: str, epsilon: float) -> FiniteDifference:
+    if math.isfinite(up := f(x + epsilon)):
+        return FiniteDifference((up - fx) / epsilon, "forward", epsilon,
+                                note=f"The expression is not finite just below {name} = {x:g}, so the difference "
+                                     f"looks forward only: (L({name} + h) − L({name})) / h with h = {epsilon:g}.")
+    if math.isfinite(down := f(x - epsilon)):
+        return FiniteDifference((fx - down) / epsilon, "backward", epsilon,
+                                note=f"The expression is not finite just above {name} = {x:g}, so the difference "
+                                     f"looks backward only: (L({name}) − L({name} − h)) / h with h = {epsilon:g}.")
+    return FiniteDifference(None, "none", epsilon,
+                            note=f"The expression is not finite on either side of {name} = {x:g} (steps {epsilon:g} "
+                                 f"down to 1e-13), so there is no finite difference to check autograd against.")
 
 
 # ---- the trace as a graph (DESIGN.md's schema), for the shared renderer ----------------------------------
@@ -541,11 +659,19 @@ def _node_rows(trace: Trace, name: str) -> list[list[str]]:
     if name in trace.values:
         rows += [["value", f"{trace.values[name]:g}"],
                  ["gradient", "None (detached)" if trace.grads.get(name) is None else f"{trace.grads[name]:g}"],
-                 ["finite difference", f"{trace.numerical_grads[name]:.8g} (ε = {trace.epsilon:g})"]]
+                 ["finite difference", _difference_text(trace, name)]]
     for step in trace.steps:
         if step.node == name:
             rows.append([f"step {step.index + 1}", f"upstream dL/d{name} = {step.upstream:g}"])
     return rows
+
+
+def _difference_text(trace: Trace, name: str) -> str:
+    """"0.75 (central, h = 1e-06)" or "none" for the node details."""
+    fd = trace.finite_differences.get(name)
+    if fd is None or fd.value is None:
+        return "none (the expression is not finite near this value)"
+    return f"{fd.value:.8g} ({fd.method}, h = {fd.step:g})" + (", a kink: no derivative here" if fd.kink else "")
 
 
 def step_table(trace: Trace, revealed_steps: int) -> list[dict[str, str]]:

@@ -266,3 +266,101 @@ def test_toy_page_with_no_backward_steps_says_so_instead_of_a_traceback(text):
         at.multiselect(key="expr.detach").set_value(["x"]).run()
     assert not at.exception, at.exception
     assert any("no backward steps" in m.value for m in at.markdown), [m.value for m in at.markdown]
+
+
+# ---- finite differences at kinks and domain edges (issue 12 items 11 and 20) -------------------------------
+
+
+def test_a_kink_is_named_with_the_side_autograd_takes():
+    # sigmoid(x) + relu(x) at x = 0: sigmoid'(0) = 1/4; relu's slope is 0 on the left and 1 on the right, so L's
+    # slopes are 0.25 (left) and 1.25 (right); autograd takes relu'(0) = 0 -> 0.25; the central difference
+    # averages them: (0.25 + 1.25) / 2 = 0.75. This used to be shown as a bare |difference| of 0.5.
+    trace = trace_expression("sigmoid(x) + relu(x)", {"x": 0.0})
+    fd = trace.finite_differences["x"]
+    assert trace.grads["x"] == 0.25
+    assert fd.kink and fd.value == pytest.approx(0.75, abs=1e-6)
+    assert (fd.left, fd.right) == (pytest.approx(0.25, abs=1e-6), pytest.approx(1.25, abs=1e-6))
+    assert "kink at x = 0" in fd.note and "slope is 0.25 from the left and 1.25 from the right" in fd.note
+    assert "Autograd reports 0.25, the left-hand slope" in fd.note and "relu'(0) = 0" in fd.note
+
+
+def test_kinks_are_found_from_the_two_sides_not_from_the_function_name():
+    # relu(a)*b at a=0, b=-3: slopes 0 (left) and -3 (right); autograd 0 = the left side
+    fd = trace_expression("relu(a)*b", {"a": 0.0, "b": -3.0}).finite_differences["a"]
+    assert fd.kink and (fd.left, fd.right) == (pytest.approx(0.0, abs=1e-6), pytest.approx(-3.0, abs=1e-6))
+    # abs(a) at 0: slopes -1 and 1, autograd sign(0) = 0 lies between them
+    fd = trace_expression("abs(a)", {"a": 0.0}).finite_differences["a"]
+    assert fd.kink and "Autograd reports 0, a value between the two sides" in fd.note
+    # relu spelled (a + abs(a)) / 2: slopes 0 and 1; autograd (1 + sign(0)) / 2 = 0.5, between them
+    fd = trace_expression("(a + abs(a)) / 2", {"a": 0.0}).finite_differences["a"]
+    assert fd.kink and (fd.left, fd.right) == (pytest.approx(0.0, abs=1e-6), pytest.approx(1.0, abs=1e-6))
+    assert "Autograd reports 0.5, a value between the two sides" in fd.note
+    # smooth points are not kinks: |a| away from 0, and a**2 + a at 0 (slope 1 on both sides)
+    assert trace_expression("sqrt(a*a)", {"a": 0.5}).finite_differences["a"].kink is False
+    assert trace_expression("a**2 + a", {"a": 0.0}).finite_differences["a"].kink is False
+    # relu at a = 1e-7 is smooth (slope 1); a step of 1e-6 would cross its kink at 0, so the step shrinks
+    fd = trace_expression("relu(a)", {"a": 1e-7}).finite_differences["a"]
+    assert not fd.kink and fd.value == pytest.approx(1.0, rel=1e-9) and fd.step <= 1e-7  # 1e-6 -> 1e-7
+
+
+@pytest.mark.parametrize(("text", "exact"), [
+    ("sqrt(a)", 1 / (2 * math.sqrt(1e-7))),  # 1/(2·sqrt(1e-7)) = 1581.14
+    ("log(a)", 1 / 1e-7),  # 1/a = 1e7
+])
+def test_near_a_domain_edge_the_step_stays_inside_the_domain(text, exact):
+    # a = 1e-7: a - 1e-6 < 0, where sqrt and log are NaN; the central difference used to be NaN
+    trace = trace_expression(text, {"a": 1e-7})
+    fd = trace.finite_differences["a"]
+    assert fd.value == pytest.approx(exact, rel=1e-6) and fd.step <= 1e-8
+    assert "leaves the domain" in fd.note and trace.grads["a"] == pytest.approx(exact, rel=1e-12)
+
+
+def test_no_finite_step_says_so():
+    from graphviz_core.expressions import finite_difference
+
+    # f is finite only at x itself (a made-up function: the expression language cannot build one)
+    fd = finite_difference(lambda x: 0.0 if x == 1.0 else math.nan, 1.0, "x")
+    assert (fd.value, fd.method) == (None, "none") and "no finite difference" in fd.note
+
+
+def test_expr_json_is_valid_json_with_nan_as_null(capsys):
+    import json
+
+    from graphviz_core.cli import main
+
+    # a**b at a=0, b=2: dL/db's local derivative a^b·ln a is 0·(-inf) as floats, printed as "local": NaN before;
+    # its limit (and PyTorch's gradient) is 0
+    assert main(["expr", "a**b", "a=0", "b=2"]) == 0
+    text = capsys.readouterr().out
+    data = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    pow_step = next(s for s in data["steps"] if s["op"] == "PowBackward1")
+    assert [e["local"] for e in pow_step["edges"]] == [0.0, 0.0]  # b·a^(b-1) = 2·0 = 0; the limit 0
+    # sqrt(a) at a=1e-7: the numerical gradient was NaN
+    assert main(["expr", "sqrt(a)", "a=1e-7"]) == 0
+    data = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert data["numerical_grads"]["a"] == pytest.approx(1581.1388, rel=1e-6)  # 1/(2·sqrt(1e-7))
+    assert any("leaves the domain" in n for n in data["notes"])
+
+
+def test_non_finite_floats_become_null_with_a_note():
+    from graphviz_core.expressions import Trace
+
+    trace = trace_expression("a*b", {"a": 2.0, "b": 3.0})
+    broken = Trace(**{**trace.__dict__, "numerical_grads": {"a": math.nan, "b": math.inf}})
+    data = broken.to_json_dict()
+    assert data["numerical_grads"] == {"a": None, "b": None}
+    assert "numerical_grads.a: nan as a float (written as null)" in data["notes"]
+
+
+def test_toy_page_names_the_kink_in_the_final_gradients():
+    # issue 12 item 11 on the page: the final check shows a warning, not just |difference| 0.5
+    from streamlit.testing.v1 import AppTest
+
+    page = str(Path(__file__).resolve().parent.parent / "pages" / "toy_expressions.py")
+    at = AppTest.from_file(page, default_timeout=120).run()
+    at.text_input(key="expr.text").set_value("sigmoid(x) + relu(x)").run()
+    at.number_input(key="expr.var.x").set_value(0.0).run()
+    at.button[3].click().run()  # End »: the final gradients show at the last step
+    assert not at.exception, at.exception
+    warnings = [w.value.replace("\\", "") for w in at.warning]  # the note is Markdown-escaped
+    assert any("kink at x = 0" in w and "left-hand slope" in w for w in warnings), warnings

@@ -138,14 +138,21 @@ def final_gradients(trace: Trace) -> None:
     rows = []
     for name in trace.values:
         grad = trace.grads[name]
-        numerical = trace.numerical_grads[name]
+        fd = trace.finite_differences[name]
         rows.append({
             "variable": name,
             "backprop (autograd)": "None (detached)" if grad is None else f"{grad:g}",
-            f"numerical (central, ε = {trace.epsilon:g})": f"{numerical:.9g}",
-            "|difference|": "n/a" if grad is None else f"{abs(grad - numerical):.2e}",
+            "numerical (finite difference)": "none" if fd.value is None else f"{fd.value:.9g}",
+            "how": f"{fd.method}, h = {fd.step:g}" if fd.value is not None else "no finite step",
+            "|difference|": "n/a" if grad is None or fd.value is None else
+                            (f"{abs(grad - fd.value):.2e}" + (" (kink: no derivative)" if fd.kink else "")),
         })
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    for name, fd in trace.finite_differences.items():
+        if fd.kink:
+            st.warning(f"**{escape_markdown(name)}:** " + escape_markdown(fd.note))
+        elif fd.note:
+            st.info(f"**{escape_markdown(name)}:** " + escape_markdown(fd.note))
     if trace.backward_passes == 2:
         first, second = trace.grads_after_each_pass
         st.info("Backward ran twice without zeroing: .grad accumulated (+=). After pass 1: "
