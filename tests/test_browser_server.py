@@ -132,3 +132,18 @@ def test_copy_link_opens_the_same_view_in_a_fresh_browser(page, second_page, tea
     # it came from the shared cache: the first person's capture of this config, not a second one
     second_page.get_by_text("From the shared cache").wait_for(timeout=10_000)
     second_page.screenshot(path="/tmp/link-opened.png")
+
+
+def test_two_people_capturing_at_once_each_get_their_own_result(page, second_page, team_url):
+    seeds = {page: 21, second_page: 22}
+    for p in seeds:
+        p.goto(team_url)
+        graph_frame(p, captured("gpt2-tiny").summary.nodes)
+    for p, seed in seeds.items():  # both submitted before either finishes (each takes well under a second alone)
+        _run_config(p, layers=4, seed=seed)
+    for p, seed in seeds.items():
+        # what the CLI gives for this config, alone in its process: each seed initialises its own weights
+        alone = captured("gpt2-tiny", layers=4, seed=seed)
+        p.get_by_text(f"Loss {alone.loss:.4f} on cpu").wait_for(timeout=60_000)
+        graph_frame(p, alone.summary.nodes)  # 4 layers: 187 nodes
+    assert captured("gpt2-tiny", layers=4, seed=21).loss != captured("gpt2-tiny", layers=4, seed=22).loss

@@ -100,3 +100,18 @@ def test_a_stale_or_bad_link_falls_back_to_the_defaults_with_a_notice():
     # Run dismisses the notices
     next(b for b in at.button if b.label == "Run backward pass").click().run()
     assert not at.warning
+
+
+def test_a_compare_link_opens_its_pair():
+    page = str(Path(__file__).resolve().parent.parent / "pages" / "compare.py")
+    at = AppTest.from_file(page, default_timeout=120)
+    # the pair as the compare page links it: a.* for config A, b.* for config B (3 vs 2 layers of gpt2-tiny)
+    at.query_params.update({"a.layers": "3", "b.preset": "gpt2-tiny"})
+    at.run()
+    assert not at.exception and not at.warning
+    headline = next(d.value for d in at.dataframe if "B − A" in d.value.columns and "" in d.value.columns)
+    nodes = headline.set_index("").loc["Nodes"]
+    a, b = captured("gpt2-tiny", layers=3).summary.nodes, captured("gpt2-tiny").summary.nodes
+    assert (a, b) == (144, 101)  # one layer fewer: 43 nodes fewer
+    assert (nodes["A"], nodes["B"], nodes["B − A"]) == ("144", "101", "-43")
+    assert {k: at.query_params[k] for k in at.query_params} == {"a.layers": "3", "b.preset": "gpt2-tiny"}
