@@ -4,9 +4,26 @@ No icons: Streamlit loads its Material icon font from fonts.gstatic.com, and the
 request outside its own server (tests/test_browser.py checks).
 """
 
+import threading
+
 import streamlit as st
 
+from graphviz_core.capture import warm_up
+from graphviz_core.device import resolve_device
+
 st.set_page_config(page_title="Backprop, visible", layout="wide")
+
+
+@st.cache_resource(show_spinner=False)
+def _warm_up_in_background() -> threading.Thread:
+    # Once per server: the process's one-time costs are paid beside the first page's form, not inside the first
+    # capture's timed forward (a capture that starts meanwhile waits for it, then measures warm).
+    thread = threading.Thread(target=warm_up, args=(resolve_device("auto"),), name="warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+_warm_up_in_background()
 
 navigation = st.navigation(
     [

@@ -43,7 +43,9 @@ EXPECTED: dict[str, tuple[float | None, str]] = {
     ),
     FUSED_ATTENTION: (
         2.5,
-        "forward 2 matmuls (q·kᵀ, p·v); backward 5: it recomputes q·kᵀ (nothing s×s was kept), then dV, dP, dQ, dK",
+        "forward 2 matmuls (q·kᵀ, p·v); backward 5: it recomputes q·kᵀ (nothing s×s was kept), then dV, dP, dQ, dK. "
+        "Dense count: a causal kernel skips wholly masked key blocks, so it does less (about half at long "
+        "sequences)",
     ),
     "convolution": (2.0, "input gradient and weight gradient, each a convolution of the forward's size"),
     "elementwise (add, sub, mul, div)": (

@@ -145,13 +145,13 @@ def show_comparison(c: Comparison) -> None:
     if c.nodes_per_layer_delta is not None and c.a.config.layers == c.b.config.layers:
         cols[0].metric("Nodes per layer", f"{c.nodes_per_layer_delta:+d}", help="B − A, the same in every layer")
     else:
-        cols[0].metric("Nodes", f"{c.b.summary.nodes:,}", _delta(c.headline[0]), delta_color="off")
+        cols[0].metric("Nodes", f"{c.b.summary.nodes:,}", _delta(c.headline[0]), delta_color="off", delta_arrow="off")
     shown = {h.name: h for h in c.headline}
     for col, name in zip(
         cols[1:], ("Saved for backward", "Peak memory", "Backward FLOPs", "Forward + backward time"), strict=True
     ):
         h = shown[name]
-        col.metric(f"{name} (B)", _value(h.unit, h.b), _delta(h) + f" vs A {_value(h.unit, h.a)}", delta_color="off")
+        col.metric(f"{name} (B)", _value(h.unit, h.b), _delta(h) + f" vs A {_value(h.unit, h.a)}", delta_color="off", delta_arrow="off")
     st.dataframe(
         pd.DataFrame(
             [

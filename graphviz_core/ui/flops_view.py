@@ -44,15 +44,16 @@ def show_flops(capture: Capture) -> None:
         "Backward / forward",
         format_ratio(ratio),
         "folklore says 2.00×",
-        delta_color="off",
+        delta_color="off", delta_arrow="off",
         help="LayerNorm, GELU and softmax count no forward FLOPs (no forward formula), so this overstates a little",
     )
     cols[3].metric(
-        "Measured vs 6·N·tokens + attention",
+        "Measured / rule of thumb",
         format_ratio(rule.measured_flop / rule.rule_flop if rule.rule_flop else None),
         f"rule {format_flops(rule.rule_flop)}",
-        delta_color="off",
-        help="forward + backward measured, divided by the rule of thumb; the gap is explained term by term below",
+        delta_color="off", delta_arrow="off",
+        help="forward + backward measured, divided by 6·N·tokens + the attention term; the gap is explained term "
+        "by term below",
     )
     _per_layer(capture)
     _ratios(capture)
@@ -190,7 +191,9 @@ def _both_attentions(capture: Capture) -> None:
     st.caption(
         "The textbook derivation of GPT-2's backward, one row per op (summed over layers), next to the nodes "
         "that ran it. Spelled-out (manual) attention matches the formula exactly; the fused kernel does q·kᵀ, "
-        "softmax and p·v in one node and recomputes q·kᵀ in backward."
+        "softmax and p·v in one node and recomputes q·kᵀ in backward. Its figures are a dense count (every q·k "
+        "pair, as torch's flop counter counts it): a causal kernel skips key blocks that are wholly masked, so "
+        "the arithmetic it really does is less: about half at long sequences."
     )
     if not st.toggle(f"Also capture this config with {other} attention", key="flops.both_ways"):
         return
@@ -215,7 +218,7 @@ def _both_attentions(capture: Capture) -> None:
                     "formula": r.formula,
                     "textbook": cell(r.seed_flop),
                     "manual attention": cell(r.manual_flop),
-                    f"fused ({fused.config.attention})": cell(r.fused_flop),
+                    f"fused ({fused.config.attention}), dense count": cell(r.fused_flop),
                     "note": r.note,
                 }
                 for r in rows

@@ -41,7 +41,7 @@ def show_memory(capture: Capture) -> None:
         "Saved + held",
         format_bytes(capture.memory.saved_bytes + capture.memory.checkpoint_held_bytes),
         f"saved {format_bytes(capture.memory.saved_bytes)}",
-        delta_color="off",
+        delta_color="off", delta_arrow="off",
         help="tensors saved for backward plus the inputs checkpointed regions keep to recompute",
     )
     cols[3].metric(

@@ -6,30 +6,39 @@ import pandas as pd
 import streamlit as st
 
 from graphviz_core.capture import Capture
-from graphviz_core.ui.format import format_bytes, format_flops, format_seconds
+from graphviz_core.ui.format import bytes_unit, flops_unit, format_bytes, format_flops, format_seconds
 
 
 def show_summary(capture: Capture) -> None:
     s, m, f, t = capture.summary, capture.memory, capture.flops, capture.time
-    cols = st.columns(6)
-    cols[0].metric("Nodes", f"{s.nodes:,}", help="autograd nodes reached from the loss")
-    cols[1].metric("Edges", f"{s.edges:,}")
-    cols[2].metric("Parameters", f"{s.parameters} tensors", f"{s.parameter_count:,} scalars", delta_color="off")
-    cols[3].metric("Saved for backward", format_bytes(m.saved_bytes), help="storages de-duplicated, parameters excluded")
-    cols[4].metric("Backward FLOPs", format_flops(f.backward), f"forward {format_flops(f.forward)}", delta_color="off")
-    cols[5].metric("Backward time", format_seconds(t.backward_s), f"forward {format_seconds(t.forward_s)}", delta_color="off")
+    # Two rows of three: six metrics in one row cut values off ("28 te…", "677.8 …") at laptop widths.
+    top, bottom = st.columns(3), st.columns(3)
+    top[0].metric("Nodes", f"{s.nodes:,}", help="autograd nodes reached from the loss")
+    top[1].metric("Edges", f"{s.edges:,}", help="gradient paths between nodes")
+    top[2].metric("Parameters", f"{s.parameter_count:,}", f"in {s.parameters} tensors", delta_color="off", delta_arrow="off",
+                  help="trainable scalars the backward pass computes a gradient for")
+    bottom[0].metric("Saved for backward", format_bytes(m.saved_bytes), help="storages de-duplicated, parameters excluded")
+    bottom[1].metric("Backward FLOPs", format_flops(f.backward), f"forward {format_flops(f.forward)}", delta_color="off", delta_arrow="off")
+    bottom[2].metric("Backward time", format_seconds(t.backward_s), f"forward {format_seconds(t.forward_s)}", delta_color="off", delta_arrow="off",
+                     help="wall time on this device, instrumentation included (the FLOPs and time tab measures it)")
     if capture.loss is not None:
         st.caption(f"Loss {capture.loss:.4f} on {capture.device} · {capture.config.dtype} · config: "
                    + (f"preset {capture.config.preset}, " if capture.config.preset else "") + capture.config.describe())
     else:
         st.caption("meta device: shapes only — time, gradient norms and the loss value are not measured.")
+    byte_unit, byte_div = bytes_unit(max(m.saved_bytes_by_category.values(), default=0))
+    flop_unit, flop_div = flops_unit(max(f.backward_by_category.values(), default=0))
     table = pd.DataFrame(
         {
             "nodes": pd.Series(s.by_category),
-            "saved bytes": pd.Series(m.saved_bytes_by_category),
-            "backward FLOPs": pd.Series(f.backward_by_category),
+            f"saved ({byte_unit})": pd.Series(m.saved_bytes_by_category) / byte_div,
+            f"backward ({flop_unit})": pd.Series(f.backward_by_category) / flop_div,
         }
-    ).fillna(0).astype("int64")
+    ).fillna(0)
+    table["nodes"] = table["nodes"].astype("int64")
     left, right = st.columns([3, 2])
     left.bar_chart(table["nodes"], horizontal=True, height=240, x_label="nodes per category", y_label="")
-    right.dataframe(table, width="stretch", height=240)
+    right.dataframe(table, width="stretch", height=240, column_config={
+        f"saved ({byte_unit})": st.column_config.NumberColumn(format="%.1f", help="saved for backward, per category"),
+        f"backward ({flop_unit})": st.column_config.NumberColumn(format="%.1f", help="backward FLOPs, per category"),
+    })

@@ -1,0 +1,41 @@
+"""The explorer's headline at laptop and desktop widths: every metric's label, value and note whole."""
+
+import pytest
+
+from graphviz_core.ui.live import graph_frame
+from tests.conftest import captured
+
+pytestmark = pytest.mark.browser
+
+# Every label, value and note of a visible metric whose text is wider than its box: Streamlit cuts such text
+# with an ellipsis ("28 te…", "677.8 …" at 1280 px when six metrics shared one row), so nobody reads it.
+CUT_OFF = """() => [...document.querySelectorAll('[data-testid="stMetric"] [data-testid="stMarkdownContainer"]')]
+    .filter(e => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1)
+    .map(e => e.textContent.trim())"""
+TABS = ("Measured vs textbook", "Memory", "FLOPs and time")
+
+
+@pytest.mark.parametrize("width,height", [(1280, 800), (1920, 1080)])
+def test_every_headline_metric_is_shown_whole(browser, streamlit_url, width, height, tmp_path):
+    context = browser.new_context(viewport={"width": width, "height": height})
+    page = context.new_page()
+    try:
+        page.goto(streamlit_url)
+        capture = captured("gpt2-tiny")
+        graph_frame(page, capture.summary.nodes)
+        # Streamlit may redraw the page once more when the first script run ends: wait for the headline
+        page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stMetric\"]').length >= 6", timeout=30_000)
+        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=30_000)
+        metrics = page.locator('[data-testid="stMetric"]')
+        texts = metrics.all_inner_texts()
+        # the values the page must show whole: these are the capture's own figures, formatted as the page does
+        assert any(f"{capture.summary.parameter_count:,}" in t for t in texts), texts
+        assert any("Saved for backward" in t for t in texts), texts
+        page.screenshot(path=str(tmp_path / f"explorer-{width}.png"))
+        assert page.evaluate(CUT_OFF) == [], f"headline cut off at {width}x{height}"
+        for tab in TABS:  # each panel's own metrics, once its tab is shown
+            page.get_by_role("tab", name=tab).click()
+            page.wait_for_timeout(1500)
+            assert page.evaluate(CUT_OFF) == [], f"{tab} metrics cut off at {width}x{height}"
+    finally:
+        context.close()
