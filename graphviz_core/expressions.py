@@ -29,10 +29,11 @@ _BINARY = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
-# Seed 003's two examples and a fan-out, each with the values it is worked with.
+# Seed 003's two examples and a fan-out, each with the values it is worked with. The names say the idea;
+# the seeds are for the README, not for a newcomer choosing a preset.
 EXPRESSION_PRESETS: dict[str, tuple[str, dict[str, float]]] = {
-    "seed 003: L = (a·b + c)²": ("(a*b + c)**2", {"a": 2.0, "b": -3.0, "c": 10.0}),
-    "seed 003: one neuron, L = (w·x + b − y)²": ("(w*x + b - y)**2", {"w": 3.0, "x": 2.0, "b": 1.0, "y": 4.0}),
+    "chain rule, worked by hand: L = (a·b + c)²": ("(a*b + c)**2", {"a": 2.0, "b": -3.0, "c": 10.0}),
+    "one neuron's squared error: L = (w·x + b − y)²": ("(w*x + b - y)**2", {"w": 3.0, "x": 2.0, "b": 1.0, "y": 4.0}),
     "fan-out: a used twice, L = a·b + a²": ("a*b + a**2", {"a": 3.0, "b": -2.0}),
     "activations: L = sigmoid(w·x) · tanh(x)": ("sigmoid(w*x) * tanh(x)", {"w": 0.5, "x": 1.5}),
 }
@@ -258,6 +259,7 @@ class Intermediate:
     value: float
     inputs: tuple[str, ...]  # names of inputs that carry gradient (variables or intermediates)
     op: str | None  # PyTorch's backward node (MulBackward0), None when only constants feed it
+    kind: str = "arithmetic"  # "arithmetic" (+ - * / ** and unary minus) or "function" (exp, relu, ...)
 
 
 @dataclass(frozen=True)
@@ -461,8 +463,9 @@ def trace_expression(
                          f"operation such as log of a negative number); change the values.")
     intermediates = tuple(
         Intermediate(name, formula, float(tensor.detach()), tuple(i for i in inputs if i is not None and i not in detached),
-                     tensor.grad_fn.name() if tensor.grad_fn is not None else None)
-        for _node, tensor, name, formula, inputs, _args in record.values()  # filled in evaluation order
+                     tensor.grad_fn.name() if tensor.grad_fn is not None else None,
+                     "function" if isinstance(node, Call) else "arithmetic")
+        for node, tensor, name, formula, inputs, _args in record.values()  # filled in evaluation order
     )
     steps: list[Step] = []
     per_pass: list[dict[str, float | None]] = []
@@ -616,11 +619,15 @@ def _one_sided(f, x: float, fx: float, name: str, epsilon: float) -> FiniteDiffe
 # ---- the trace as a graph (DESIGN.md's schema), for the shared renderer ----------------------------------
 
 
+# The toy graph's categories, from the schema's names: an expression has no residual stream, loss or modules.
+# Every + is plain arithmetic here (category_of would call AddBackward0 a residual add), every function an
+# activation, every variable a leaf whose .grad accumulates, and an operation fed only by numbers "other".
+TOY_CATEGORIES = {"arithmetic": "elementwise", "function": "activation"}
+
+
 def trace_graph(trace: Trace, revealed_steps: int) -> nx.DiGraph:
     """The expression's backward graph after `revealed_steps` steps: forward values on every node,
     gradients on the edges (and nodes) that backward has reached so far."""
-    from graphviz_core.categories import category_of
-
     done = trace.steps[:revealed_steps]
     upstream = {s.node: s.upstream for s in done if s.op != "AccumulateGrad"}
     accumulated = {s.node: s.accumulated for s in done if s.op == "AccumulateGrad"}
@@ -630,7 +637,7 @@ def trace_graph(trace: Trace, revealed_steps: int) -> nx.DiGraph:
         lines = [f"{item.name} = {item.formula}", f"= {item.value:g}"]
         if item.name in upstream:
             lines.append(f"dL/d{item.name} = {upstream[item.name]:g}")
-        graph.add_node(item.name, **_schema_node(item.op or "constant", category_of(item.op) if item.op else "other",
+        graph.add_node(item.name, **_schema_node(item.op or "constant", TOY_CATEGORIES[item.kind] if item.op else "other",
                                                  "\n".join(lines), _node_rows(trace, item.name)))
     for name, value in trace.values.items():
         lines = [f"{name} = {value:g}"]

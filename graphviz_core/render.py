@@ -285,8 +285,14 @@ def render_html(
     size_by: str | None = None,
     highlight: set[str] | frozenset = frozenset(),
     height_px: int = 760,
+    hint: str | None = None,
+    legend_labels: dict[str, str] | None = None,
 ) -> str:
-    """One self-contained HTML page drawing `graph` with vis-network; works offline, from disk or an iframe."""
+    """One self-contained HTML page drawing `graph` with vis-network; works offline, from disk or an iframe.
+
+    `hint` replaces the line on how to read a model's graph, and `legend_labels` names categories in the
+    legend (by default the category names): the toy-expression page's graph has variables, not parameters.
+    """
     for metric in (colour_by, size_by):
         if metric is not None and metric not in METRICS:
             raise ValueError(f"unknown metric {metric!r}; choose one of: {', '.join(METRICS)}.")
@@ -297,7 +303,8 @@ def render_html(
     nodes, edges = net.nodes, net.edges
     details = {node: node_details(node, data) for node, data in graph.nodes(data=True)}
     present = sorted({d["category"] for _, d in graph.nodes(data=True)})
-    legend = [(c, MODULE_COLOUR if c == "module" else CATEGORY_COLOURS.get(c, "#000000")) for c in present]
+    legend = [(c, MODULE_COLOUR if c == "module" else CATEGORY_COLOURS.get(c, "#000000"), (legend_labels or {}).get(c, c))
+              for c in present]
     vis_js, vis_css = _vis_assets()
     return _environment().get_template("graph_view.html.j2").render(
         title=title,
@@ -308,6 +315,7 @@ def render_html(
         data={"nodes": nodes, "edges": edges, "options": net.options, "details": details, "matches": matches,
               "landmarks": landmarks(graph, layout)},
         legend=legend,
+        hint=hint,
         scale=colour_scale(graph, colour_by) if colour_by else None,
         metric_note=(f"colour: {METRICS[colour_by]}" if colour_by else "") + (f"  size: {METRICS[size_by]}" if size_by else ""),
         height_px=height_px,

@@ -82,3 +82,21 @@ def test_pause_stops_the_steps_where_they_are(page, streamlit_url):
     page.wait_for_timeout(2500)  # nearly three ticks of the 0.9 s timer
     assert shown_step(page) == (paused_at, 6)
     assert [t for t in sent if t > quiet_from] == []
+
+
+def test_the_toy_graph_speaks_of_variables_not_parameters_or_residual_adds(page, streamlit_url):
+    # issue 12 item 16: the toy graph's + was in the legend as residual_add, and the hint spoke of parameters,
+    # ovals as parameters and dashed boxes as collapsed modules; none of those exist in an expression.
+    page.goto(f"{streamlit_url}/toy_expressions")
+    frame = graph_frame(page, 6)  # (a*b + c)**2: ops L = e**2, e = d + c, d = a*b; variables a, b, c
+    legend = frame.locator("#legend").inner_text()
+    hint = frame.locator(".hint").first.inner_text()
+    assert legend.split("\n") == ["variable (.grad adds up here)", "arithmetic: + − × ÷ **"]  # a, b, c; d, e, L
+    assert "residual" not in legend and "parameter" not in hint and "module" not in hint
+    assert "from L (top) down to the variables" in hint
+    # the preset and the toggles name the idea; the seed is only in their tooltips
+    body = page.locator('[data-testid="stMain"]').inner_text()
+    assert "seed 00" not in body, [line for line in body.split("\n") if "seed 00" in line]
+    assert "Detach a variable" in body
+    preset = page.get_by_role("combobox", name="Preset").input_value()  # an <input>: not part of inner_text
+    assert preset == "chain rule, worked by hand: L = (a·b + c)²"

@@ -364,3 +364,13 @@ def test_toy_page_names_the_kink_in_the_final_gradients():
     assert not at.exception, at.exception
     warnings = [w.value.replace("\\", "") for w in at.warning]  # the note is Markdown-escaped
     assert any("kink at x = 0" in w and "left-hand slope" in w for w in warnings), warnings
+
+
+def test_toy_graph_categories_are_arithmetic_functions_and_variables():
+    # issue 12 item 16: category_of("AddBackward0") is residual_add, which an expression's + never is
+    trace = trace_expression("sigmoid(a*b) + c", {"a": 1.0, "b": 2.0, "c": 3.0})
+    graph = trace_graph(trace, 0)
+    # d = a*b and L = e + c are arithmetic, e = sigmoid(d) a function, a, b, c variables
+    assert {n: graph.nodes[n]["category"] for n in graph} == {
+        "L": "elementwise", "e": "activation", "d": "elementwise",
+        "a": "accumulate_grad", "b": "accumulate_grad", "c": "accumulate_grad"}

@@ -1,4 +1,5 @@
-"""The toy-expression page's widgets: expression and values, seed 001 toggles, and a backward stepper."""
+"""The toy-expression page's widgets: expression and values, the detach / backward-twice toggles (seed 001),
+and a backward stepper."""
 
 from __future__ import annotations
 
@@ -19,6 +20,17 @@ from graphviz_core.ui.format import escape_markdown
 
 KEY = "expr"
 
+# The toy graph's own words: an expression has variables and operations, not parameters, modules or a loss.
+TOY_LEGEND = {
+    "elementwise": "arithmetic: + − × ÷ **",
+    "activation": "function: exp, relu, …",
+    "accumulate_grad": "variable (.grad adds up here)",
+    "other": "numbers only: no gradient",
+}
+TOY_HINT = ("Arrows follow the gradient: from L (top) down to the variables. Boxes are operations with their "
+            "forward value, ovals the variables; an arrow shows the gradient it carries once backward has reached "
+            "it. Click a node for details; scroll to zoom, drag to pan.")
+
 
 def _load_preset() -> None:
     text, values = EXPRESSION_PRESETS[st.session_state[f"{KEY}.preset"]]
@@ -30,11 +42,12 @@ def _load_preset() -> None:
 
 
 def expression_inputs() -> Trace | None:
-    """Preset, expression, one input per variable and the seed 001 toggles; the trace, or None after st.error."""
+    """Preset, expression, one input per variable and the two toggles; the trace, or None after st.error."""
     if f"{KEY}.preset" not in st.session_state:
         st.session_state[f"{KEY}.preset"] = next(iter(EXPRESSION_PRESETS))
         _load_preset()
-    st.selectbox("Preset", list(EXPRESSION_PRESETS), key=f"{KEY}.preset", on_change=_load_preset)
+    st.selectbox("Preset", list(EXPRESSION_PRESETS), key=f"{KEY}.preset", on_change=_load_preset,
+                 help="Worked examples from the project's notes on backprop (seeds/, 003).")
     text = st.text_input("Expression", key=f"{KEY}.text",
                          help="numbers, variables, + - * / **, unary minus, parentheses, and "
                               "exp log sqrt tanh sigmoid relu sin cos abs")
@@ -52,8 +65,10 @@ def expression_inputs() -> Trace | None:
     left, right = st.columns(2)
     current = [v for v in st.session_state.get(f"{KEY}.detach", []) if v in variables]
     st.session_state[f"{KEY}.detach"] = current
-    detach = left.multiselect("Detach (seed 001: the path disappears, .grad stays None)", variables, key=f"{KEY}.detach")
-    twice = right.toggle("Run backward twice without zeroing .grad (seed 001: += not =)", key=f"{KEY}.twice")
+    detach = left.multiselect("Detach a variable (its path disappears; its .grad stays None)", variables,
+                              key=f"{KEY}.detach", help="x.detach(): a common way to stop gradients by accident (seed 001).")
+    twice = right.toggle("Run backward twice without zeroing .grad (it adds up: += not =)", key=f"{KEY}.twice",
+                         help="Forgetting optimizer.zero_grad() (seed 001).")
     try:
         return trace_expression(text, values, detach=detach, backward_passes=2 if twice else 1)
     except ValueError as exc:
@@ -78,7 +93,7 @@ def _toggle_play(total: int) -> None:
 
 
 def backward_stepper(trace: Trace) -> None:
-    """Step controls, the graph with the current step highlighted, seed 003's table, and the final check."""
+    """Step controls, the graph with the current step highlighted, the step table (seed 003), and the final check."""
     total = len(trace.steps)
     if total == 0:
         # A constant, or every path detached: autograd runs no node, so a stepper would have nothing to step.
@@ -123,7 +138,8 @@ def backward_stepper(trace: Trace) -> None:
             f"(upstream gradient {current.upstream:g})" if current else f"{total} backward steps to go."))
         graph = trace_graph(trace, step)
         st.iframe(render_html(graph, title=f"L = {trace.expression}", subtitle="forward values on nodes, gradients on edges",
-                              highlight={current.node} if current else frozenset(), height_px=430), height=450)
+                              highlight={current.node} if current else frozenset(), height_px=430,
+                              hint=TOY_HINT, legend_labels=TOY_LEGEND), height=450)
         st.dataframe(pd.DataFrame(step_table(trace, step)), hide_index=True, width="stretch")
         if step == total:
             final_gradients(trace)
