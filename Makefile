@@ -9,7 +9,7 @@ PORT ?= 8501
 # `make serve` binds HOST: localhost unless the operator names an address (HOST=0.0.0.0 for every interface).
 HOST ?= 127.0.0.1
 
-.PHONY: run serve test lint bench chromium graphviz screenshot
+.PHONY: run serve test lint bench chromium graphviz screenshot docs-images
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -53,3 +53,8 @@ bench: $(STAMP) chromium
 
 screenshot: $(STAMP) chromium
 	$(PY) -m graphviz_core.ui.screenshot assets/graph-explorer.png
+
+# The docs gallery, assets/gallery/: each preset's graph (PNG, 2x), the toy stepper at three steps, the memory and
+# FLOP panels, and index.md. Minutes of CPU (every preset is captured), so not part of `make test`.
+docs-images: $(STAMP) chromium
+	GRAPHVIZ_CORE_DEVICE=cpu $(PY) -m graphviz_core.ui.screenshot --gallery assets/gallery
