@@ -93,3 +93,24 @@ def llama_layer_bytes(config: ModelConfig, upcast: bool = True, repeat_kv: bool 
         attention = e * sb * h + kv + e * sb * h + f * a * sb
     mlp = 4 * e * sb * inter
     return norms + attention + mlp
+
+
+def meta_layer_norm_statistics(graph, device: str, dtype: str) -> tuple[int, int]:
+    """(LayerNorm nodes, bytes) that a shapes-only run counts beyond what the CPU kernel keeps.
+
+    LayerNorm saves its per-row mean and 1/std for backward. The CPU kernel keeps them in the input's dtype;
+    the meta kernel reports float32, as CUDA keeps them. At 16-bit, a meta run therefore counts 2 tensors ×
+    rows × (4 − 2) bytes more per LayerNorm than a CPU run of the same config (gpt2-tiny at bf16: 5 LayerNorms
+    × 2 × 64 rows × 2 B = 1,280 B). (0, 0) where the runs agree: not meta, not 16-bit, or no LayerNorm.
+    """
+    if device != "meta" or BYTES_PER.get(dtype, 4) != 2:
+        return 0, 0
+    nodes = extra = 0
+    for _, data in graph.nodes(data=True):
+        if data.get("op") != "NativeLayerNormBackward0":
+            continue
+        stats = [s for s in data.get("saved", ()) if s.get("counted") and not s.get("parameter") and s.get("dtype") == "float32"]
+        if stats:
+            nodes += 1
+            extra += sum(s["bytes"] // 2 for s in stats)  # float32 -> 16-bit halves each statistic
+    return nodes, extra

@@ -96,3 +96,15 @@ def test_the_llama_70b_shape_preset_runs_on_meta_from_the_form():
     assert not at.exception
     assert at.metric[0].value == f"{captured('llama-70b-shape', layers=4).summary.nodes:,}"
     assert any("shapes only" in c.value for c in at.caption)
+
+
+def test_a_dry_run_at_bf16_names_where_it_differs_from_a_cpu_run():
+    # Issue 12 item 15: the meta kernel keeps LayerNorm's mean and 1/std in float32, CPU in bf16; gpt2-tiny
+    # has 5 LayerNorms over 2·32 = 64 rows: 5 × 2 × 64 × 2 B = 1,280 B = 1.2 KiB (format_bytes, one decimal).
+    at = AppTest.from_file(APP, default_timeout=120)
+    for name, value in {"preset": "gpt2-tiny", "dtype": "bfloat16", "device": "meta"}.items():
+        at.query_params[name] = value
+    at.run()
+    assert not at.exception
+    notes = [c.value for c in at.caption if "dry run and a CPU run differ" in c.value]
+    assert len(notes) == 1 and "saves 1.2 KiB less (5 LayerNorms)" in notes[0], notes

@@ -339,3 +339,21 @@ def test_the_first_capture_in_a_process_is_measured_after_the_warm_up():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
     # seen[0] is the warm-up's own capture (marked, not yet timed: 0.0); the user's capture sees the time spent
     assert out == ["False", "True", "2", "0.0"], out
+
+
+def test_meta_at_bf16_differs_from_cpu_only_by_layer_norm_statistics():
+    # Issue 12 item 15. gpt2-tiny (2 blocks × 2 LayerNorms + ln_f = 5 LayerNorms; b=2, s=32: 64 rows) at
+    # bfloat16: CPU keeps mean and 1/std in bf16, the meta kernel in float32, so meta counts
+    # 5 × 2 tensors × 64 rows × (4 − 2) B = 1,280 B more, and nothing else differs.
+    from graphviz_core.memory import meta_layer_norm_statistics
+
+    cpu = captured("gpt2-tiny", dtype="bfloat16", device="cpu")
+    meta = captured("gpt2-tiny", dtype="bfloat16", device="meta")
+    assert meta_layer_norm_statistics(meta.graph, meta.device, "bfloat16") == (5, 5 * 2 * 64 * 2)
+    assert meta.memory.saved_bytes - cpu.memory.saved_bytes == 1_280
+    differ = {n for n, d in cpu.graph.nodes(data=True) if d["saved_bytes"] != meta.graph.nodes[n]["saved_bytes"]}
+    assert {cpu.graph.nodes[n]["op"] for n in differ} == {"NativeLayerNormBackward0"} and len(differ) == 5
+    # where the runs agree, nothing is claimed: the CPU capture itself, float32 on meta
+    assert meta_layer_norm_statistics(cpu.graph, cpu.device, "bfloat16") == (0, 0)
+    f32 = captured("gpt2-tiny", device="meta")
+    assert meta_layer_norm_statistics(f32.graph, f32.device, "float32") == (0, 0)

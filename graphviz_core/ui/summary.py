@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from graphviz_core.capture import Capture
+from graphviz_core.memory import meta_layer_norm_statistics
 from graphviz_core.ui.format import bytes_unit, flops_unit, format_bytes, format_flops, format_seconds
 
 
@@ -26,6 +27,13 @@ def show_summary(capture: Capture) -> None:
                    + (f"preset {capture.config.preset}, " if capture.config.preset else "") + capture.config.describe())
     else:
         st.caption("meta device: shapes only — time, gradient norms and the loss value are not measured.")
+        norms, extra = meta_layer_norm_statistics(capture.graph, capture.device, capture.config.dtype)
+        if norms:
+            st.caption(
+                f"Where this dry run and a CPU run differ: the meta kernel keeps each LayerNorm's mean and 1/std in "
+                f"float32 (as CUDA does), the CPU kernel in {capture.config.dtype}; so a CPU run saves "
+                f"{format_bytes(extra)} less ({norms} LayerNorms)."
+            )
     byte_unit, byte_div = bytes_unit(max(m.saved_bytes_by_category.values(), default=0))
     flop_unit, flop_div = flops_unit(max(f.backward_by_category.values(), default=0))
     table = pd.DataFrame(
