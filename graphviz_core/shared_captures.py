@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from graphviz_core.admission import CaptureCancelled, Ticket
 from graphviz_core.capture import Capture, capture_backward
 from graphviz_core.config import ModelConfig
+from graphviz_core.device import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,16 @@ class CacheLoad:
     in_flight: int
 
 
+def cache_key(config: ModelConfig) -> ModelConfig:
+    """The resolved config: `auto` becomes the device it runs on and the preset name (display only) is dropped, so
+    gpt2-tiny picked by name, typed field by field, or on `cpu` rather than `auto` is one capture."""
+    try:
+        device = resolve_device(config.device)
+    except ValueError:  # cuda asked for and missing: the capture itself refuses it with its sentence
+        device = config.device
+    return config.replace(device=device, preset="")
+
+
 def _limit(name: str, default: int) -> int:
     raw = os.environ.get(name, "").strip()
     return int(float(raw)) if raw else default
@@ -125,23 +136,24 @@ class SharedCaptures:
 
     def lookup(self, config: ModelConfig) -> Cached | None:
         with self._lock:
-            cached = self._cached.get(config)
+            cached = self._cached.get(cache_key(config))
             if cached is not None:
-                self._cached.move_to_end(config)
+                self._cached.move_to_end(cache_key(config))
             return cached
 
     def request(self, config: ModelConfig, waiter: str) -> Cached | Job:
         """The cached capture of `config`, or the job capturing it (joined as `waiter`; started if none runs)."""
+        key = cache_key(config)
         with self._lock:
-            cached = self._cached.get(config)
+            cached = self._cached.get(key)
             if cached is not None:
-                self._cached.move_to_end(config)
+                self._cached.move_to_end(key)
                 return cached
-            job = self._jobs.get(config)
+            job = self._jobs.get(key)
             if job is None or job.ticket.cancelled:  # a cancelled one still winding down is not joined
                 job = Job(config, Ticket())
                 job.ticket.wanted = lambda: self._wanted(job)
-                self._jobs[config] = job
+                self._jobs[key] = job
                 job.waiters.add(waiter)
                 threading.Thread(target=self._run, args=(job,), name=f"capture-{job.ticket.id}", daemon=True).start()
             else:
@@ -159,7 +171,7 @@ class SharedCaptures:
 
     def in_flight(self, config: ModelConfig) -> Job | None:
         with self._lock:
-            return self._jobs.get(config)
+            return self._jobs.get(cache_key(config))
 
     def load(self) -> CacheLoad:
         with self._lock:
@@ -193,11 +205,12 @@ class SharedCaptures:
                 log.exception("capture of %s failed", job.config)
         finally:
             with self._lock:
-                if self._jobs.get(job.config) is job:
-                    del self._jobs[job.config]
+                if self._jobs.get(cache_key(job.config)) is job:
+                    del self._jobs[cache_key(job.config)]
             job.done.set()
 
     def _keep(self, config: ModelConfig, capture: Capture) -> Cached:
+        key = cache_key(config)
         size = retained_bytes(capture)
         now = time.time()
         max_bytes = _limit(MAX_BYTES_ENV, DEFAULT_MAX_BYTES)
@@ -208,11 +221,11 @@ class SharedCaptures:
             evicted = []
             held = sum(c.retained_bytes for c in self._cached.values())
             while self._cached and (held + size > max_bytes or len(self._cached) + 1 > max_entries):
-                old_config, old = self._cached.popitem(last=False)
+                _, old = self._cached.popitem(last=False)
                 held -= old.retained_bytes
-                evicted.append(Eviction(old_config, old.retained_bytes, now))
+                evicted.append(Eviction(old.capture.config, old.retained_bytes, now))
             cached = Cached(capture, size, now, tuple(evicted))
-            self._cached[config] = cached
+            self._cached[key] = cached
         for e in evicted:
             log.info("evicted %s (%d bytes) from the shared cache to make room", e.config, e.retained_bytes)
         return cached

@@ -9,7 +9,7 @@ import pytest
 
 from graphviz_core.admission import POLL_S, CaptureCancelled, admission
 from graphviz_core.capture import capture_backward
-from graphviz_core.config import config_from_preset
+from graphviz_core.config import ModelConfig, config_from_preset
 from graphviz_core.shared_captures import Cached, Job, SharedCaptures, retained_bytes
 from tests.conftest import captured
 
@@ -138,3 +138,12 @@ def test_retained_bytes_counts_each_object_once():
     expected = sys.getsizeof(words + [words[0]]) + sum(sys.getsizeof(w) for w in words)
     assert retained_bytes(words + [words[0]]) == expected
     assert retained_bytes(captured("gpt2-tiny")) > 101 * 500  # 101 nodes, each a dict of 8+ attributes
+
+
+def test_one_config_named_three_ways_is_one_capture():
+    counting = CountingCapture()
+    store = SharedCaptures(capture=counting)
+    by_name = _result(store.request(config_from_preset("gpt2-tiny"), "a"))  # device auto: cpu in the tests
+    typed = ModelConfig(model="gpt2", hidden=64, heads=4, layers=2, vocab=512, batch=2, seq=32, device="cpu")
+    assert store.request(typed, "b") is by_name and store.request(TINY, "c") is by_name
+    assert counting.calls == 1
