@@ -123,3 +123,22 @@ def test_four_downloads_clicked_in_quick_succession_all_arrive(page, streamlit_u
     got = {d.suggested_filename: Path(d.path()).read_text() for d in downloads}
     assert json.loads(got["gpt2-tiny.json"])["summary"]["nodes"] == capture.summary.nodes  # 101
     assert got["gpt2-tiny.graphml"].count("<node ") == capture.summary.nodes
+
+
+def test_sign_in_required_by_the_operator_shows_nothing_else(monkeypatch, tmp_path):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("GRAPHVIZ_CORE_REQUIRE_LOGIN", "1")
+    # no [auth] provider configured: fail closed with a sentence for the operator
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
+    assert not at.exception and not at.metric and not at.get("iframe")  # nothing captured or drawn
+    assert "no login provider is configured" in at.error[0].value
+    # a provider configured (placeholders: the flow itself is the provider's), visitor not signed in yet
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
+    at.secrets["auth"] = {"redirect_uri": "http://localhost:8501/oauth2callback", "cookie_secret": "x" * 32}
+    at.run()
+    assert not at.exception and not at.metric and not at.get("iframe")
+    assert [b.label for b in at.button] == ["Sign in"]
+    monkeypatch.delenv("GRAPHVIZ_CORE_REQUIRE_LOGIN")  # off (the default): the page serves as before
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
+    assert at.metric[0].label == "Nodes" and not any(b.label == "Sign in" for b in at.button)

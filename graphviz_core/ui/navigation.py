@@ -9,6 +9,7 @@ page's id is the hash of its URL path in both modes, so the same page comes back
 
 from __future__ import annotations
 
+import os
 import sys
 
 import streamlit as st
@@ -22,3 +23,34 @@ def run_through_app() -> None:
     if PagesManager.uses_pages_directory and not under_app_test:
         PagesManager.uses_pages_directory = False  # what st.navigation does when app.py runs
         st.rerun()
+    require_sign_in()
+
+
+REQUIRE_LOGIN_ENV = "GRAPHVIZ_CORE_REQUIRE_LOGIN"
+
+
+def require_sign_in() -> None:
+    """With GRAPHVIZ_CORE_REQUIRE_LOGIN=1 (off by default), nothing but a sign-in button is shown until the visitor
+    signed in through Streamlit's OpenID Connect login (st.login; the provider is set in .streamlit/secrets.toml's
+    [auth] table and needs the Authlib package; README, "Run it for your team")."""
+    if os.environ.get(REQUIRE_LOGIN_ENV, "").strip() not in ("1", "true", "yes"):
+        return
+    if getattr(st.user, "is_logged_in", False):  # the attribute exists only where a login provider is configured
+        return
+    st.title("Backprop, visible")
+    if not _login_configured():  # fail closed: sign-in was asked for, and nobody can sign in yet
+        st.error(
+            f"This server requires sign-in ({REQUIRE_LOGIN_ENV}) but no login provider is configured: its operator "
+            "adds an [auth] table to .streamlit/secrets.toml (README, 'Run it for your team')."
+        )
+        st.stop()
+    st.info("This server asks you to sign in before it runs anything.")
+    st.button("Sign in", type="primary", on_click=st.login)
+    st.stop()
+
+
+def _login_configured() -> bool:
+    try:
+        return "auth" in st.secrets
+    except Exception:  # noqa: BLE001 - no secrets file at all (StreamlitSecretNotFoundError) or an unreadable one
+        return False
