@@ -287,11 +287,13 @@ def render_html(
     height_px: int = 760,
     hint: str | None = None,
     legend_labels: dict[str, str] | None = None,
+    highlight_is_search: bool = True,
 ) -> str:
     """One self-contained HTML page drawing `graph` with vis-network; works offline, from disk or an iframe.
 
     `hint` replaces the line on how to read a model's graph, and `legend_labels` names categories in the
     legend (by default the category names): the toy-expression page's graph has variables, not parameters.
+    `highlight_is_search=False`: the highlighted nodes are not search matches (no "Next match", no zoom to them).
     """
     for metric in (colour_by, size_by):
         if metric is not None and metric not in METRICS:
@@ -299,7 +301,7 @@ def render_html(
     layout = layered_layout(graph)
     net = build_network(graph, colour_by=colour_by, size_by=size_by, highlight=highlight, layout=layout)
     # search matches in backward order (nearest the loss first): the page opens on the first
-    matches = [node for layer in layout.layers for node in layer if node in highlight]
+    matches = [node for layer in layout.layers for node in layer if node in highlight] if highlight_is_search else []
     nodes, edges = net.nodes, net.edges
     details = {node: node_details(node, data) for node, data in graph.nodes(data=True)}
     present = sorted({d["category"] for _, d in graph.nodes(data=True)})

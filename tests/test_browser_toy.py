@@ -91,12 +91,18 @@ def test_the_toy_graph_speaks_of_variables_not_parameters_or_residual_adds(page,
     frame = graph_frame(page, 6)  # (a*b + c)**2: ops L = e**2, e = d + c, d = a*b; variables a, b, c
     legend = frame.locator("#legend").inner_text()
     hint = frame.locator(".hint").first.inner_text()
-    assert legend.split("\n") == ["variable (.grad adds up here)", "arithmetic: + − × ÷ **"]  # a, b, c; d, e, L
+    assert sorted(legend.split("\n")) == ["arithmetic", "variable"]  # d, e, L are + * **; a, b, c variables
     assert "residual" not in legend and "parameter" not in hint and "module" not in hint
     assert "from L (top) down to the variables" in hint
+    # the current step is highlighted, but it is not a search: no "Next match" / "match 1 of 1"
+    assert frame.locator("#next-match").count() == 0
+    # every legend entry fits its column: none is wider than the legend's half (columns: 2)
+    widths = frame.evaluate("Array.from(document.querySelectorAll('#legend li')).map(li => li.scrollWidth)")
+    half = frame.evaluate("document.querySelector('#legend').clientWidth / 2")
+    assert max(widths) <= half, (widths, half)
     # the preset and the toggles name the idea; the seed is only in their tooltips
     body = page.locator('[data-testid="stMain"]').inner_text()
     assert "seed 00" not in body, [line for line in body.split("\n") if "seed 00" in line]
-    assert "Detach a variable" in body
+    assert "Detach a variable" in body and "Run backward twice, no zeroing" in body
     preset = page.get_by_role("combobox", name="Preset").input_value()  # an <input>: not part of inner_text
     assert preset == "chain rule, worked by hand: L = (a·b + c)²"

@@ -374,3 +374,22 @@ def test_toy_graph_categories_are_arithmetic_functions_and_variables():
     assert {n: graph.nodes[n]["category"] for n in graph} == {
         "L": "elementwise", "e": "activation", "d": "elementwise",
         "a": "accumulate_grad", "b": "accumulate_grad", "c": "accumulate_grad"}
+
+
+def test_toy_page_checks_one_pass_against_the_finite_difference_when_backward_ran_twice():
+    # a*b + a**2 at a=3, b=-2, two passes: .grad a = 2 * 4 = 8, the derivative (finite difference) is 4; the
+    # check compares pass 1's 4 with it (|4 - 4| ~ 1e-9), not 8 (which read as a difference of 4)
+    from streamlit.testing.v1 import AppTest
+
+    page = str(Path(__file__).resolve().parent.parent / "pages" / "toy_expressions.py")
+    at = AppTest.from_file(page, default_timeout=120).run()
+    at.text_input(key="expr.text").set_value("a*b + a**2").run()
+    at.number_input(key="expr.var.a").set_value(3.0).run()
+    at.number_input(key="expr.var.b").set_value(-2.0).run()
+    at.toggle(key="expr.twice").set_value(True).run()
+    at.button[3].click().run()  # End »
+    assert not at.exception, at.exception
+    final = at.dataframe[-1].value
+    row = final[final["variable"] == "a"].iloc[0]
+    assert row["backprop (autograd)"] == "8" and float(row["numerical (finite difference)"]) == pytest.approx(4.0)
+    assert float(row["|pass 1 − numerical|"]) < 1e-6

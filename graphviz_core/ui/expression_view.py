@@ -21,15 +21,12 @@ from graphviz_core.ui.format import escape_markdown
 KEY = "expr"
 
 # The toy graph's own words: an expression has variables and operations, not parameters, modules or a loss.
-TOY_LEGEND = {
-    "elementwise": "arithmetic: + − × ÷ **",
-    "activation": "function: exp, relu, …",
-    "accumulate_grad": "variable (.grad adds up here)",
-    "other": "numbers only: no gradient",
-}
-TOY_HINT = ("Arrows follow the gradient: from L (top) down to the variables. Boxes are operations with their "
-            "forward value, ovals the variables; an arrow shows the gradient it carries once backward has reached "
-            "it. Click a node for details; scroll to zoom, drag to pan.")
+TOY_LEGEND = {"elementwise": "arithmetic", "activation": "function", "accumulate_grad": "variable",
+              "other": "numbers only"}
+TOY_HINT = ("Arrows follow the gradient: from L (top) down to the variables. Boxes are operations, arithmetic "
+            "(+ − × ÷ **) or a function (exp, relu, …), with their forward value; ovals are the variables, whose "
+            ".grad adds up what arrives. An arrow shows the gradient it carries once backward has reached it. "
+            "Click a node for details; scroll to zoom, drag to pan.")
 
 
 def _load_preset() -> None:
@@ -67,8 +64,9 @@ def expression_inputs() -> Trace | None:
     st.session_state[f"{KEY}.detach"] = current
     detach = left.multiselect("Detach a variable (its path disappears; its .grad stays None)", variables,
                               key=f"{KEY}.detach", help="x.detach(): a common way to stop gradients by accident (seed 001).")
-    twice = right.toggle("Run backward twice without zeroing .grad (it adds up: += not =)", key=f"{KEY}.twice",
-                         help="Forgetting optimizer.zero_grad() (seed 001).")
+    twice = right.toggle("Run backward twice, no zeroing (.grad +=)", key=f"{KEY}.twice",
+                         help="Backward twice without zeroing .grad: it adds up (+= not =), as when "
+                              "optimizer.zero_grad() is forgotten (seed 001).")
     try:
         return trace_expression(text, values, detach=detach, backward_passes=2 if twice else 1)
     except ValueError as exc:
@@ -139,8 +137,11 @@ def backward_stepper(trace: Trace) -> None:
         graph = trace_graph(trace, step)
         st.iframe(render_html(graph, title=f"L = {trace.expression}", subtitle="forward values on nodes, gradients on edges",
                               highlight={current.node} if current else frozenset(), height_px=430,
-                              hint=TOY_HINT, legend_labels=TOY_LEGEND), height=450)
-        st.dataframe(pd.DataFrame(step_table(trace, step)), hide_index=True, width="stretch")
+                              hint=TOY_HINT, legend_labels=TOY_LEGEND, highlight_is_search=False), height=450)
+        narrow = st.column_config.TextColumn(width="small")
+        st.dataframe(pd.DataFrame(step_table(trace, step)), hide_index=True, width="stretch",
+                     column_config={"pass": narrow, "step": narrow, "value": narrow,
+                                    "computation": st.column_config.TextColumn(width="large")})
         if step == total:
             final_gradients(trace)
         else:
@@ -151,17 +152,21 @@ def backward_stepper(trace: Trace) -> None:
 
 def final_gradients(trace: Trace) -> None:
     st.subheader("Final gradients")
+    # With two passes .grad holds twice one backward's gradient; the finite difference is one derivative, so it
+    # is checked against what one pass gave.
+    checked = trace.grads_after_each_pass[0] if trace.backward_passes == 2 else trace.grads
     rows = []
     for name in trace.values:
-        grad = trace.grads[name]
+        grad, one_pass = trace.grads[name], checked[name]
         fd = trace.finite_differences[name]
         rows.append({
             "variable": name,
             "backprop (autograd)": "None (detached)" if grad is None else f"{grad:g}",
             "numerical (finite difference)": "none" if fd.value is None else f"{fd.value:.9g}",
             "how": f"{fd.method}, h = {fd.step:g}" if fd.value is not None else "no finite step",
-            "|difference|": "n/a" if grad is None or fd.value is None else
-                            (f"{abs(grad - fd.value):.2e}" + (" (kink: no derivative)" if fd.kink else "")),
+            "|difference|" if trace.backward_passes == 1 else "|pass 1 − numerical|":
+                "n/a" if one_pass is None or fd.value is None else
+                (f"{abs(one_pass - fd.value):.2e}" + (" (kink: no derivative)" if fd.kink else "")),
         })
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     for name, fd in trace.finite_differences.items():
