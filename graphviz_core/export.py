@@ -217,9 +217,10 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--
                  "--disable-component-update", "--no-first-run"]
 PNG_SIZE = (1600, 1000)  # CSS pixels: the graph beside its 300 px side panel (title, legend)
 PNG_SCALE = 2  # device pixels per CSS pixel: crisp on a high-density screen and when zoomed in docs
-# Below this zoom a fitted graph's 13 px labels shrink under ~4.5 px (9 device pixels at 2x): unreadable. The
-# picture then keeps the page's own start view (the loss, readable), as the interactive page does.
-MIN_FIT_SCALE = 0.35
+# Below this zoom a fitted graph's 13 px labels shrink under ~6 px (12 device pixels at 2x): unreadable. The
+# picture then shows the graph's top-left corner (the loss is at the top) at this zoom; the interactive page
+# uses the same threshold before it starts at the loss instead of fitting.
+MIN_FIT_SCALE = 0.45
 
 
 def png_problem(width: int = PNG_SIZE[0], height: int = PNG_SIZE[1], scale: int = PNG_SCALE) -> str | None:
@@ -269,9 +270,18 @@ def _photograph(page_html: str, width: int, height: int, scale: int) -> bytes:
                   const net = window.network;
                   net.setSize("100%", "100%");
                   net.redraw();
-                  const start = {position: net.getViewPosition(), scale: net.getScale()};
                   net.fit({animation: false});
-                  if (net.getScale() < minScale) { net.moveTo({...start, animation: false}); }
+                  if (net.getScale() < minScale) {
+                    let left = Infinity, top = Infinity;
+                    for (const id of net.body.data.nodes.getIds()) {
+                      const box = net.getBoundingBox(id);  // the drawn shape, label included
+                      left = Math.min(left, box.left); top = Math.min(top, box.top);
+                    }
+                    const canvas = net.canvas.frame.canvas, margin = 20;
+                    net.moveTo({position: {x: left - margin + canvas.clientWidth / 2 / minScale,
+                                           y: top - margin + canvas.clientHeight / 2 / minScale},
+                                scale: minScale, animation: false});
+                  }
                   net.redraw();
                 }""",
                 MIN_FIT_SCALE,

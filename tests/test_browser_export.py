@@ -29,9 +29,10 @@ def drawn_frame(page, nodes: int, text: str, timeout_ms: int = 60_000):
     raise TimeoutError(f"no frame drew {nodes} nodes with {text!r}")
 
 
-def download(page, label: str, binary: bool = False) -> str | bytes:
+def download(page, row: str, label: str, binary: bool = False) -> str | bytes:
+    """Click `label` in the "view" or "whole" row of download buttons; the file's text (or bytes)."""
     with page.expect_download(timeout=90_000) as info:
-        page.get_by_role("button", name=label, exact=True).click()
+        page.locator(f".st-key-downloads-{row}").get_by_role("button", name=label, exact=True).click()
     path = Path(info.value.path())
     return path.read_bytes() if binary else path.read_text()
 
@@ -61,21 +62,21 @@ def test_downloads_offer_this_view_and_the_whole_graph_and_keep_zoom_and_selecti
                    " window.network.selectNodes([id]); window.__kept = 'kept'; }", loss)
     assert frame.evaluate(KEPT) == ["kept", 1.7, [loss]]
 
-    view = json.loads(download(page, "JSON (this view)"))
+    view = json.loads(download(page, "view", "JSON"))
     assert sorted(n["id"] for n in view["graph"]["nodes"]) == sorted(ids)
     assert view["view"]["nodes"] == 9 and view["view"]["hide_shape"] and view["view"]["collapse"]
     assert view["view"]["colour_by"] == "flops"
     assert view["summary"]["nodes"] == 101  # the summary still describes the whole capture
-    dot = download(page, "DOT (this view)")
+    dot = download(page, "view", "DOT")
     # every node filled as the screen fills it (the FLOP scale, not the category colours)
     dot_fills = dict(re.findall(r'^  "([^"]+)" \[label=.*?fillcolor="(#[0-9a-f]{6})"', dot, re.M))
     assert dot_fills == fills
-    assert download(page, "GraphML (this view)").count("<node ") == 9
-    html = download(page, "HTML (this view)")
+    assert download(page, "view", "GraphML").count("<node ") == 9
+    html = download(page, "view", "HTML")
     assert html.count('"shape":"box"') + html.count('"shape":"ellipse"') == 9
-    svg = download(page, "SVG (this view)")
+    svg = download(page, "view", "SVG")
     assert svg.count('class="node"') == 9 and "colour: FLOPs" in svg
-    png = Image.open(io.BytesIO(download(page, "PNG (this view)", binary=True)))
+    png = Image.open(io.BytesIO(download(page, "view", "PNG", binary=True)))
     # PNG_SIZE 1600x1000 CSS pixels at PNG_SCALE 2 -> 3200x2000 device pixels
     assert png.size == (3200, 2000)
     rgb = np.asarray(png.convert("RGB")).astype(int)
@@ -86,9 +87,9 @@ def test_downloads_offer_this_view_and_the_whole_graph_and_keep_zoom_and_selecti
     page.wait_for_timeout(1500)  # time for any rerun the clicks might have started
     assert frame.evaluate(KEPT) == ["kept", 1.7, [loss]]
 
-    whole = json.loads(download(page, "JSON (node-link)"))
+    whole = json.loads(download(page, "whole", "JSON"))
     assert len(whole["graph"]["nodes"]) == 101 and "view" not in whole
-    assert download(page, "GraphML").count("<node ") == 101
+    assert download(page, "whole", "GraphML").count("<node ") == 101
     page.wait_for_timeout(1500)
     assert frame.evaluate(KEPT) == ["kept", 1.7, [loss]]
     assert len(page.frames) == 2  # the page and the one graph iframe, not a second one beside it

@@ -100,44 +100,39 @@ def _downloads(capture: Capture, view, drawing: dict, settings: dict) -> None:
     clicked soon after failed ("Deferred file ... not found"). Files are built only when clicked.
     """
     name = (capture.config.preset or capture.config.model).replace(" ", "_")
-    whole = capture.graph.number_of_nodes()
-    png = png_problem() is None
-    svg = shutil.which("dot") is not None
-    widths = [1.5, 1, 1, 1, 1, 1, 1]
+    png, svg = png_problem(), None if shutil.which("dot") else "Needs Graphviz's dot (apt-get install graphviz)"
     width, height = PNG_SIZE
-    png_help = f"{width * PNG_SCALE}x{height * PNG_SCALE} pixels ({PNG_SCALE}x density), graph fitted, legend beside it"
+    png_help = png or (f"{width * PNG_SCALE}x{height * PNG_SCALE} pixels ({PNG_SCALE}x density), rendered on the server "
+                       "by headless Chromium; the graph fitted, the legend beside it")
+    svg_help = svg or "Laid out by Graphviz's dot, with a legend"
+    _download_row("view", f"**This view** ({view.number_of_nodes():,} nodes, as drawn)", [
+        ("PNG", lambda: _view_png(view, drawing), f"{name}-view.png", "image/png", png_help, png),
+        ("SVG", lambda: to_svg(view, **_view_dot_options(view, drawing)), f"{name}-view.svg", "image/svg+xml",
+         svg_help, svg),
+        ("HTML", lambda: render_html(view, **drawing), f"{name}-view.html", "text/html",
+         "This view as a standalone page: works offline from disk", None),
+        ("JSON", lambda: to_json(capture, view, settings), f"{name}-view.json", "application/json",
+         "The JSON contract with `graph` holding this view's nodes; `view` says what was applied", None),
+        ("GraphML", lambda: to_graphml(view), f"{name}-view.graphml", "application/xml", None, None),
+        ("DOT", lambda: to_dot(view, **_view_dot_options(view, drawing)), f"{name}-view.dot", "text/vnd.graphviz",
+         "Graphviz source with the view's fills and a legend", None),
+    ])
+    _download_row("whole", f"**Whole graph** ({capture.graph.number_of_nodes():,} nodes)", [
+        ("PNG", lambda: to_png(render_standalone_html(capture)), f"{name}.png", "image/png", png_help, png),
+        ("SVG", lambda: to_svg(capture.graph, title=drawing["title"]), f"{name}.svg", "image/svg+xml", svg_help, svg),
+        ("HTML", lambda: render_standalone_html(capture), f"{name}.html", "text/html",
+         "Works offline when opened from disk", None),
+        ("JSON", lambda: to_json(capture), f"{name}.json", "application/json", "node-link graph plus summaries", None),
+        ("GraphML", lambda: to_graphml(capture.graph), f"{name}.graphml", "application/xml", None, None),
+        ("DOT", lambda: to_dot(capture.graph), f"{name}.dot", "text/vnd.graphviz", None, None),
+    ])
 
-    cols = st.columns(widths)
-    cols[0].markdown(f"**This view** ({view.number_of_nodes():,} nodes, as drawn)")
-    cols[1].download_button("PNG (this view)", lambda: _view_png(view, drawing), f"{name}-view.png", "image/png",
-                            key="download.view.png", on_click="ignore", disabled=not png,
-                            help=png_help if png else png_problem())
-    cols[2].download_button("SVG (this view)", lambda: to_svg(view, **_view_dot_options(view, drawing)),
-                            f"{name}-view.svg", "image/svg+xml", key="download.view.svg", on_click="ignore",
-                            disabled=not svg, help="Laid out by Graphviz's dot" if svg else "Needs Graphviz's dot")
-    cols[3].download_button("HTML (this view)", lambda: render_html(view, **drawing), f"{name}-view.html", "text/html",
-                            key="download.view.html", help="This view as a standalone page: works offline from disk",
-                            on_click="ignore")
-    cols[4].download_button("JSON (this view)", lambda: to_json(capture, view, settings), f"{name}-view.json",
-                            "application/json", key="download.view.json", on_click="ignore",
-                            help="The JSON contract with `graph` holding this view's nodes; `view` says what was applied")
-    cols[5].download_button("GraphML (this view)", lambda: to_graphml(view), f"{name}-view.graphml", "application/xml",
-                            key="download.view.graphml", on_click="ignore")
-    cols[6].download_button("DOT (this view)", lambda: to_dot(view, **_view_dot_options(view, drawing)),
-                            f"{name}-view.dot", "text/vnd.graphviz", key="download.view.dot", on_click="ignore")
 
-    cols = st.columns(widths)
-    cols[0].markdown(f"**Whole graph** ({whole:,} nodes)")
-    cols[1].download_button("PNG", lambda: to_png(render_standalone_html(capture)), f"{name}.png", "image/png",
-                            key="download.whole.png", on_click="ignore", disabled=not png,
-                            help=png_help if png else png_problem())
-    cols[2].download_button("SVG", lambda: to_svg(capture.graph, title=drawing["title"]), f"{name}.svg", "image/svg+xml",
-                            key="download.whole.svg", on_click="ignore", disabled=not svg)
-    cols[3].download_button("Standalone HTML", lambda: render_standalone_html(capture), f"{name}.html", "text/html",
-                            key="download.whole.html", help="Works offline when opened from disk", on_click="ignore")
-    cols[4].download_button("JSON (node-link)", lambda: to_json(capture), f"{name}.json", "application/json",
-                            key="download.whole.json", on_click="ignore")
-    cols[5].download_button("GraphML", lambda: to_graphml(capture.graph), f"{name}.graphml", "application/xml",
-                            key="download.whole.graphml", on_click="ignore")
-    cols[6].download_button("DOT", lambda: to_dot(capture.graph), f"{name}.dot", "text/vnd.graphviz",
-                            key="download.whole.dot", on_click="ignore")
+def _download_row(key: str, heading: str, files: list) -> None:
+    """One row of download buttons; the container's key (CSS class st-key-downloads-<key>) names the row."""
+    with st.container(key=f"downloads-{key}"):
+        cols = st.columns([1.6, 1, 1, 1, 1, 1, 1])
+        cols[0].markdown(heading)
+        for col, (label, data, file, mime, help_text, unavailable) in zip(cols[1:], files, strict=True):
+            col.download_button(label, data, file, mime, key=f"download.{key}.{label.lower()}", help=help_text,
+                                on_click="ignore", disabled=unavailable is not None)
