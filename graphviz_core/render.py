@@ -32,6 +32,13 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 PYVIS_LIB = Path(__import__("pyvis").__file__).resolve().parent / "templates" / "lib" / "vis-9.1.2"
 METRICS = {"time_s": "time", "flops": "FLOPs", "saved_bytes": "saved bytes", "grad_norm": "gradient norm"}
 MODULE_COLOUR = "#f4f1ea"
+FONT_PX = 13
+# Level of detail: a label smaller than this on screen is not drawn (vis-network's own default is 4 px), and
+# below the scale where labels go (6 / 13 = 0.46) the page draws an overview: nodes as plain shapes batched
+# by colour, edges as one path, no arrowheads, module names as landmarks; search matches and the selected node
+# are still drawn in full and labelled at a readable size.
+LABEL_MIN_PX = 6
+VIS_LABEL_MIN_PX = 4  # vis-network hides a label when font px x scale < drawThreshold (5) - 1
 
 
 class _IdList(list):
@@ -223,6 +230,7 @@ def build_network(
     size_by: str | None = None,
     highlight: set[str] | frozenset = frozenset(),
     layout: Layout | None = None,
+    level_of_detail: bool = True,
 ) -> Network:
     """The pyvis Network for `graph`: server-side positions, physics off, one entry per node and edge."""
     layout = layout or layered_layout(graph)
@@ -269,9 +277,11 @@ def build_network(
         "physics": {"enabled": False},
         "layout": {"improvedLayout": False},
         "edges": {"smooth": False, "arrows": {"to": {"enabled": True, "scaleFactor": 0.5}}, "color": {"color": "#8a8a8a"}},
-        "nodes": {"font": {"size": 13, "face": "monospace", "multi": False}, "margin": 6},
-        "interaction": {"hover": True, "tooltipDelay": 120, "hideEdgesOnDrag": True, "navigationButtons": False,
-                        "keyboard": False},
+        "nodes": {"font": {"size": FONT_PX, "face": "monospace", "multi": False}, "margin": 6,
+                  # vis-network skips a label when its size on screen < drawThreshold - 1 px
+                  "scaling": {"label": {"drawThreshold": (LABEL_MIN_PX if level_of_detail else VIS_LABEL_MIN_PX) + 1}}},
+        "interaction": {"hover": True, "tooltipDelay": 120, "hideEdgesOnDrag": True, "hideEdgesOnZoom": level_of_detail,
+                        "navigationButtons": False, "keyboard": False},
     }))
     return net
 
@@ -288,18 +298,22 @@ def render_html(
     hint: str | None = None,
     legend_labels: dict[str, str] | None = None,
     highlight_is_search: bool = True,
+    level_of_detail: bool = True,
 ) -> str:
     """One self-contained HTML page drawing `graph` with vis-network; works offline, from disk or an iframe.
 
     `hint` replaces the line on how to read a model's graph, and `legend_labels` names categories in the
     legend (by default the category names): the toy-expression page's graph has variables, not parameters.
     `highlight_is_search=False`: the highlighted nodes are not search matches (no "Next match", no zoom to them).
+    `level_of_detail` draws less where it could not be read anyway (see LABEL_MIN_PX); off, every label, edge
+    and arrowhead is drawn at every zoom (benchmarks/bench_fps.py compares the two).
     """
     for metric in (colour_by, size_by):
         if metric is not None and metric not in METRICS:
             raise ValueError(f"unknown metric {metric!r}; choose one of: {', '.join(METRICS)}.")
     layout = layered_layout(graph)
-    net = build_network(graph, colour_by=colour_by, size_by=size_by, highlight=highlight, layout=layout)
+    net = build_network(graph, colour_by=colour_by, size_by=size_by, highlight=highlight, layout=layout,
+                        level_of_detail=level_of_detail)
     # search matches in backward order (nearest the loss first): the page opens on the first
     matches = [node for layer in layout.layers for node in layer if node in highlight] if highlight_is_search else []
     nodes, edges = net.nodes, net.edges
@@ -315,7 +329,9 @@ def render_html(
         vis_js=Markup(vis_js.replace("</script", "<\\/script")),
         vis_css=Markup(vis_css.replace("</style", "<\\/style")),
         data={"nodes": nodes, "edges": edges, "options": net.options, "details": details, "matches": matches,
-              "landmarks": landmarks(graph, layout)},
+              "landmarks": landmarks(graph, layout),
+              "lod": {"enabled": level_of_detail, "readable_scale": LABEL_MIN_PX / FONT_PX,
+                      "label_scale": (LABEL_MIN_PX if level_of_detail else VIS_LABEL_MIN_PX) / FONT_PX}},
         legend=legend,
         hint=hint,
         scale=colour_scale(graph, colour_by) if colour_by else None,

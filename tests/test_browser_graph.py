@@ -88,3 +88,65 @@ def test_search_opens_on_the_first_match_and_next_match_moves_on(page, tmp_path)
         where = page.evaluate("id => window.network.getPosition(id)", node)
         assert abs(centre["x"] - where["x"]) < 1 and abs(centre["y"] - where["y"]) < 1, (node, centre, where)
         assert page.evaluate("window.network.getScale()") >= 0.8  # labels drawn at 13 px x 0.8 = 10 px
+
+
+def redraw(page):
+    """Ask vis-network for a frame and wait until it has been drawn."""
+    page.evaluate("() => new Promise((done) => { window.network.once('afterDrawing', () => done()); window.network.redraw(); })")
+
+
+def arrowheads_drawn(page, edge_id: str) -> int:
+    """How many times one edge's arrowhead is drawn in a fresh frame (a spy on that edge alone)."""
+    page.evaluate("""id => { const edge = window.network.body.edges[id]; window.__arrows = 0;
+        if (!edge.__spied) { const real = edge.drawArrows; edge.drawArrows = function () { window.__arrows += 1;
+        return real.apply(this, arguments); }; edge.__spied = true; } }""", edge_id)
+    redraw(page)
+    return page.evaluate("window.__arrows")
+
+
+def test_zoomed_out_the_overview_drops_arrowheads_but_keeps_searched_and_selected_labels(page, tmp_path):
+    from graphviz_core.graph import search_nodes
+
+    graph = gpt2_small_graph()
+    matches = search_nodes(graph, "blocks.5.attn.qkv")
+    open_graph(page, tmp_path, render_html(graph, highlight=matches))
+    first = page.evaluate("JSON.parse(document.getElementById('graph-data').textContent).matches[0]")
+    edge = page.evaluate("id => window.network.getConnectedEdges(id)[0]", first)
+    # opened on the first match at scale 0.8: labels are drawn (13 px x 0.8 = 10.4 px) and arrowheads too
+    assert page.evaluate("window.levelOfDetail.active && !window.levelOfDetail.overview()")
+    assert arrowheads_drawn(page, edge) == 1
+    page.locator("#fit").click()
+    # Fit all: scale ~0.16, labels would be 2 px, under the 6 px floor (LABEL_MIN_PX): the overview
+    assert page.evaluate("window.levelOfDetail.overview()")
+    assert arrowheads_drawn(page, edge) == 0
+    assert page.evaluate("window.levelOfDetail.cached()")  # the plain drawing comes from one bitmap
+    labelled = page.evaluate("window.levelOfDetail.labelled")
+    assert first in labelled and set(labelled) <= matches
+    # a node that is neither searched nor near a match: once selected, its label is written first
+    other = next(n for n in graph if graph.nodes[n]["module"].startswith("blocks.9.mlp"))
+    page.evaluate("id => window.network.selectNodes([id])", other)
+    redraw(page)
+    assert page.evaluate("window.levelOfDetail.labelled")[0] == other
+    # and the writing is on the page: dark text pixels just right of the node
+    x, y = page.evaluate("""id => { const n = window.network.body.nodes[id];
+        const p = window.network.canvasToDOM({x: n.shape.boundingBox.right, y: n.y}); return [p.x, p.y]; }""", other)
+    box = page.locator("#graph").bounding_box()
+    shot = page.screenshot(clip={"x": box["x"] + x + 2, "y": box["y"] + y - 14, "width": 90, "height": 28})
+    assert dark_pixels(shot) > 40, dark_pixels(shot)
+
+
+def dark_pixels(png: bytes) -> int:
+    import io
+
+    from PIL import Image
+
+    return sum(Image.open(io.BytesIO(png)).convert("L").histogram()[:90])  # grey levels 0..89
+
+
+def test_without_level_of_detail_every_arrowhead_is_drawn_zoomed_out(page, tmp_path):
+    graph = gpt2_small_graph()
+    open_graph(page, tmp_path, render_html(graph, level_of_detail=False))
+    page.locator("#fit").click()
+    edge = page.evaluate("window.network.body.data.edges.getIds()[0]")
+    assert page.evaluate("!window.levelOfDetail.active")
+    assert arrowheads_drawn(page, edge) == 1

@@ -141,3 +141,15 @@ def test_search_matches_come_in_backward_order():
     # distance is a lower bound that orders the two blocks the same way)
     assert all(graph.nodes[n]["module"].startswith("blocks.1.") for n in data["matches"][:6])
     assert distance[data["matches"][0]] <= min(distance[n] for n in matches if graph.nodes[n]["module"].startswith("blocks.0."))
+
+
+def test_level_of_detail_raises_the_label_floor_and_hides_edges_while_zooming():
+    graph = captured("mlp", layers=1).graph
+    on, off = (graph_data(render_html(graph, level_of_detail=lod)) for lod in (True, False))
+    # vis-network skips a label whose on-screen size < drawThreshold - 1: 7 -> under 6 px (13 px font below
+    # scale 6/13 = 0.46); without level of detail its default 5 -> under 4 px
+    assert on["options"]["nodes"]["scaling"]["label"]["drawThreshold"] == 7
+    assert off["options"]["nodes"]["scaling"]["label"]["drawThreshold"] == 5
+    assert on["lod"] == {"enabled": True, "readable_scale": 6 / 13, "label_scale": 6 / 13}
+    assert off["lod"]["label_scale"] == 4 / 13 and off["lod"]["enabled"] is False
+    assert on["options"]["interaction"]["hideEdgesOnZoom"] is True and on["options"]["interaction"]["hideEdgesOnDrag"] is True
