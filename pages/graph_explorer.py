@@ -4,12 +4,21 @@ import streamlit as st
 
 from graphviz_core.ui.capture_cache import get_capture
 from graphviz_core.ui.config_form import config_form
-from graphviz_core.ui.flops_view import show_flops
+from graphviz_core.ui.flops_view import FLOPS_WIDGETS, show_flops
 from graphviz_core.ui.graph_view import graph_view
-from graphviz_core.ui.memory_view import show_memory
+from graphviz_core.ui.links import VIEW
+from graphviz_core.ui.memory_view import MEMORY_WIDGETS, show_memory
 from graphviz_core.ui.navigation import run_through_app
+from graphviz_core.ui.state import keep_widget_state
 from graphviz_core.ui.summary import show_summary
 from graphviz_core.ui.textbook_view import show_textbook_comparison
+
+PANELS = {
+    "Graph": graph_view,
+    "Measured vs textbook": show_textbook_comparison,
+    "Memory": show_memory,
+    "FLOPs and time": show_flops,
+}
 
 run_through_app()
 st.title("Inside the backward pass")
@@ -18,13 +27,11 @@ config = config_form()
 capture = get_capture(config) if config is not None else None
 if capture is not None:
     show_summary(capture)
-    # One tab per panel; each panel reads the same capture (nothing here re-runs the backward pass).
-    graph_tab, textbook_tab, memory_tab, flops_tab = st.tabs(["Graph", "Measured vs textbook", "Memory", "FLOPs and time"])
-    with graph_tab:
-        graph_view(capture)
-    with textbook_tab:
-        show_textbook_comparison(capture)
-    with memory_tab:
-        show_memory(capture)
-    with flops_tab:
-        show_flops(capture)
+    # One tab per panel, each reading the same capture (nothing here re-runs the backward pass). Only the open
+    # tab is drawn: a newcomer's first page is the graph, sooner; the tab is in the URL (?tab=Memory).
+    keep_widget_state([*(key for key, _ in VIEW.values()), *MEMORY_WIDGETS, *FLOPS_WIDGETS])
+    tabs = st.tabs(list(PANELS), key="tab", bind="query-params")
+    for tab, panel in zip(tabs, PANELS.values(), strict=True):
+        if tab.open:
+            with tab:
+                panel(capture)

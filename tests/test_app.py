@@ -68,7 +68,9 @@ def test_toy_expressions_shows_a_bad_expression_as_an_error():
 
 
 def test_graph_explorer_shows_the_textbook_comparison_with_real_numbers():
-    at = AppTest.from_file(APP, default_timeout=120).run()
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["tab"] = "Measured vs textbook"  # only the open tab is drawn
+    at.run()
     assert [h.value for h in at.subheader] == ["Measured vs textbook"]
     flops = at.table[1].value
     # gpt2-tiny: lm_head backward 4*b*s*h*V = 4*2*32*64*512 = 8_388_608 -> "8.4 MFLOP", measured = textbook
@@ -108,3 +110,24 @@ def test_a_dry_run_at_bf16_names_where_it_differs_from_a_cpu_run():
     assert not at.exception
     notes = [c.value for c in at.caption if "dry run and a CPU run differ" in c.value]
     assert len(notes) == 1 and "saves 1.2 KiB less (5 LayerNorms)" in notes[0], notes
+
+
+def test_only_the_open_tab_is_drawn_and_panel_choices_survive_switching_tabs():
+    # The explorer draws the open tab only (a first page is the graph, sooner); a choice made in a panel is
+    # still there after visiting another tab (Streamlit forgets undrawn widgets unless the page keeps them).
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    assert not at.exception
+    assert len(at.get("iframe")) == 1 and not at.subheader  # the graph; no textbook panel
+    assert "Peak memory" not in [m.label for m in at.metric]  # no memory panel
+    at.selectbox(key="view.colour").set_value("flops").run()
+    at.session_state["tab"] = "Memory"  # what a click on the tab does
+    at.run()
+    assert "Peak memory" in [m.label for m in at.metric] and not at.get("iframe")
+    at.selectbox(key="memory.optimizer").set_value("sgd").run()
+    at.session_state["tab"] = "Graph"
+    at.run()
+    assert at.selectbox(key="view.colour").value == "flops"
+    at.session_state["tab"] = "Memory"  # what a click on the tab does
+    at.run()
+    assert at.selectbox(key="memory.optimizer").value == "sgd"
+    assert not at.exception and not at.warning

@@ -15,8 +15,15 @@ def _frame(at, column: str):
     return next(d.value for d in at.dataframe if column in d.value.columns)
 
 
+def tab_app(tab: str, timeout: int):
+    """The explorer with `tab` open (only the open tab is drawn; the tab is the ?tab= query parameter)."""
+    at = AppTest.from_file(APP, default_timeout=timeout)
+    at.query_params["tab"] = tab
+    return at.run()
+
+
 def test_flops_tab_shows_totals_ratios_and_the_rule_of_thumb_with_units():
-    at = AppTest.from_file(APP, default_timeout=120).run()
+    at = tab_app("FLOPs and time", 120)
     assert not at.exception
     assert "FLOPs and time" in [t.label for t in at.tabs]
     capture = captured("gpt2-tiny")
@@ -44,7 +51,7 @@ def test_flops_tab_shows_totals_ratios_and_the_rule_of_thumb_with_units():
 
 
 def test_flops_tab_times_nodes_on_cpu_and_says_the_overhead_is_subtracted():
-    at = AppTest.from_file(APP, default_timeout=120).run()
+    at = tab_app("FLOPs and time", 120)
     captions = " ".join(c.value for c in at.caption)
     assert "includes the instrumentation" in captions and "subtracts that overhead" in captions
     top = _frame(at, "achieved")
@@ -54,14 +61,14 @@ def test_flops_tab_times_nodes_on_cpu_and_says_the_overhead_is_subtracted():
 
 
 def test_highlight_sends_the_node_to_the_graph_search():
-    at = AppTest.from_file(APP, default_timeout=120).run()
+    at = tab_app("FLOPs and time", 120)
     next(b for b in at.button if b.label == "Highlight in the graph").click().run()
     assert not at.exception
     assert at.text_input(key="view.search").value == "MmBackward0 lm_head"
 
 
 def test_both_attentions_table_puts_manual_and_fused_side_by_side():
-    at = AppTest.from_file(APP, default_timeout=180).run()
+    at = tab_app("FLOPs and time", 180)
     at.toggle(key="flops.both_ways").set_value(True).run()
     assert not at.exception
     table = _frame(at, "manual attention").set_index("op")
@@ -73,7 +80,7 @@ def test_both_attentions_table_puts_manual_and_fused_side_by_side():
 
 
 def test_meta_says_time_is_absent():
-    at = AppTest.from_file(APP, default_timeout=120).run()
+    at = tab_app("FLOPs and time", 120)
     at.selectbox(key="config.device").set_value("meta")
     next(b for b in at.button if b.label == "Run backward pass").click().run()
     assert not at.exception

@@ -15,8 +15,15 @@ from tests.conftest import captured
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
 
+def tab_app(tab: str, timeout: int):
+    """The explorer with `tab` open (only the open tab is drawn; the tab is the ?tab= query parameter)."""
+    at = AppTest.from_file(APP, default_timeout=timeout)
+    at.query_params["tab"] = tab
+    return at.run()
+
+
 def test_memory_tab_shows_the_peak_and_runs_both_actions():
-    at = AppTest.from_file(APP, default_timeout=180).run()
+    at = tab_app("Memory", 180)
     assert not at.exception
     capture = captured("gpt2-tiny")
     metrics = {m.label: m.value for m in at.metric}

@@ -22,6 +22,9 @@ from graphviz_core.ui.format import (
     format_seconds,
 )
 
+# The panel's choices the explorer keeps while another tab is open (graphviz_core.ui.state.keep_widget_state)
+FLOPS_WIDGETS = ("flops.both_ways", "flops.top_n")
+
 GRAPH_SEARCH_KEY = "view.search"  # the graph tab's search box: setting it highlights nodes there
 PASS_COLOURS = {"forward": "#4c78a8", "backward": "#e45756"}
 
@@ -232,6 +235,7 @@ def _both_attentions(capture: Capture) -> None:
 def _highlight(op: str, module: str) -> None:
     # The graph's search matches "op module" as one string, so this selects exactly that node's op in that module.
     st.session_state[GRAPH_SEARCH_KEY] = f"{op} {module}".strip()
+    st.session_state["tab"] = "Graph"  # the explorer's tabs (key "tab"): show the graph with the node found
 
 
 def _node_table(rows: list[fa.NodeCost]) -> pd.DataFrame:
@@ -269,7 +273,8 @@ def _time_and_roofline(capture: Capture) -> None:
         )
     elif timed:
         st.caption("Times are as measured, instrumentation included (no shape nodes here to measure its overhead).")
-    n = st.select_slider("Nodes to list", [5, 10, 20, 50], value=10, key="flops.top_n")
+    st.session_state.setdefault("flops.top_n", 10)  # kept across tabs: no value=
+    n = st.select_slider("Nodes to list", [5, 10, 20, 50], key="flops.top_n")
     by_flop = fa.top_nodes(capture, "flop", n)
     st.caption(f"Top {n} nodes by backward FLOPs")
     st.dataframe(_node_table(by_flop), hide_index=True, width="stretch")
@@ -289,7 +294,7 @@ def _time_and_roofline(capture: Capture) -> None:
         if row[1].button(
             "Highlight in the graph", key="flops.highlight", on_click=_highlight, args=(picked.op, picked.module)
         ):
-            st.rerun()  # the whole page, so the graph tab redraws with the highlight
+            st.rerun()  # the whole page, so the graph tab opens with the highlight
         st.caption(
             "Highlighted nodes get a pink border in the Graph tab (its search box holds the node's op and module)."
         )

@@ -15,6 +15,9 @@ from graphviz_core.timeline import KINDS, sampled_steps
 from graphviz_core.training_step import ACCELERATORS, OPTIMIZER_NAMES, accelerator_fits, training_step_of
 from graphviz_core.ui.format import bytes_unit, format_bytes, format_flops
 
+# The panel's choices the explorer keeps while another tab is open (graphviz_core.ui.state.keep_widget_state)
+MEMORY_WIDGETS = ("memory.optimizer", "memory.ckpt_device", "memory.budget_choice", "memory.budget_gib")
+
 KIND_COLOURS = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e", "#c7c7c7"]  # same order as KINDS
 CUSTOM = "Custom (GiB)"
 
@@ -189,9 +192,8 @@ def _where_the_bytes_are(capture: Capture) -> None:
 
 def _training_step(capture: Capture) -> None:
     st.markdown("##### One training step")
-    optimizer = st.selectbox(
-        "Optimizer", list(OPTIMIZER_NAMES), index=3, format_func=OPTIMIZER_NAMES.get, key="memory.optimizer"
-    )
+    st.session_state.setdefault("memory.optimizer", list(OPTIMIZER_NAMES)[3])  # kept across tabs: no index=
+    optimizer = st.selectbox("Optimizer", list(OPTIMIZER_NAMES), format_func=OPTIMIZER_NAMES.get, key="memory.optimizer")
     step = training_step_of(capture, optimizer)
     parts = [
         ("parameters", step.parameter_bytes, f"{step.parameter_count:,} × {capture.config.dtype}"),
@@ -350,12 +352,13 @@ def _checkpointing(capture: Capture) -> None:
 def _will_it_fit(capture: Capture) -> None:
     st.markdown("##### Will it fit?")
     left, right = st.columns(2)
-    choice = left.selectbox("Memory budget", [*ACCELERATORS, CUSTOM], index=2, key="memory.budget_choice")
+    st.session_state.setdefault("memory.budget_choice", [*ACCELERATORS, CUSTOM][2])  # kept across tabs: no index=
+    st.session_state.setdefault("memory.budget_gib", 80.0)
+    choice = left.selectbox("Memory budget", [*ACCELERATORS, CUSTOM], key="memory.budget_choice")
     gib = right.number_input(
         "Budget (GiB)",
         min_value=0.01,
         max_value=1e6,
-        value=80.0,
         step=1.0,
         key="memory.budget_gib",
         disabled=choice != CUSTOM,
