@@ -155,3 +155,22 @@ def test_png_without_chromium_is_one_line_exit_2(monkeypatch, capsys, tmp_path):
 def test_png_size_out_of_range_is_one_line_exit_2(size, capsys):
     assert main(["graph", "--preset", "mlp", "--format", "png", "--png-size", size]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_dot_of_a_view_carries_the_screens_fills_highlight_and_an_escaped_legend():
+    import shutil
+
+    from graphviz_core.export import to_dot, to_svg
+    from tests.conftest import captured
+
+    graph = captured("mlp").graph
+    first = next(iter(graph))
+    options = dict(fills={first: "#a50026"}, highlight={first}, title='<script>&"x"', legend=[("most FLOPs", "#a50026")])
+    dot = to_dot(graph, **options)
+    assert "&lt;script&gt;&amp;&quot;x&quot;" in dot and "<script>" not in dot
+    line = next(x for x in dot.splitlines() if x.startswith(f'  "{first}" ['))
+    # #a50026 = (165, 0, 38): WCAG luminance 0.2126*0.42 + 0.7152*0 + 0.0722*0.019 = 0.09 < 0.179, so white ink
+    assert 'fillcolor="#a50026"' in line and 'fontcolor="#ffffff"' in line and "penwidth=4" in line
+    if shutil.which("dot"):
+        svg = to_svg(graph, **options)
+        assert "&lt;script&gt;" in svg and "<script" not in svg and "most FLOPs" in svg

@@ -50,9 +50,16 @@ def _compact(png: bytes) -> bytes:
     return out.getvalue()
 
 
-def _first_layer(groups: list[str]) -> str | None:
-    """The module group of layer 0 ("blocks.0", "model.layers.0"), or None when the model has no layers."""
-    return next((g for g in groups if g.rsplit(".", 1)[-1] == "0"), None)
+def _first_layer(graph) -> str | None:
+    """The module group of layer 0 ("blocks.0", "model.layers.0", "resnet.encoder.stages.0"): of the groups
+    numbered 0, the one with the most nodes (a ResNet's "classifier.0" is a lone Flatten); None if there is none."""
+    from collections import Counter
+
+    from graphviz_core.graph import module_group
+
+    sizes = Counter(module_group(d["module"], 2) for _, d in graph.nodes(data=True))
+    zeros = [g for g in sizes if g and g.rsplit(".", 1)[-1] == "0"]
+    return max(zeros, key=lambda g: sizes[g], default=None)
 
 
 def preset_graph_png(name: str, size: tuple[int, int] = GRAPH_SIZE, scale: int = GRAPH_SCALE) -> tuple[bytes, str]:
@@ -60,7 +67,6 @@ def preset_graph_png(name: str, size: tuple[int, int] = GRAPH_SIZE, scale: int =
     from graphviz_core.capture import capture_backward
     from graphviz_core.config import config_from_preset
     from graphviz_core.export import to_png
-    from graphviz_core.graph import module_groups
     from graphviz_core.render import render_html
     from graphviz_core.ui.graph_view import apply_view
 
@@ -68,7 +74,7 @@ def preset_graph_png(name: str, size: tuple[int, int] = GRAPH_SIZE, scale: int =
     config, graph = capture.config, capture.graph
     shown = f"all {graph.number_of_nodes():,} nodes"
     if graph.number_of_nodes() > COLLAPSE_ABOVE:
-        layer = _first_layer(module_groups(graph, depth=2))
+        layer = _first_layer(graph)
         graph = apply_view(capture, focus=None, hide_shape=True, collapse=True, expanded=layer)
         shown = (f"{graph.number_of_nodes():,} of {capture.graph.number_of_nodes():,} nodes: shape ops hidden, "
                  f"modules collapsed" + (f", {layer} expanded" if layer else ""))
