@@ -28,13 +28,13 @@ graphviz:
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 run: $(STAMP)
-	$(VENV)/bin/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT)
+	$(PY) -m graphviz_core.ui.serve --server.address 127.0.0.1 --server.port $(PORT)
 
 # For a team: .streamlit/config.toml's safe settings (headless, no usage stats, no error details in the
 # browser, XSRF on, cross-origin refused, uploads off), the address chosen here, and the capture limits
 # from the environment (README, "Run it for your team").
 serve: $(STAMP)
-	$(VENV)/bin/streamlit run app.py --server.address $(HOST) --server.port $(PORT) --server.headless true \
+	$(PY) -m graphviz_core.ui.serve --server.address $(HOST) --server.port $(PORT) --server.headless true \
 		--browser.gatherUsageStats false --client.showErrorDetails none --server.enableXsrfProtection true \
 		--server.enableCORS true --server.maxUploadSize 1
 

@@ -71,7 +71,15 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> N
             time.sleep(0.02)
 
 
-def server_round(browser) -> tuple[float, float, float]:
+# `make run` starts the app through graphviz_core.ui.serve (imports and warm-up in the background while the
+# server starts); plain `streamlit run app.py` is measured beside it, rounds interleaved.
+LAUNCHERS = {
+    "make run (graphviz_core.ui.serve)": ["-m", "graphviz_core.ui.serve"],
+    "streamlit run app.py": ["-m", "streamlit", "run", str(ROOT / "app.py")],
+}
+
+
+def server_round(browser, launcher: list[str]) -> tuple[float, float, float]:
     """(seconds to HTTP health, cold start to first graph, warm revisit) for one fresh server."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -79,10 +87,7 @@ def server_round(browser) -> tuple[float, float, float]:
     proc = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "streamlit",
-            "run",
-            str(ROOT / "app.py"),
+            *launcher,
             "--server.port",
             str(port),
             "--server.address",
@@ -144,14 +149,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    healthy, cold, warm, cli, first, second = [], [], [], [], [], []
+    healthy, cold, warm = ({name: [] for name in LAUNCHERS} for _ in range(3))
+    cli, first, second = [], [], []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        for _ in range(args.rounds):
-            h, c, w = server_round(browser)
-            healthy.append(h)
-            cold.append(c)
-            warm.append(w)
+        for i in range(args.rounds):
+            names = list(LAUNCHERS) if i % 2 == 0 else list(reversed(LAUNCHERS))  # order alternates
+            for name in names:
+                h, c, w = server_round(browser, LAUNCHERS[name])
+                healthy[name].append(h)
+                cold[name].append(c)
+                warm[name].append(w)
         browser.close()
     for _ in range(args.rounds):
         cli.append(cli_round())
@@ -162,9 +170,13 @@ def main() -> None:
         first.append(a)
         second.append(b)
     print(f"{args.rounds} rounds, each with a fresh server / process; load average {os.getloadavg()[0]:.2f}")
-    _report("server answers HTTP", healthy)
-    _report("cold start -> first graph", cold)
-    _report("warm revisit -> graph", warm)
+    for name in LAUNCHERS:
+        print(f"-- {name}")
+        _report("server answers HTTP", healthy[name])
+        _report("cold start -> first graph", cold[name])
+        _report("warm revisit -> graph", warm[name])
+    plain, served = (statistics.median(cold[name]) for name in reversed(LAUNCHERS))
+    print(f"cold start, make run / streamlit run: {served / plain:.2f}x")
     _report("CLI graph --format json", cli)
     ratios = [a / b for a, b in zip(first, second, strict=True)]
     print(

@@ -1,6 +1,9 @@
 """Serving for a team: the shipped Streamlit settings, user text shown literally, downloads that all arrive."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -30,6 +33,23 @@ def test_the_shipped_settings_are_safe_for_a_shared_server():
     assert "--server.address $(HOST)" in serve and "HOST ?= 127.0.0.1" in makefile
     run = makefile[makefile.index("\nrun:") : makefile.index("\nserve:")]
     assert "--server.address 127.0.0.1" in run
+    assert "-m graphviz_core.ui.serve" in run and "-m graphviz_core.ui.serve" in serve
+
+
+def test_the_launcher_preloads_the_pages_modules_and_warms_the_capture():
+    # `make run` starts graphviz_core.ui.serve: the same app, plus a background thread importing what the pages
+    # need and paying the first capture's one-time costs before the first visitor arrives.
+    script = (
+        "import sys\n"
+        "from graphviz_core.ui import serve\n"
+        "from graphviz_core import capture\n"
+        "assert 'graphviz_core.ui.memory_view' not in sys.modules and capture._WARMED == {}\n"
+        "serve.preload()\n"
+        "print(all(name in sys.modules for name in serve.PRELOAD), capture._WARMED.get('cpu', 0) > 0)\n"
+    )
+    env = {**os.environ, "GRAPHVIZ_CORE_DEVICE": "cpu"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env, cwd=ROOT)
+    assert out.stdout.split() == ["True", "True"], out.stderr[-2000:]
 
 
 @pytest.mark.parametrize(

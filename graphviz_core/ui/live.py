@@ -29,7 +29,8 @@ def serve_app(env: dict | None = None, timeout_s: float = 90) -> Iterator[str]:
     """Start the app on 127.0.0.1:<free port>, wait until healthy, yield its URL, stop it afterwards."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
+        # as `make run` starts it (graphviz_core.ui.serve: `streamlit run app.py` plus imports in the background)
+        [sys.executable, "-m", "graphviz_core.ui.serve", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
          "--server.fileWatcherType", "none"],
         cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
