@@ -193,6 +193,13 @@ def bench_cached(browser, base: str, preset: str) -> None:
     first.page.goto(url)
     graph_frame(first.page, expected.summary.nodes, timeout_s=900)
     captured_s = time.perf_counter() - t
+    # the page is complete once nothing waits any more: its FLOPs tab also captures the other attention kernel
+    first.page.wait_for_function(
+        "() => document.querySelector('[data-testid=stApp]').dataset.testScriptState === 'notRunning'",
+        timeout=1_800_000,
+        polling=500,
+    )
+    complete_s = time.perf_counter() - t
     second = Person(browser)
     t = time.perf_counter()
     second.page.goto(url)
@@ -215,7 +222,8 @@ def bench_cached(browser, base: str, preset: str) -> None:
     graph_frame(third.page, expected.summary.nodes, timeout_s=60)
     rerun_s = time.perf_counter() - t
     print(
-        f"{preset} ({expected.summary.nodes} nodes): first session captured it in {captured_s:.1f} s; a second "
+        f"{preset} ({expected.summary.nodes} nodes): first session had its graph in {captured_s:.1f} s (the whole "
+        f"page, with the FLOPs tab's capture of the other attention kernel, in {complete_s:.1f} s); a second "
         f"session opening its link had the graph drawn in {opened_s:.2f} s (page load included, from the shared "
         f"cache); a third picking it in the form of its open page saw 'From the shared cache' {summary_s:.2f} s and the "
         f"graph drawn {rerun_s:.2f} s after Run (goal <= 1 s); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
@@ -230,22 +238,28 @@ def bench_toggle_during_capture(browser, base: str, repeats: int = 5) -> None:
     viewer = Person(browser)
     viewer.page.goto(base)
     graph_frame(viewer.page, tiny.summary.nodes)
+    hidden = hide_categories(tiny.graph, {"shape"}).number_of_nodes()
+
+    def toggle(i: int) -> float:
+        t = time.perf_counter()
+        viewer.page.get_by_text("Hide shape ops").click()
+        graph_frame(viewer.page, hidden if i % 2 == 0 else tiny.summary.nodes, timeout_s=30)
+        return time.perf_counter() - t
+
+    alone = [toggle(i) for i in range(2 * (repeats // 2 + 1))]  # an even count: the toggle ends off again
     busy = Person(browser)
     slow = config_from_preset("gpt2-tiny", device="cpu", layers=16, batch=4, seq=256, seed=77).replace(preset="")
     busy.page.goto(link_url(base, config_params(slow)))
     busy.page.get_by_role("button", name="Cancel").wait_for(timeout=60_000)
-    hidden = hide_categories(tiny.graph, {"shape"}).number_of_nodes()
     times = []
     for i in range(repeats):
-        t = time.perf_counter()
-        viewer.page.get_by_text("Hide shape ops").click()
-        graph_frame(viewer.page, hidden if i % 2 == 0 else tiny.summary.nodes, timeout_s=30)
-        times.append(time.perf_counter() - t)
+        times.append(toggle(i))
         assert busy.page.get_by_role("button", name="Cancel").count(), "the other capture ended before the toggles"
     busy.page.get_by_role("button", name="Cancel").click()
     print(
         f"view toggle while another session captures ({slow.describe()}): median {statistics.median(times):.2f} s, "
-        f"max {max(times):.2f} s over {repeats} toggles (goal <= 1.5 s)"
+        f"max {max(times):.2f} s over {repeats} toggles (goal <= 1.5 s); with no capture running: median "
+        f"{statistics.median(alone):.2f} s, max {max(alone):.2f} s; load average {os.getloadavg()[0]:.1f}"
     )
     for person in (viewer, busy):
         assert not person.errors, person.errors

@@ -25,6 +25,7 @@ from torch import nn  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts  # noqa: E402
 
 from graphviz_core.config import ModelConfig  # noqa: E402
+from graphviz_core.models import CHECKPOINT_KWARGS  # noqa: E402
 
 LANGUAGE = ("llama", "mistral", "qwen2", "mixtral", "gpt2-hf", "bert")
 VISION = ("vit", "resnet")
@@ -220,8 +221,8 @@ def _checkpoint_layers(model: nn.Module, selective: bool) -> None:
 
         def run(*args, _forward=forward, **kwargs):
             if context_fn is None:
-                return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
-            return checkpoint(_forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+                return checkpoint(_forward, *args, **CHECKPOINT_KWARGS, **kwargs)
+            return checkpoint(_forward, *args, **CHECKPOINT_KWARGS, context_fn=context_fn, **kwargs)
 
         layer.forward = run
         setattr(layer, _RECOMPUTED, True)

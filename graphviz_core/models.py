@@ -24,6 +24,12 @@ RECOMPUTED = "recomputed_in_backward"
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+# No model here draws random numbers in forward (no dropout), so recompute needs no saved RNG state; and saving it
+# is harmful on a shared server: checkpoint's recompute sets torch's one global generator back to the forward's
+# state (and restores it after), which, in another thread, corrupted a model being initialised from that generator
+# under models._BUILD_LOCK (5 of 15 seed-block builds got other weights beside full-checkpoint captures).
+CHECKPOINT_KWARGS = {"use_reentrant": False, "preserve_rng_state": False}
+
 class CoreAttention(nn.Module):
     """softmax(q kᵀ / sqrt(d)) v, fused (`sdpa`) or spelled out op by op (`manual`)."""
 
@@ -72,7 +78,7 @@ class SelfAttention(nn.Module):
             if self.causal:
                 mask = torch.ones(seq, seq, dtype=torch.bool, device=x.device).triu(1)  # (T, T)
             if self.recompute_core:
-                return checkpoint(self._mha, x, mask, use_reentrant=False)
+                return checkpoint(self._mha, x, mask, **CHECKPOINT_KWARGS)
             return self._mha(x, mask)
         # Heads and widths come from the projection's output, not the config, so that under tensor
         # parallelism (graphviz_core.parallel) a rank whose qkv holds 3C/tp columns runs nh/tp whole heads.
@@ -82,7 +88,7 @@ class SelfAttention(nn.Module):
         k = k.view(batch, seq, -1, head_dim).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(batch, seq, -1, head_dim).transpose(1, 2)  # (B, nh, T, hs)
         if self.recompute_core:
-            y = checkpoint(self.core, q, k, v, use_reentrant=False)
+            y = checkpoint(self.core, q, k, v, **CHECKPOINT_KWARGS)
         else:
             y = self.core(q, k, v)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(batch, seq, -1)  # (B, T, C)
@@ -129,7 +135,7 @@ def _mark_recomputed(modules: nn.ModuleList, full_checkpoint: bool) -> None:
 
 def _run_block(block: nn.Module, x: torch.Tensor, full_checkpoint: bool) -> torch.Tensor:
     if full_checkpoint:
-        return checkpoint(block, x, use_reentrant=False)
+        return checkpoint(block, x, **CHECKPOINT_KWARGS)
     return block(x)
 
 

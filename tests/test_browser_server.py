@@ -79,7 +79,7 @@ def test_a_second_person_sees_the_queue_cancels_and_a_running_capture_stops_at_c
     # B closes the tab mid-capture: nobody waits for it any more, so it is cancelled and A, asking for the same
     # config, starts it afresh (a capture that had run on would be joined, at its elapsed time, instead).
     second_page.context.close()
-    page.wait_for_timeout(2000)  # the server notices the closed websocket, the capture stops at its next node
+    page.wait_for_timeout(3000)  # the server notices the closed websocket, the capture stops at its next node
     _run_config(page, **SLOW, seed=2)
     line = page.locator('[data-testid="stAlert"]').filter(has_text="…").first
     line.wait_for(timeout=15_000)
