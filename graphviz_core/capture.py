@@ -371,6 +371,7 @@ class _Run:
 
     def module_pre(self, module, args, kwargs):
         self.check()
+        self.storages.module_entered(self.module_paths[module])  # the timeline's module, from the same hook
         if self.phase == "backward":
             self.recompute_depth += 1
             return
@@ -387,6 +388,7 @@ class _Run:
                     self.checkpoint_held[key] = nbytes
 
     def module_post(self, module, args, kwargs, output):
+        self.storages.module_left()
         if self.phase == "backward":
             self.recompute_depth -= 1
             return
@@ -420,6 +422,7 @@ class _Run:
             self.check()
             self.current = node_id
             self.backward_order.append(node_id)
+            self.storages.node_started(node_id)  # the timeline's step, from the same hook
             self.started[node_id] = self._clock()
 
         return hook
@@ -482,7 +485,6 @@ class _Run:
         handles += [m.register_forward_hook(self.module_post, with_kwargs=True, always_call=True) for m in model.modules()]
         self.storages.track_existing(model.parameters(), parameters=True)
         self.storages.track_existing(held, parameters=False)
-        self.storages.watch_modules(model)
         peak = baseline = None
         if device == "cuda":
             torch.cuda.synchronize()
@@ -515,7 +517,6 @@ class _Run:
             is_leaf = normalise_op(node.name()) == "AccumulateGrad"
             self.node_hooks.append(node.register_prehook(self.node_pre(ids[node])))
             self.node_hooks.append(node.register_hook(self.node_post(ids[node], is_leaf)))
-        self.storages.watch_backward(nodes, ids)
 
         self.say("running the backward pass")
         self.phase = "backward"

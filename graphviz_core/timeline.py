@@ -167,24 +167,24 @@ class StorageObserver:
     # ---- phases ---------------------------------------------------------------------------------------
 
     def watch_modules(self, model: nn.Module) -> None:
-        """Module hooks name the module running each forward op, and tell recomputation in backward."""
+        """Module hooks name the module running each forward op, and tell recomputation in backward. (A capture
+        calls module_entered/module_left from its own module hooks instead: one set of hooks, not two.)"""
         paths = {m: name for name, m in model.named_modules()}
-
-        def pre(module, args):
-            if self.phase == "backward":
-                self.recompute_depth += 1
-            else:
-                self.module_stack.append(paths[module])
-
-        def post(module, args, output):
-            if self.phase == "backward":
-                self.recompute_depth -= 1
-            elif self.module_stack:
-                self.module_stack.pop()
-
         for module in paths:
-            self.handles.append(module.register_forward_pre_hook(pre))
-            self.handles.append(module.register_forward_hook(post, always_call=True))
+            self.handles.append(module.register_forward_pre_hook(lambda m, args: self.module_entered(paths[m])))
+            self.handles.append(module.register_forward_hook(lambda m, args, out: self.module_left(), always_call=True))
+
+    def module_entered(self, path: str) -> None:
+        if self.phase == "backward":
+            self.recompute_depth += 1
+        else:
+            self.module_stack.append(path)
+
+    def module_left(self) -> None:
+        if self.phase == "backward":
+            self.recompute_depth -= 1
+        elif self.module_stack:
+            self.module_stack.pop()
 
     def forward(self, own_mode: bool = True) -> _Phase:
         """The forward phase. `own_mode=False`: a dispatch mode of the caller's calls `after_op` for every op
@@ -204,14 +204,12 @@ class StorageObserver:
                 record.kind = _HELD
 
     def watch_backward(self, nodes: list, ids: dict) -> None:
+        """A step per backward node as it starts (a capture calls node_started from its own node hooks instead)."""
         for node in nodes:
-            self.handles.append(node.register_prehook(self._node_started(ids[node])))
+            self.handles.append(node.register_prehook(lambda grad_outputs, node_id=ids[node]: self.node_started(node_id)))
 
-    def _node_started(self, node_id: str):
-        def hook(grad_outputs):
-            self.steps.append(["backward", node_id, "", torch.cuda.memory_allocated() if self.cuda else None])
-
-        return hook
+    def node_started(self, node_id: str) -> None:
+        self.steps.append(["backward", node_id, "", torch.cuda.memory_allocated() if self.cuda else None])
 
     def backward(self, own_mode: bool = True) -> _Phase:
         self.steps.append(["backward", "backward starts", "", torch.cuda.memory_allocated() if self.cuda else None])
