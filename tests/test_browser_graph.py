@@ -189,3 +189,28 @@ def test_the_overview_stays_drawn_while_zooming_or_dragging(page, tmp_path, acti
     flag, still, moving = page.evaluate(INK_WHILE, action)
     assert flag is True  # measured while vis-network still counts the view as moving
     assert moving > 0.8 * still, (still, moving)
+
+
+INK_NOW = """async () => {
+    const canvas = document.querySelector('#graph canvas');
+    await new Promise((done) => { window.network.once('afterDrawing', () => done()); window.network.redraw(); });
+    const pixels = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+    let count = 0;
+    for (let i = 0; i < pixels.length; i += 4) { if (pixels[i + 3] > 128 && pixels[i] + pixels[i + 1] + pixels[i + 2] < 720) count += 1; }
+    return count;
+}"""
+
+
+@pytest.mark.parametrize("size_by", [None, "flops"])
+def test_the_overview_draws_about_as_much_as_the_full_drawing(page, tmp_path, size_by):
+    # Same graph, same fitted view: the plain overview and vis-network's full drawing cover a similar area: no
+    # arrowheads or labels in the overview, landmarks added, and edges at least 0.8 px wide where vis-network's
+    # 1-unit lines fade to 0.16 px (size by FLOPs, where nodes are small dots: 2.3x the ink). A dot drawn over
+    # its label's box as well was 24x.
+    graph = gpt2_small_graph()
+    ink = {}
+    for lod in (False, True):
+        open_graph(page, tmp_path, render_html(graph, size_by=size_by, level_of_detail=lod))
+        page.locator("#fit").click()
+        ink[lod] = page.evaluate(INK_NOW)
+    assert 0.5 < ink[True] / ink[False] < 3, ink
