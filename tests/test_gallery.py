@@ -2,12 +2,15 @@
 
 import io
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from graphviz_core.ui.screenshot import TOY_STEPS, gallery_sizes, preset_graph_png
+
+GALLERY = Path(__file__).resolve().parent.parent / "assets" / "gallery"
 
 
 def header_size(data: bytes) -> tuple[int, int]:
@@ -26,7 +29,8 @@ def check_picture(data: bytes, size: tuple[int, int]) -> None:
     rgb = np.asarray(image.convert("RGB")).astype(int)
     # a blank (one-colour) picture has standard deviation 0; a page of text, boxes and charts is far above 10
     assert rgb.std() > 10, f"blank picture (pixel std {rgb.std():.1f})"
-    assert len(np.unique(rgb.reshape(-1, 3)[::7], axis=0)) > 16  # text, fills and lines, not a two-colour slab
+    packed = (rgb[..., 0] << 16) | (rgb[..., 1] << 8) | rgb[..., 2]  # one int per colour
+    assert len(np.unique(packed)) > 16  # text, fills and lines, not a two-colour slab
 
 
 def test_the_check_refuses_a_blank_picture():
@@ -42,6 +46,16 @@ def test_the_gallery_names_each_preset_three_toy_steps_and_two_panels():
     sizes = gallery_sizes()
     assert len(sizes) == len(PRESETS) + len(TOY_STEPS) + 2
     assert TOY_STEPS == (1, 3, 6)  # seed 003's (a*b + c)**2 has 6 backward steps: first, middle, last
+
+
+@pytest.mark.parametrize(("file", "size"), sorted(gallery_sizes().items()))
+def test_gallery_picture_is_a_valid_non_blank_png_of_its_size(file, size):
+    check_picture((GALLERY / file).read_bytes(), size)
+
+
+def test_gallery_index_shows_every_picture():
+    index = (GALLERY / "index.md").read_text(encoding="utf-8")
+    assert all(f"]({file})" in index for file in gallery_sizes())
 
 
 @pytest.mark.browser
