@@ -13,6 +13,7 @@ import math
 import os
 import shutil
 import subprocess
+import threading
 from collections.abc import Mapping
 
 import networkx as nx
@@ -221,6 +222,8 @@ PNG_SCALE = 2  # device pixels per CSS pixel: crisp on a high-density screen and
 # picture then shows the graph's top-left corner (the loss is at the top) at this zoom; the interactive page
 # uses the same threshold before it starts at the loss instead of fitting.
 MIN_FIT_SCALE = 0.45
+# A shared server launches one Chromium (~200 MB) per PNG click: at most two at once, the rest wait their turn.
+PNG_RENDERS = threading.BoundedSemaphore(2)
 
 
 def png_problem(width: int = PNG_SIZE[0], height: int = PNG_SIZE[1], scale: int = PNG_SCALE) -> str | None:
@@ -250,7 +253,7 @@ def to_png(page_html: str, *, width: int = PNG_SIZE[0], height: int = PNG_SIZE[1
     # session already driving a browser): photograph from a thread of its own.
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(1, thread_name_prefix="png") as pool:
+    with PNG_RENDERS, ThreadPoolExecutor(1, thread_name_prefix="png") as pool:
         return pool.submit(_photograph, page_html, width, height, scale).result()
 
 
