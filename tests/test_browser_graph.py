@@ -214,3 +214,20 @@ def test_the_overview_draws_about_as_much_as_the_full_drawing(page, tmp_path, si
         page.locator("#fit").click()
         ink[lod] = page.evaluate(INK_NOW)
     assert 0.5 < ink[True] / ink[False] < 3, ink
+
+
+def test_zoomed_out_block_names_never_overlap(page, tmp_path):
+    from graphviz_core.capture import capture_backward
+    from graphviz_core.config import ModelConfig
+
+    # 48 blocks in 16 columns of 3: fitted at 1280x800 a column is ~55 px wide, "blocks.44" in bold 13 px ~65
+    graph = capture_backward(ModelConfig(model="gpt2", layers=48, attention="manual", device="meta")).graph
+    open_graph(page, tmp_path, render_html(graph))
+    page.locator("#fit").click()
+    redraw(page)
+    boxes = page.evaluate("window.landmarksShown")
+    assert len(boxes) >= 48 // 2  # at least every other block keeps its name
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            apart = a["right"] <= b["left"] or b["right"] <= a["left"] or a["bottom"] <= b["top"] or b["bottom"] <= a["top"]
+            assert apart, (a, b)
