@@ -40,3 +40,21 @@ def test_every_headline_metric_is_shown_whole(browser, streamlit_url, width, hei
             assert page.evaluate(CUT_OFF) == [], f"{tab} metrics cut off at {width}x{height}"
     finally:
         context.close()
+
+
+@pytest.mark.parametrize("width,height", [(1280, 800), (1920, 1080)])
+def test_the_compare_pages_metrics_are_shown_whole(browser, streamlit_url, width, height):
+    # Five metrics in one row cut the notes off at 1440 px ("-442.4 kFLOP vs A 37.2 MFL…").
+    context = browser.new_context(viewport={"width": width, "height": height})
+    page = context.new_page()
+    try:
+        page.goto(f"{streamlit_url}/compare")
+        page.get_by_role("button", name="Fused vs spelled-out attention").click()
+        page.locator('[data-testid="stMetricLabel"]', has_text="Nodes per layer").wait_for(timeout=120_000)
+        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+        page.wait_for_timeout(500)
+        labels = page.locator('[data-testid="stMetricLabel"]').all_inner_texts()
+        assert "Backward FLOPs (B)" in labels and "Forward + backward time (B)" in labels, labels
+        assert page.evaluate(CUT_OFF) == [], f"compare metrics cut off at {width}x{height}"
+    finally:
+        context.close()

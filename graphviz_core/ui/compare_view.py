@@ -17,6 +17,7 @@ from graphviz_core.capture import Capture
 from graphviz_core.compare import Comparison, Headline, compare_captures
 from graphviz_core.config import DEFAULT_PRESET, HF_FAMILIES, ModelConfig, applies, config_from_preset
 from graphviz_core.render import render_html
+from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.config_form import config_form, set_config
 from graphviz_core.ui.format import (
     bytes_unit,
@@ -141,7 +142,7 @@ def show_comparison(c: Comparison) -> None:
     st.markdown("##### What changed, and why")
     for sentence in c.explanations:
         st.markdown("- " + escape_markdown(sentence))
-    cols = st.columns(5)
+    cols = [*st.columns(3), *st.columns(3)[:2]]  # two rows: five in one cut values off at laptop widths
     if c.nodes_per_layer_delta is not None and c.a.config.layers == c.b.config.layers:
         cols[0].metric("Nodes per layer", f"{c.nodes_per_layer_delta:+d}", help="B − A, the same in every layer")
     else:
@@ -151,7 +152,7 @@ def show_comparison(c: Comparison) -> None:
         cols[1:], ("Saved for backward", "Peak memory", "Backward FLOPs", "Forward + backward time"), strict=True
     ):
         h = shown[name]
-        col.metric(f"{name} (B)", _value(h.unit, h.b), _delta(h) + f" vs A {_value(h.unit, h.a)}", delta_color="off", delta_arrow="off")
+        col.metric(f"{name} (B)", _value(h.unit, h.b), f"{_delta(h)} (A: {_value(h.unit, h.a)})", delta_color="off", delta_arrow="off")
     st.dataframe(
         pd.DataFrame(
             [
@@ -258,9 +259,9 @@ def _per_layer_bars(c: Comparison) -> None:
     )
     left, right = st.columns(2)
     left.caption("Saved for backward per layer")
-    left.altair_chart(_paired(memory, byte_unit, order, "saved"), width="stretch")
+    show_chart(_paired(memory, byte_unit, order, "saved"), left)
     right.caption("Forward + backward FLOPs per layer")
-    right.altair_chart(_paired(flops, flop_unit, order, "FLOPs"), width="stretch")
+    show_chart(_paired(flops, flop_unit, order, "FLOPs"), right)
 
 
 def _graphs(c: Comparison) -> None:

@@ -12,6 +12,7 @@ from graphviz_core import flop_analysis as fa
 from graphviz_core.capture import Capture
 from graphviz_core.device_peak import DevicePeak, measure_peak
 from graphviz_core.flop_terms import terms_both_ways
+from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import (
     escape_markdown,
     flops_unit,
@@ -102,13 +103,13 @@ def _per_layer(capture: Capture) -> None:
         "outside every module (loss, embedding sum) and the engine's gradient sums where two paths meet come last."
     )
     if rows:
-        left.altair_chart(_grouped_bars(pd.DataFrame(rows), "layer", unit, [r.layer for r in layers]), width="stretch")
+        show_chart(_grouped_bars(pd.DataFrame(rows), "layer", unit, [r.layer for r in layers]), left)
     right.caption("Backward per category of the node that ran it (the colours of the graph).")
     if by_category:
         data = pd.DataFrame(
             [{"category": k, unit: v / divisor, "FLOPs": format_flops(v)} for k, v in by_category.items()]
         )
-        right.altair_chart(
+        show_chart(
             alt.Chart(data)
             .mark_bar(color=PASS_COLOURS["backward"])
             .encode(
@@ -117,7 +118,7 @@ def _per_layer(capture: Capture) -> None:
                 tooltip=["category:N", "FLOPs:N"],
             )
             .properties(height=alt.Step(26)),
-            width="stretch",
+            right,
         )
     else:
         right.caption("No backward FLOPs were counted in this run.")
@@ -371,7 +372,7 @@ def _roofline(capture: Capture) -> None:
             ],
         )
     )
-    st.altair_chart((line + dots).properties(height=380), width="stretch")
+    show_chart((line + dots).properties(height=380))
     slow = sum(1 for r in nodes if r.intensity_flop_per_byte < peak.ridge_flop_per_byte)
     above = sum(1 for r in nodes if r.flop_per_s > min(peak.flop_per_s, peak.bytes_per_s * r.intensity_flop_per_byte))
     best = max(r.flop_per_s for r in nodes) / peak.flop_per_s

@@ -13,6 +13,7 @@ from graphviz_core.fit import will_it_fit
 from graphviz_core.memory_breakdown import largest_saved_tensors, saved_bytes_by_layer
 from graphviz_core.timeline import KINDS, sampled_steps
 from graphviz_core.training_step import ACCELERATORS, OPTIMIZER_NAMES, accelerator_fits, training_step_of
+from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import bytes_unit, format_bytes, format_flops
 
 # The panel's choices the explorer keeps while another tab is open (graphviz_core.ui.state.keep_widget_state)
@@ -137,7 +138,7 @@ def _timeline_chart(capture: Capture) -> None:
         .mark_text(align="left", dx=4, dy=-6, color="black")
         .encode(x="step:Q", y=alt.Y(f"{unit}:Q"), text="label:N")
     )
-    st.altair_chart((area + rules + labels + pointer).properties(height=320), width="stretch")
+    show_chart((area + rules + labels + pointer).properties(height=320))
 
 
 def _bar(data: pd.DataFrame, category: str, unit: str, sort: list[str] | None = None):
@@ -165,12 +166,12 @@ def _where_the_bytes_are(capture: Capture) -> None:
     left, right = st.columns(2)
     layers = pd.DataFrame([{"layer": k, unit: v / divisor, "size": format_bytes(v)} for k, v in by_layer.items()])
     left.caption("per layer (module path to two levels), forward order")
-    left.altair_chart(_bar(layers, "layer", unit, sort=list(by_layer)), width="stretch")
+    show_chart(_bar(layers, "layer", unit, sort=list(by_layer)), left)
     categories = pd.DataFrame(
         [{"category": k, unit: v / divisor, "size": format_bytes(v)} for k, v in by_category.items()]
     )
     right.caption("per category of the node that keeps them")
-    right.altair_chart(_bar(categories, "category", unit), width="stretch")
+    show_chart(_bar(categories, "category", unit), right)
     st.caption("The largest saved tensors (storages counted once; parameters are never counted)")
     st.dataframe(
         pd.DataFrame(
@@ -310,7 +311,7 @@ def _checkpointing(capture: Capture) -> None:
             )
         ]
     )
-    st.altair_chart(
+    show_chart(
         alt.Chart(chart)
         .mark_bar()
         .encode(
@@ -321,7 +322,6 @@ def _checkpointing(capture: Capture) -> None:
             tooltip=["checkpointing", "measure", "size"],
         )
         .properties(height=90 * len(result.rows)),
-        width="stretch",
     )
     lines = []
     for r in result.rows:

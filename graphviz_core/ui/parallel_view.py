@@ -13,6 +13,7 @@ from graphviz_core.collectives import GPUS_PER_NODE, INFINIBAND_BYTES_PER_S, NVL
 from graphviz_core.config import ModelConfig
 from graphviz_core.parallel import PerRank, simulate_parallel
 from graphviz_core.parallel_config import MAX_WORLD, MIXED_PRECISIONS, STRATEGIES, ParallelConfig
+from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import escape_markdown, format_bytes, format_seconds
 
 MAX_CACHED = 8
@@ -192,7 +193,7 @@ def show_per_rank(result: PerRank) -> None:
         [{"step": i, "phase": phase, "MiB live": value / 2**20} for i, (phase, value) in enumerate(result.timeline)]
     )
     if not timeline.empty:
-        st.altair_chart(
+        show_chart(
             alt.Chart(timeline)
             .mark_line()
             .encode(
@@ -201,7 +202,6 @@ def show_per_rank(result: PerRank) -> None:
                 color=alt.Color("phase:N", sort=["forward", "backward", "optimizer"]),
             )
             .properties(height=220),
-            width="stretch",
         )
 
 
