@@ -23,7 +23,7 @@ import networkx as nx
 from markupsafe import Markup
 from pyvis.network import Network
 
-from graphviz_core.export import CATEGORY_COLOURS
+from graphviz_core.export import CATEGORY_COLOURS, MIN_FIT_SCALE
 from graphviz_core.graph import module_group
 from graphviz_core.layout import LAYER_GAP, NODE_WIDTH, Layout, layered_layout
 from graphviz_core.ui.format import format_bytes, format_flops, format_seconds
@@ -33,12 +33,13 @@ PYVIS_LIB = Path(__import__("pyvis").__file__).resolve().parent / "templates" / 
 METRICS = {"time_s": "time", "flops": "FLOPs", "saved_bytes": "saved bytes", "grad_norm": "gradient norm"}
 MODULE_COLOUR = "#f4f1ea"
 FONT_PX = 13
-# Level of detail: a label smaller than this on screen is not drawn (vis-network's own default is 4 px), and
-# below the scale where labels go (6 / 13 = 0.46) the page draws an overview: nodes as plain shapes batched
-# by colour, edges as one path, no arrowheads, module names as landmarks; search matches and the selected node
-# are still drawn in full and labelled at a readable size.
-LABEL_MIN_PX = 6
-VIS_LABEL_MIN_PX = 4  # vis-network hides a label when font px x scale < drawThreshold (5) - 1
+# Level of detail. vis-network fades a label out over the pixel below its drawThreshold and skips it under
+# drawThreshold - 1 (default 5: gone under 4 px). Labels are whole from MIN_FIT_SCALE (13 px x 0.45 = 5.85 px,
+# the zoom the page opens at and a PNG is taken at) and gone under 4.85 px, scale 0.37; below that the page
+# draws an overview: nodes as plain shapes batched by colour, edges as one path, no arrowheads, module names as
+# landmarks; search matches and the selected node are still drawn in full and labelled at a readable size.
+LABEL_DRAW_THRESHOLD = FONT_PX * MIN_FIT_SCALE
+VIS_DRAW_THRESHOLD = 5
 
 
 class _IdList(list):
@@ -279,7 +280,7 @@ def build_network(
         "edges": {"smooth": False, "arrows": {"to": {"enabled": True, "scaleFactor": 0.5}}, "color": {"color": "#8a8a8a"}},
         "nodes": {"font": {"size": FONT_PX, "face": "monospace", "multi": False}, "margin": 6,
                   # vis-network skips a label when its size on screen < drawThreshold - 1 px
-                  "scaling": {"label": {"drawThreshold": (LABEL_MIN_PX if level_of_detail else VIS_LABEL_MIN_PX) + 1}}},
+                  "scaling": {"label": {"drawThreshold": LABEL_DRAW_THRESHOLD if level_of_detail else VIS_DRAW_THRESHOLD}}},
         "interaction": {"hover": True, "tooltipDelay": 120, "hideEdgesOnDrag": True, "hideEdgesOnZoom": level_of_detail,
                         "navigationButtons": False, "keyboard": False},
     }))
@@ -305,7 +306,7 @@ def render_html(
     `hint` replaces the line on how to read a model's graph, and `legend_labels` names categories in the
     legend (by default the category names): the toy-expression page's graph has variables, not parameters.
     `highlight_is_search=False`: the highlighted nodes are not search matches (no "Next match", no zoom to them).
-    `level_of_detail` draws less where it could not be read anyway (see LABEL_MIN_PX); off, every label, edge
+    `level_of_detail` draws less where it could not be read anyway (see LABEL_DRAW_THRESHOLD); off, every label, edge
     and arrowhead is drawn at every zoom (benchmarks/bench_fps.py compares the two).
     """
     for metric in (colour_by, size_by):
@@ -330,8 +331,8 @@ def render_html(
         vis_css=Markup(vis_css.replace("</style", "<\\/style")),
         data={"nodes": nodes, "edges": edges, "options": net.options, "details": details, "matches": matches,
               "landmarks": landmarks(graph, layout),
-              "lod": {"enabled": level_of_detail, "readable_scale": LABEL_MIN_PX / FONT_PX,
-                      "label_scale": (LABEL_MIN_PX if level_of_detail else VIS_LABEL_MIN_PX) / FONT_PX}},
+              "lod": {"enabled": level_of_detail, "readable_scale": MIN_FIT_SCALE,
+                      "label_scale": ((LABEL_DRAW_THRESHOLD if level_of_detail else VIS_DRAW_THRESHOLD) - 1) / FONT_PX}},
         legend=legend,
         hint=hint,
         scale=colour_scale(graph, colour_by) if colour_by else None,

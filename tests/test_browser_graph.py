@@ -114,7 +114,7 @@ def test_zoomed_out_the_overview_drops_arrowheads_but_keeps_searched_and_selecte
     assert page.evaluate("window.levelOfDetail.active && !window.levelOfDetail.overview()")
     assert arrowheads_drawn(page, edge) == 1
     page.locator("#fit").click()
-    # Fit all: scale ~0.16, labels would be 2 px, under the 6 px floor (LABEL_MIN_PX): the overview
+    # Fit all: scale ~0.16, labels would be 2 px, under the 4.85 px floor (LABEL_DRAW_THRESHOLD - 1): the overview
     assert page.evaluate("window.levelOfDetail.overview()")
     assert arrowheads_drawn(page, edge) == 0
     assert page.evaluate("window.levelOfDetail.cached()")  # the plain drawing comes from one bitmap
@@ -231,3 +231,22 @@ def test_zoomed_out_block_names_never_overlap(page, tmp_path):
         for b in boxes[i + 1:]:
             apart = a["right"] <= b["left"] or b["right"] <= a["left"] or a["bottom"] <= b["top"] or b["bottom"] <= a["top"]
             assert apart, (a, b)
+
+
+def test_labels_are_whole_at_the_zoom_a_png_is_taken_at(page, tmp_path):
+    from graphviz_core.export import MIN_FIT_SCALE
+
+    # to_png photographs a graph too big to fit readably at MIN_FIT_SCALE (0.45): labels 13 x 0.45 = 5.85 px,
+    # drawn whole there (vis-network fades them only below its drawThreshold), not the label-less overview
+    graph = gpt2_small_graph()
+    open_graph(page, tmp_path, render_html(graph))
+    page.evaluate("s => window.network.moveTo({scale: s, animation: false})", MIN_FIT_SCALE)
+    redraw(page)
+    assert not page.evaluate("window.levelOfDetail.overview()")
+    node = page.evaluate("window.network.body.nodeIndices.find(id => { const p = window.network.canvasToDOM("
+                         "window.network.getPosition(id)); return p.x > 0 && p.y > 0 && p.x < 900 && p.y < 700; })")
+    visible, alpha = page.evaluate("""id => { const label = window.network.body.nodes[id].labelModule;
+        const size = label.fontOptions.size * window.network.getScale();
+        const threshold = label.elementOptions.scaling.label.drawThreshold;
+        return [label.visible(), Math.max(0, Math.min(1, 1 - (threshold - size)))]; }""", node)
+    assert visible and alpha >= 0.999  # vis-network's fade: 1 - (drawThreshold - px), at most 1

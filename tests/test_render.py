@@ -146,10 +146,12 @@ def test_search_matches_come_in_backward_order():
 def test_level_of_detail_raises_the_label_floor_and_hides_edges_while_zooming():
     graph = captured("mlp", layers=1).graph
     on, off = (graph_data(render_html(graph, level_of_detail=lod)) for lod in (True, False))
-    # vis-network skips a label whose on-screen size < drawThreshold - 1: 7 -> under 6 px (13 px font below
-    # scale 6/13 = 0.46); without level of detail its default 5 -> under 4 px
-    assert on["options"]["nodes"]["scaling"]["label"]["drawThreshold"] == 7
+    # vis-network fades a label over the pixel below drawThreshold and skips it under drawThreshold - 1. With
+    # level of detail the threshold is 13 px x 0.45 = 5.85 px: whole at the PNG's and the opening zoom (0.45),
+    # gone under 4.85 px = scale 0.373, where the overview starts; without, vis-network's 5: gone under 4 px.
+    assert on["options"]["nodes"]["scaling"]["label"]["drawThreshold"] == pytest.approx(5.85)
     assert off["options"]["nodes"]["scaling"]["label"]["drawThreshold"] == 5
-    assert on["lod"] == {"enabled": True, "readable_scale": 6 / 13, "label_scale": 6 / 13}
+    assert on["lod"]["enabled"] is True and on["lod"]["readable_scale"] == 0.45
+    assert on["lod"]["label_scale"] == pytest.approx(4.85 / 13)
     assert off["lod"]["label_scale"] == 4 / 13 and off["lod"]["enabled"] is False
     assert on["options"]["interaction"]["hideEdgesOnZoom"] is True and on["options"]["interaction"]["hideEdgesOnDrag"] is True
