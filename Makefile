@@ -46,10 +46,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check graphviz_core pages app.py tests benchmarks
 	$(VENV)/bin/ruff format --check graphviz_core pages app.py tests benchmarks
 
-bench: $(STAMP) chromium
-	$(PY) benchmarks/bench_capture.py
-	$(PY) benchmarks/bench_render.py
-	$(PY) benchmarks/bench_families.py
+bench: $(STAMP) chromium graphviz
+	$(PY) benchmarks/update_readme.py
 
 screenshot: $(STAMP) chromium
 	$(PY) -m graphviz_core.ui.screenshot assets/graph-explorer.png

@@ -15,6 +15,7 @@ import statistics
 import time
 
 import torch
+from readme_rows import row
 
 from graphviz_core.capture import capture_backward
 from graphviz_core.config import ModelConfig, config_from_preset
@@ -80,6 +81,9 @@ def main() -> None:
               f"capture median {statistics.median(captured) * 1000:.1f} ms; "
               f"paired ratio median {ratio:.2f}x (rounds {', '.join(f'{r:.2f}' for r in ratios)}); "
               f"goal <= {goal}x: {'met' if ratio <= goal else 'NOT met'}")
+        row(f"capture vs bare forward+backward: {name} ({nodes:,} nodes)",
+            f"{ratio:.2f}x (paired median of {args.rounds}; {statistics.median(captured) * 1000:.1f} vs "
+            f"{statistics.median(bare) * 1000:.1f} ms)", f"<= {goal}x")
 
 
 if __name__ == "__main__":

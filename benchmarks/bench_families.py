@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+from readme_rows import row
+
 META_GOALS = {"llama-3.1-8b": (10.0, None), "llama-3.1-70b": (60.0, 4.0), "llama-3.1-405b": (None, None)}
 
 CHILD = """
@@ -73,6 +75,8 @@ def tiny_llama_ratio(repeats: int) -> None:
         f"{b * 1000:.1f} ms, full capture median {c * 1000:.1f} ms"
     )
     print(f"  paired ratios {[round(r, 2) for r in ratios]}: median {statistics.median(ratios):.2f}x (goal <= 1.3x)")
+    row("llama-tiny on CPU: capture vs bare build + forward + backward",
+        f"{statistics.median(ratios):.2f}x (paired median of {repeats}; {c * 1000:.1f} vs {b * 1000:.1f} ms)", "<= 1.3x")
 
 
 def main() -> None:
@@ -96,6 +100,10 @@ def main() -> None:
             f"{r['parameters']:,} parameters, saved {r['saved_bytes'] / 2**30:.1f} GiB, "
             f"backward {r['backward_flops']:.3g} FLOP" + ("; " + "; ".join(goals) if goals else "")
         )
+        goal = ", ".join(g for g in (time_goal and f"<= {time_goal:g} s", rss_goal and f"<= {rss_goal:g} GB") if g)
+        row(f"{preset}, s=8192, b=1, bf16 on meta: graph + bytes + FLOPs (`bench_families.py`)",
+            f"{r['capture_s']:.1f} s ({r['nodes']:,} nodes, {r['capture_s'] * 1000 / r['nodes']:.2f} ms/node), "
+            f"peak RSS {r['peak_rss_bytes'] / 1e9:.2f} GB", goal or "completes")
     tiny_llama_ratio(args.repeats)
 
 

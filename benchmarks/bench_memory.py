@@ -18,6 +18,7 @@ import statistics
 import time
 
 import torch
+from readme_rows import row
 
 from graphviz_core import timeline as timeline_module
 from graphviz_core.capture import capture_backward
@@ -80,6 +81,8 @@ def bench_timeline(repeats: int) -> None:
         print(f"  {name:24s} median {statistics.median(runs):.2f} s  best {min(runs):.2f} s")
     ratio = statistics.median(captured) / statistics.median(bare)
     print(f"  capture with timeline / bare: median {ratio:.2f}x, best {min(captured) / min(bare):.2f}x  (goal <= 1.3x)")
+    row("gpt2-small on CPU: capture with memory timeline vs bare (`bench_memory.py`)",
+        f"{ratio:.2f}x (median of {repeats})", "<= 1.3x")
     share = statistics.median(captured) / statistics.median(without)
     print(f"  timeline observer alone: {share:.2f}x the capture without it")
 
@@ -90,6 +93,7 @@ def bench_checkpoints(preset: str) -> None:
     table = compare_checkpointing(config)
     took = time.perf_counter() - started
     print(f"checkpoint comparison, {preset} on meta: {took:.1f} s  (goal <= 30 s)")
+    row(f"none / full / selective checkpointing side by side, {preset} on meta", f"{took:.1f} s", "<= 30 s")
     for r in table.rows:
         print(
             f"  {r.policy:9s} saved {format_bytes(r.saved_bytes):>10s}  held {format_bytes(r.held_bytes):>10s}  "
@@ -108,6 +112,7 @@ def bench_fit(preset: str, budget_bytes: int, label: str) -> None:
         f"will-it-fit, {preset}, budget {label} ({format_bytes(budget_bytes)}): {took:.1f} s, {captures} meta "
         f"captures  (goal <= 60 s)"
     )
+    row(f"will it fit, {preset} in {label}", f"{took:.1f} s ({captures} meta captures)", "<= 60 s")
     for r in search.results:
         print(
             f"  {r.policy:9s} largest {r.dimension:5s} {r.largest:>9,}  closed form "

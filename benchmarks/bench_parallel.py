@@ -14,6 +14,8 @@ import argparse
 import resource
 import time
 
+from readme_rows import row
+
 from graphviz_core.config import config_from_preset
 from graphviz_core.parallel import simulate_parallel
 from graphviz_core.parallel_config import ParallelConfig
@@ -56,6 +58,9 @@ def main() -> None:
     print(f"{'what':<34}{'measured':>12}{'goal':>12}{'ratio':>8}")
     print(f"{'per-rank figures, wall time':<34}{took:>11.1f}s{GOAL_S:>11.0f}s{took / GOAL_S:>8.2f}")
     print(f"{'peak RSS':<34}{rss / 2**30:>10.2f}GiB{GOAL_RSS_BYTES / 2**30:>9.0f}GiB{rss / GOAL_RSS_BYTES:>8.2f}")
+    row(f"Llama-3.1-70B ({args.layers} layers, s={args.seq}), FSDP {args.world_size // args.tp} x TP {args.tp}: rank 0's "
+        "figures (`bench_parallel.py`)", f"{took:.1f} s, peak RSS {rss / 2**30:.2f} GiB",
+        f"<= {GOAL_S:.0f} s, <= {GOAL_RSS_BYTES / 2**30:.0f} GiB")
     if args.single_device:
         started = time.perf_counter()
         alone = simulate_parallel(config, ParallelConfig())

@@ -1,0 +1,90 @@
+"""Run the benchmarks and rewrite README.md's "Measured speed" table from the rows they print.
+
+Every figure in that table comes from a `README-ROW` line (benchmarks/readme_rows.py) printed in this run; the
+table says when, on how many cores and at what load it was measured. `make bench` runs this.
+
+    python benchmarks/update_readme.py [--only bench_capture.py ...] [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from readme_rows import MARK
+
+ROOT = Path(__file__).resolve().parents[1]
+START, END = "<!-- speed-table: start (benchmarks/update_readme.py) -->", "<!-- speed-table: end -->"
+# Each benchmark with the options that keep `make bench` to a few minutes per script on a small machine
+BENCHMARKS = {
+    "bench_capture.py": ["--rounds", "5"],
+    "bench_startup.py": ["--rounds", "3"],
+    "bench_families.py": ["--repeats", "5"],
+    "bench_memory.py": ["--repeats", "3"],
+    "bench_compare.py": [],
+    "bench_parallel.py": [],
+    "bench_render.py": [],
+    "bench_fps.py": [],
+    "bench_load.py": [],
+}
+
+
+def run(script: str, options: list[str]) -> list[tuple[str, str, str]]:
+    """The rows `script` printed (its whole output is echoed as it runs)."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'benchmarks'}", "GRAPHVIZ_CORE_DEVICE": "cpu"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / script), *options], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, text=True)
+    rows = []
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        if line.startswith(MARK):
+            what, measured, goal = (part.strip() for part in line.split("|")[1:4])
+            rows.append((what, measured, goal))
+    if proc.wait() != 0:
+        sys.stderr.write(f"{script} exited with {proc.returncode}; its rows are left out\n")
+        return []
+    return rows
+
+
+def table(rows: list[tuple[str, str, str]], when: str) -> str:
+    lines = [
+        START,
+        f"Measured {when} on this machine ({os.cpu_count()} CPU cores; load average at the end "
+        f"{os.getloadavg()[0]:.1f}) by `make bench`; every figure below is printed by the benchmark named.",
+        "",
+        "| what | measured | goal |",
+        "| --- | --- | --- |",
+        *(f"| {w} | {m} | {g} |" for w, m, g in rows),
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="*", choices=list(BENCHMARKS))
+    parser.add_argument("--dry-run", action="store_true", help="print the table, leave README.md alone")
+    args = parser.parse_args()
+    rows = []
+    for script, options in BENCHMARKS.items():
+        if not args.only or script in args.only:
+            print(f"== {script} {' '.join(options)}", flush=True)
+            rows += [(f"{w} (`{script}`)" if "`" not in w else w, m, g) for w, m, g in run(script, options)]
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = table(rows, when)
+    print(text)
+    if args.dry_run:
+        return
+    readme = (ROOT / "README.md").read_text()
+    if START not in readme:
+        sys.exit("README.md has no speed-table markers")
+    head, rest = readme.split(START, 1)
+    (ROOT / "README.md").write_text(head + text + rest.split(END, 1)[1])
+
+
+if __name__ == "__main__":
+    main()
