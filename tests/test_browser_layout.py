@@ -58,3 +58,23 @@ def test_the_compare_pages_metrics_are_shown_whole(browser, streamlit_url, width
         assert page.evaluate(CUT_OFF) == [], f"compare metrics cut off at {width}x{height}"
     finally:
         context.close()
+
+
+# Every text box and select in the sidebar whose value is wider than the box (the dtype box read "bfloat1…")
+CLIPPED_INPUTS = """() => [...document.querySelectorAll('[data-testid="stSidebar"] input')]
+    .filter(e => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1).map(e => e.value)"""
+
+
+@pytest.mark.parametrize("width,height", [(1280, 800), (1920, 1080)])
+def test_the_sidebar_shows_every_chosen_value_whole(browser, streamlit_url, width, height):
+    context = browser.new_context(viewport={"width": width, "height": height})
+    page = context.new_page()
+    try:
+        # the longest choices of each box: bfloat16, selective, a preset with a long name
+        page.goto(f"{streamlit_url}/?preset=gpt2-tiny&dtype=bfloat16&checkpoint=selective")
+        page.locator('[data-testid="stMetricLabel"]', has_text="Nodes").first.wait_for(timeout=120_000)
+        values = page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stSidebar\"] input')].map(e => e.value)")
+        assert "bfloat16" in values and "selective" in values, values
+        assert page.evaluate(CLIPPED_INPUTS) == [], f"sidebar values cut off at {width}x{height}"
+    finally:
+        context.close()

@@ -233,7 +233,7 @@ def config_form(key: str = "config", where=None, submit_label: str = "Run backwa
             "built-in models recompute the attention core, transformers families keep matmul, "
             "convolution and attention outputs and recompute the rest",
         )
-        left, right = st.columns(2)
+        left = right = st  # one per row: side by side, the dtype box read "bfloat1…" in the sidebar
         devices = _devices()
         if st.session_state.get(f"{key}.device") not in devices:
             st.session_state[f"{key}.device"] = "auto"
