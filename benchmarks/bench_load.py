@@ -90,7 +90,7 @@ def cli_loss(preset: str, seed: int) -> float:
 
 
 def server_pid(url: str) -> int:
-    """The `streamlit run` process listening at url's port (found through /proc)."""
+    """The app's server process, started with `--server.port <url's port>` (found through /proc)."""
     port = url.rsplit(":", 1)[1]
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -98,7 +98,7 @@ def server_pid(url: str) -> int:
                 args = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"streamlit" in b" ".join(args) and port.encode() in args:
+            if port.encode() in args and args[args.index(port.encode()) - 1] == b"--server.port":
                 return int(entry.name)
     raise RuntimeError(f"no streamlit process on port {port}")
 

@@ -30,6 +30,7 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 # under models._BUILD_LOCK (5 of 15 seed-block builds got other weights beside full-checkpoint captures).
 CHECKPOINT_KWARGS = {"use_reentrant": False, "preserve_rng_state": False}
 
+
 class CoreAttention(nn.Module):
     """softmax(q kᵀ / sqrt(d)) v, fused (`sdpa`) or spelled out op by op (`manual`)."""
 
