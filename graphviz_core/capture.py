@@ -173,16 +173,19 @@ _WARM_LOCK = threading.RLock()  # re-entered: the warm-up capture calls warm_up 
 _WARMED: dict[str, float] = {}
 
 
-def warm_up(device: str = "cpu") -> float:
+def warm_up(device: str = "cpu", before: Callable[[], object] | None = None) -> float:
     """Pay this process's one-time costs on `device` once, outside any timed region; the seconds it took.
 
     The first forward and backward in a process start the intra-op thread pool, create the CPU kernels'
     primitives and fill the dispatcher's first-call caches (gpt2-tiny's first capture read forward 1.25 s
     against 60 ms on a rerun). A one-layer GPT-2 at width 32, captured once per device, pays them here so the
     first measurement a user sees is the model's. Thread-safe; later calls return 0.0 at once. The server
-    starts it in the background when it starts (app.py).
+    starts it in the background when it starts (app.py, graphviz_core.ui.serve); `before` runs first under the
+    same lock, so a capture that starts meanwhile waits instead of being timed beside it.
     """
     with _WARM_LOCK:
+        if before is not None:  # work that must not share the CPU with a timed capture (the server's imports)
+            before()
         if device in _WARMED:
             return 0.0
         _WARMED[device] = 0.0  # before the capture below, which would otherwise warm itself
