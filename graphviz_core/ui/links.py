@@ -163,14 +163,18 @@ def restore_from_link(form_key: str, load: Callable[[ModelConfig], None]) -> Non
     seen.add(form_key)
     params = {k: st.query_params[k] for k in st.query_params}
     config, problems = parse_config(params, prefix_of(form_key))
+    loaded = False
     if config is not None:
         try:
             check_budget(config, resolve_device(config.device))
             load(config)
+            loaded = True
         except ValueError as exc:
             problems = [str(exc)]
     _note(form_key, problems, "config")
     if form_key != "config":
+        if loaded:  # the compare page titled this form's expander before the link was read: draw it again
+            st.rerun()
         return
     values, problems = parse_view(params)
     _note(form_key, problems, "view")
