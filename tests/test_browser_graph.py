@@ -250,3 +250,41 @@ def test_labels_are_whole_at_the_zoom_a_png_is_taken_at(page, tmp_path):
         const threshold = label.elementOptions.scaling.label.drawThreshold;
         return [label.visible(), Math.max(0, Math.min(1, 1 - (threshold - size)))]; }""", node)
     assert visible and alpha >= 0.999  # vis-network's fade: 1 - (drawThreshold - px), at most 1
+
+
+def click_node(page, node: str) -> None:
+    """Click `node` where it is drawn (brought into view at scale 1 first), as a person would."""
+    from tests.test_browser import node_point
+
+    page.evaluate("id => window.network.focus(id, {scale: 1.0, animation: false})", node)
+    redraw(page)
+    x, y = node_point(page.main_frame, node)
+    page.mouse.click(x, y)
+    page.locator("#details table").wait_for(timeout=5_000)
+
+
+@pytest.mark.parametrize("width, height", SIZES)
+def test_the_details_panel_gives_values_room_and_nothing_overflows(page, tmp_path, width, height):
+    # The loss node's rows include "gradient norm (all gradients it sends to its inputs, combined)": kept on
+    # one line it took ~280 of the 300 px panel and left its value column ~19 px wide.
+    graph = captured("gpt2-tiny").graph
+    loss = next(n for n, d in graph.nodes(data=True) if d["category"] == "loss")
+    open_graph(page, tmp_path, render_html(graph), width, height)
+    click_node(page, loss)
+    page.screenshot(path=tmp_path / f"details-{width}.png")
+    panel, cells = page.evaluate("""() => {
+        const side = document.getElementById('side');
+        const cells = [...document.querySelectorAll('#details td')].map(td => {
+            const r = td.getBoundingClientRect();
+            return {text: td.textContent, width: r.width, right: r.right, scroll: td.scrollWidth, client: td.clientWidth};
+        });
+        return [{width: side.clientWidth, right: side.getBoundingClientRect().left + side.clientWidth,
+                 scroll: side.scrollWidth}, cells];
+    }""")
+    assert panel["scroll"] <= panel["width"], panel  # no horizontal scrolling in the side panel
+    values = cells[1::2]
+    assert len(values) >= 8  # id, op, category, module, saved bytes, FLOPs, time, gradient norm at least
+    for cell in values:
+        assert cell["width"] >= 0.45 * panel["width"], (cell, panel)
+    for cell in cells:
+        assert cell["scroll"] <= cell["client"] and cell["right"] <= panel["right"] + 0.5, (cell, panel)
