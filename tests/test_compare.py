@@ -66,3 +66,62 @@ def test_cli_compare_bad_input_is_one_line_exit_2(capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_two_fields_each_claim_only_their_own_share():
+    c = compare_captures(captured("gpt2-tiny"), captured("gpt2-tiny", batch=4, layers=3))
+    # gpt2-tiny's blocks.0 and blocks.1 have 43 nodes each (101 total = 2*43 + 15 outside the blocks);
+    # one more layer adds exactly one block: 144 - 101 = +43 = 1 layer * 43 nodes per layer
+    assert c.headline[0].delta == 43
+    assert c.explanations[0] == (
+        "3 layers instead of 2: +1 layer × 43 nodes per layer = +43 nodes, all of the node difference; "
+        "each layer repeats the same ops."
+    )
+    # batch owns no node (the layer count explained all 43) and no longer contradicts itself
+    assert c.explanations[1].startswith(
+        "batch 2 → 4: no node added or removed — the graph's shape does not depend on batch"
+    )
+    assert "+43" not in c.explanations[1] and "×" not in c.explanations[1]
+    # the byte and FLOP totals are given once, for both changes together
+    assert c.explanations[2].startswith("All 2 changes together: parameters 134,912 → 184,896")
+    # parameters: one gpt2-tiny block is 12*h^2 + 13*h = 12*4096 + 832 = 49,984 scalars: 134,912 + 49,984
+    assert c.b.summary.parameter_count - c.a.summary.parameter_count == 12 * 64**2 + 13 * 64
+    assert len(c.explanations) == 3
+
+
+def test_a_different_model_is_one_bullet_that_attributes_nothing_to_the_other_fields():
+    c = compare_captures(captured("gpt2-tiny"), captured("llama-tiny"))
+    # fields that differ: model gpt2 -> llama, kv_heads 0 -> 2, intermediate 0 -> 128 (llama-tiny's _ROPE_TINY)
+    assert len(c.explanations) == 1
+    (s,) = c.explanations
+    delta = c.b.summary.nodes - c.a.summary.nodes
+    assert s.startswith(
+        f"model gpt2 → llama: a different architecture, so every number differs at once: {delta:+d} nodes"
+    )
+    assert s.endswith(
+        "Also changed: kv_heads 0 → 2, intermediate 0 → 128; these come with the other architecture, and the "
+        "totals above are not split among them."
+    )
+    assert "kv_heads 0 → 2: " not in s  # no per-field claim of the totals
+
+
+def test_llama_8b_vs_70b_attributes_nodes_to_layers_only_and_speaks_llama():
+    c = compare_captures(captured("llama-3.1-8b"), captured("llama-3.1-70b"))
+    per_layer = {p.b_nodes for p in c.per_layer if p.layer.startswith("model.layers.")}
+    assert per_layer == {81}  # every Llama decoder layer has the same 81 nodes in both
+    # 70B - 8B: 80 - 32 = +48 layers; hidden, heads and intermediate only widen the same ops:
+    # +48 * 81 = +3888 nodes = the whole difference (2612 -> 6500)
+    assert (c.a.summary.nodes, c.b.summary.nodes) == (2612, 2612 + 48 * 81)
+    by_field = {s.split(" ")[0]: s for s in c.explanations}
+    assert by_field["80"] == (
+        "80 layers instead of 32: +48 layers × 81 nodes per layer = +3888 nodes, all of the node difference; "
+        "each layer repeats the same ops."
+    )
+    for field in ("hidden", "heads", "intermediate"):
+        assert by_field[field].startswith(f"{field} ") and "no node added or removed" in by_field[field]
+        assert "3888" not in by_field[field]
+    assert "RMSNorm" in by_field["hidden"] and "SwiGLU" in by_field["intermediate"]
+    assert not any("GELU" in s or "LayerNorm" in s for s in c.explanations)
+    # 8B: h=4096 / 32 heads = 128; 70B: 8192 / 64 = 128
+    assert "head size hidden / heads 128 → 128" in by_field["heads"]
+    assert by_field["All"].startswith("All 4 changes together: parameters 8,030,261,248 → 70,553,706,496")
