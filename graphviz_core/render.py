@@ -40,6 +40,10 @@ FONT_PX = 13
 # landmarks; search matches and the selected node are still drawn in full and labelled at a readable size.
 LABEL_DRAW_THRESHOLD = FONT_PX * MIN_FIT_SCALE
 VIS_DRAW_THRESHOLD = 5
+# Radii when sized by a metric. A dot's label hangs below it (two 13 px lines, from ~10 px under the dot's edge),
+# and the next layer is LAYER_GAP (80 px) down: two big neighbours take 20 + 10 + 26 + 20 = 76 px, so no dot
+# reaches a label. At 46 px (the old maximum) lm_head's Mm covered the label of the node above it.
+DOT_MIN, DOT_MAX = 6, 20
 
 
 class _IdList(list):
@@ -262,7 +266,7 @@ def build_network(
             options["borderWidth"] = 2
         if size_by:
             options["shape"] = "dot"
-            options["size"] = 6 + 40 * (size_scale[node] or 0.0)
+            options["size"] = DOT_MIN + (DOT_MAX - DOT_MIN) * (size_scale[node] or 0.0)
         if node in highlight:
             options["borderWidth"] = 5
             options["color"]["border"] = "#e6007e"

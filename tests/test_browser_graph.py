@@ -288,3 +288,34 @@ def test_the_details_panel_gives_values_room_and_nothing_overflows(page, tmp_pat
         assert cell["width"] >= 0.45 * panel["width"], (cell, panel)
     for cell in cells:
         assert cell["scroll"] <= cell["client"] and cell["right"] <= panel["right"] + 0.5, (cell, panel)
+
+
+DOTS_OVER_LABELS = """() => {
+    const net = window.network, ctx = net.canvas.getContext();
+    const ids = net.body.nodeIndices, nodes = ids.map(id => net.body.nodes[id]);
+    net.moveTo({scale: 1, animation: false});  // every label drawable (13 px), wherever it is
+    nodes.forEach(n => { const d = n.draw(ctx); if (d && d.drawExternalLabel) { d.drawExternalLabel(); } });  // places each label
+    net.redraw();
+    const hits = [];
+    for (const dot of nodes) {
+        for (const other of nodes) {
+            const l = other.labelModule.size;  // the label's box, canvas units
+            const nx = Math.max(l.left, Math.min(dot.x, l.left + l.width)), ny = Math.max(l.top, Math.min(dot.y, l.top + l.height));
+            if (Math.hypot(dot.x - nx, dot.y - ny) < dot.options.size) { hits.push([dot.id, other.id]); }
+        }
+    }
+    return hits;
+}"""
+
+
+def test_sized_by_flops_no_dot_covers_a_label(page, tmp_path):
+    # Radius 6 + 40 * t reached 46 px, more than half the 80 px between layers: lm_head's Mm dot covered the
+    # label of the UnsafeView above it, and the label under each big Addmm ran into the next row's dots.
+    graph = captured("gpt2-tiny").graph
+    open_graph(page, tmp_path, render_html(graph, size_by="flops"))
+    page.locator("#fit").click()
+    redraw(page)
+    page.screenshot(path=tmp_path / "size-flops.png")  # looked at: dots and labels apart
+    assert page.evaluate(DOTS_OVER_LABELS) == []
+    sizes = page.evaluate("window.network.body.nodeIndices.map(id => window.network.body.nodes[id].options.size)")
+    assert max(sizes) >= 3 * min(sizes)  # still visibly sized by FLOPs
