@@ -52,10 +52,10 @@ EXPECTED: dict[str, tuple[float | None, str]] = {
         1.0,
         "one op per element each way; backward adds are the engine summing gradients where paths meet",
     ),
-    "GELU": (None, "forward not counted (no forward formula); backward 19 FLOP/element (seed 004)"),
-    "LayerNorm": (None, "forward not counted (no forward formula); backward 11 FLOP/element (seed 004)"),
-    "softmax": (None, "forward not counted (no forward formula); backward 4 FLOP/element (seed 004)"),
-    "log-softmax (loss)": (None, "forward not counted (no forward formula); backward 4 FLOP/element (seed 004)"),
+    "GELU": (None, "forward not counted (no forward formula); backward 19 FLOP/element (the textbook's count)"),
+    "LayerNorm": (None, "forward not counted (no forward formula); backward 11 FLOP/element (the textbook's count)"),
+    "softmax": (None, "forward not counted (no forward formula); backward 4 FLOP/element (the textbook's count)"),
+    "log-softmax (loss)": (None, "forward not counted (no forward formula); backward 4 FLOP/element (the textbook's count)"),
 }
 FOLKLORE_RATIO = 2.0
 

@@ -70,7 +70,7 @@ def terms_both_ways(fused: Capture, manual: Capture) -> list[TermRow]:
     """
     for capture, want in ((fused, "fused"), (manual, "manual")):
         if capture.config.model != "gpt2":
-            raise ValueError(f"seed 004's terms are for GPT-2 models; the {want} capture is a {capture.config.model}.")
+            raise ValueError(f"the textbook's per-op terms are for GPT-2 models; the {want} capture is a {capture.config.model}.")
     if (fused.config.attention == "manual") or manual.config.attention != "manual":
         raise ValueError("pass a fused-attention capture (sdpa or mha) first and a manual-attention capture second.")
     if fused.config.replace(attention="manual") != manual.config:
@@ -129,7 +129,7 @@ def terms_both_ways(fused: Capture, manual: Capture) -> list[TermRow]:
             "4·b·s·V",
             seed["cross_entropy (not in seed total)"],
             *(_sum(c, lambda n, x: x["op"] == "LogSoftmaxBackward0") for c in (manual, fused)),
-            "seed 004 derives it but leaves it out of its total",
+            "the textbook derivation counts it but leaves it out of its total",
         )
     )
     rows.append(

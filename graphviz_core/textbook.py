@@ -184,27 +184,27 @@ def backward_flops(capture: Capture) -> list[Comparison]:
                    _sum(capture, "flops", attn_core),
                    f"the fused kernel recomputes q@kᵀ: 10·b·nh·s²·d = {10 * b * n_h * s * s * d * L:,} for {L} layers, "
                    "and its softmax/scaling arithmetic is not counted separately." if fused else
-                   "4 batched GEMMs (8·b·nh·s²·d), softmax 4 and scaling 1 FLOP per score, as seed 004."),
+                   "4 batched GEMMs (8·b·nh·s²·d), softmax 4 and scaling 1 FLOP per score, as the textbook derivation counts them."),
         Comparison("mlp_up + mlp_down (32bsh²)", seed["layers x mlp_up"] + seed["layers x mlp_down"],
                    _sum(capture, "flops", lambda x: _in_block(x, ".mlp") and x["category"] == "matmul"), "exact."),
         Comparison("gelu (76bsh)", seed["layers x gelu"], _sum(capture, "flops", lambda x: x["category"] == "activation"),
-                   "seed 004's 19 FLOPs per element is the count registered for gelu_backward."),
+                   "the textbook's 19 FLOPs per element is the count registered for gelu_backward."),
         Comparison("LayerNorms (11bsh each, 2 per layer + final)",
                    seed["layers x pre_attn_ln"] + seed["layers x pre_mlp_ln"] + seed["final_ln"],
-                   _sum(capture, "flops", lambda x: x["op"] == "NativeLayerNormBackward0"), "seed 004's 11 per element."),
+                   _sum(capture, "flops", lambda x: x["op"] == "NativeLayerNormBackward0"), "the textbook's 11 per element."),
         Comparison("lm_head (4bshV)", seed["lm_head"], _sum(capture, "flops", lambda x: x["module"] == "lm_head"),
                    "exact."),
         Comparison("cross-entropy: log-softmax (4bsV)", None,
                    _sum(capture, "flops", lambda x: x["op"] == "LogSoftmaxBackward0"),
-                   "seed 004 derives 4bsV but leaves it out of its total."),
+                   "the textbook derivation counts 4bsV but leaves it out of its total."),
         Comparison("gradient sums where paths meet", None, capture.flops.backward_unattributed,
                    "the engine adds gradients arriving by two paths before the receiving node runs; here: "
-                   + describe_gradient_sums(capture) + ". Seed 004 treats them as free."),
+                   + describe_gradient_sums(capture) + ". The textbook derivation treats them as free."),
     ]
     if capture.flops.backward_recompute:
         rows.append(Comparison("checkpointing: forward recomputed in backward", None, capture.flops.backward_recompute,
                                "already inside the rows above, in the node that triggered the recompute."))
     rows.append(Comparison("total backward", seed004_backward_total(config),
                            capture.flops.backward,
-                           "seed 004's closed form vs everything that ran; the rows above account for the gap."))
+                           "the textbook closed form vs everything that ran; the rows above account for the gap."))
     return rows

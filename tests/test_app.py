@@ -130,4 +130,5 @@ def test_only_the_open_tab_is_drawn_and_panel_choices_survive_switching_tabs():
     at.session_state["tab"] = "Memory"  # what a click on the tab does
     at.run()
     assert at.selectbox(key="memory.optimizer").value == "sgd"
+    assert "Step peak (SGD)" in [m.label for m in at.metric]  # the headline follows the optimizer picked
     assert not at.exception and not at.warning

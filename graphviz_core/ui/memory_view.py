@@ -27,7 +27,9 @@ CUSTOM = "Custom (GiB)"
 def show_memory(capture: Capture) -> None:
     """A fragment: its widgets (optimizer, budget, the two actions) rerun this panel only, never the capture."""
     timeline = capture.timeline
-    step = training_step_of(capture)
+    # the headline follows the optimizer picked below (AdamW until one is picked)
+    optimizer = st.session_state.setdefault("memory.optimizer", list(OPTIMIZER_NAMES)[3])
+    step = training_step_of(capture, optimizer)
     peak = timeline.peak
     cols = st.columns(4)
     cols[0].metric(
@@ -49,7 +51,7 @@ def show_memory(capture: Capture) -> None:
         help="tensors saved for backward plus the inputs checkpointed regions keep to recompute",
     )
     cols[3].metric(
-        "Step peak (AdamW)",
+        f"Step peak ({OPTIMIZER_NAMES[optimizer]})",
         format_bytes(step.step_peak_bytes),
         help="forward + backward peak plus optimizer state and fp32 master weights (16-bit dtypes)",
     )
@@ -193,7 +195,6 @@ def _where_the_bytes_are(capture: Capture) -> None:
 
 def _training_step(capture: Capture) -> None:
     st.markdown("##### One training step")
-    st.session_state.setdefault("memory.optimizer", list(OPTIMIZER_NAMES)[3])  # kept across tabs: no index=
     optimizer = st.selectbox("Optimizer", list(OPTIMIZER_NAMES), format_func=OPTIMIZER_NAMES.get, key="memory.optimizer")
     step = training_step_of(capture, optimizer)
     parts = [

@@ -45,8 +45,9 @@ def show_summary(capture: Capture) -> None:
     ).fillna(0)
     table["nodes"] = table["nodes"].astype("int64")
     left, right = st.columns([3, 2])
-    left.bar_chart(table["nodes"], horizontal=True, height=240, x_label="nodes per category", y_label="")
-    right.dataframe(table, width="stretch", height=240, column_config={
+    height = max(240, 24 * len(table))  # a bar per category with room for its label (12 for Llama: 288 px)
+    left.bar_chart(table["nodes"], horizontal=True, height=height, x_label="nodes per category", y_label="")
+    right.dataframe(table, width="stretch", height=height, column_config={
         f"saved ({byte_unit})": st.column_config.NumberColumn(format="%.1f", help="saved for backward, per category"),
         f"backward ({flop_unit})": st.column_config.NumberColumn(format="%.1f", help="backward FLOPs, per category"),
     })
