@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.conftest import captured
@@ -62,3 +63,35 @@ def test_an_invalid_b_is_refused_with_a_sentence_and_the_comparison_stays():
     assert not at.exception
     assert any("not divisible by 4 heads" in e.value for e in at.error)
     assert {m.label: m.value for m in at.metric}["Nodes per layer"] == "+19"
+
+
+def test_config_headers_say_which_attention_and_checkpointing_each_side_runs():
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    labels = [e.label for e in at.expander if e.label.startswith("Config ")]
+    # the first-visit pair is gpt2-tiny with sdpa (A) against manual attention (B): the headers must differ
+    assert labels[0].startswith("Config A: sdpa attention (fused) · gpt2-tiny · gpt2 · 2 layers"), labels
+    assert labels[1].startswith("Config B: manual attention (spelled-out) · gpt2 · 2 layers"), labels
+    at.button(key="compare.pair.No checkpointing vs selective").click().run()
+    labels = [e.label for e in at.expander if e.label.startswith("Config ")]
+    assert "checkpoint" not in labels[0]  # none is not named
+    assert labels[1].startswith("Config B: sdpa attention (fused) · checkpoint selective · "), labels
+
+
+@pytest.mark.browser
+def test_no_quick_pair_button_is_cut_off_at_1280(page, streamlit_url, tmp_path):
+    # four a row cut 'Fused vs spelled-out atten…' and 'No checkpointing vs selec…' at 1280x800
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{streamlit_url}/compare")
+    page.locator('[data-testid="stMetricLabel"]', has_text="Nodes per layer").wait_for(timeout=120_000)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    page.wait_for_timeout(500)
+    texts = page.evaluate(
+        """() => [...document.querySelectorAll('.st-key-compare-pairs button')].map(b => b.innerText.trim())"""
+    )
+    assert len(texts) == 7 and "No checkpointing vs selective" in texts, texts  # every quick pair is drawn
+    cut = page.evaluate(
+        """() => [...document.querySelectorAll('.st-key-compare-pairs button *')]
+        .filter(e => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.trim())"""
+    )
+    page.screenshot(path=str(tmp_path / "compare-1280.png"))
+    assert cut == [], f"quick-pair buttons cut off at 1280x800: {cut}"

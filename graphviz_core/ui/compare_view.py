@@ -67,6 +67,20 @@ QUICK_PAIRS: dict[str, Callable[[ModelConfig], tuple[ModelConfig, ModelConfig]]]
 }
 
 
+ATTENTION_WORDS = {"sdpa": "fused", "mha": "nn.MultiheadAttention", "manual": "spelled-out", "eager": "spelled-out"}
+
+
+def config_summary(config: ModelConfig) -> str:
+    """describe() led by what the quick pairs change and describe() leaves out: attention, and checkpointing."""
+    lead = []
+    if applies("attention", config.model):
+        lead.append(f"{config.attention} attention ({ATTENTION_WORDS[config.attention]})")
+    if config.checkpoint != "none":
+        lead.append(f"checkpoint {config.checkpoint}")
+    name = [config.preset] if config.preset else []
+    return " · ".join([*lead, *name, config.describe()])
+
+
 def _load_pair(label: str) -> None:
     try:
         base = st.session_state.get(f"{A}.applied") or config_from_preset(DEFAULT_PRESET)
@@ -85,15 +99,16 @@ def pick_configs() -> tuple[ModelConfig, ModelConfig]:
         _load_pair("Fused vs spelled-out attention")
     st.caption("Quick pairs (built from config A's current fields):")
     labels = list(QUICK_PAIRS)
-    for column, label in zip(st.columns(4) + st.columns(4), labels, strict=False):
+    # three a row: four cut 'Fused vs spelled-out atten…' and 'No checkpointing vs selec…' off at 1280 px
+    pairs = st.container(key="compare-pairs")  # CSS class st-key-compare-pairs: the browser test finds the row
+    for column, label in zip(pairs.columns(3) + pairs.columns(3) + pairs.columns(3), labels, strict=False):
         column.button(label, key=f"compare.pair.{label}", on_click=_load_pair, args=(label,), width="stretch")
     if "compare.pair_error" in st.session_state:
         st.error(escape_markdown(st.session_state["compare.pair_error"]))
     configs = []
     for column, key, side in zip(st.columns(2), (A, B), "AB", strict=True):
         applied = st.session_state[f"{key}.applied"]
-        name = f"{applied.preset} · " if applied.preset else ""
-        with column.expander(f"Config {side}: {name}{applied.describe()}"):
+        with column.expander(f"Config {side}: {config_summary(applied)}"):
             configs.append(config_form(key, where=st.container(), submit_label=f"Use as {side}"))
     return configs[0], configs[1]
 
@@ -152,7 +167,13 @@ def show_comparison(c: Comparison) -> None:
         cols[1:], ("Saved for backward", "Peak memory", "Backward FLOPs", "Forward + backward time"), strict=True
     ):
         h = shown[name]
-        col.metric(f"{name} (B)", _value(h.unit, h.b), f"{_delta(h)} (A: {_value(h.unit, h.a)})", delta_color="off", delta_arrow="off")
+        col.metric(
+            f"{name} (B)",
+            _value(h.unit, h.b),
+            f"{_delta(h)} (A: {_value(h.unit, h.a)})",
+            delta_color="off",
+            delta_arrow="off",
+        )
     st.dataframe(
         pd.DataFrame(
             [
@@ -282,7 +303,7 @@ def _graphs(c: Comparison) -> None:
                 render_html(
                     capture.graph,
                     title=f"{config.preset or config.model}: {len(own):,} nodes only here",
-                    subtitle=config.describe(),
+                    subtitle=config_summary(config),
                     highlight=set(own),
                 ),
                 height=790,
