@@ -319,3 +319,22 @@ def test_sized_by_flops_no_dot_covers_a_label(page, tmp_path):
     assert page.evaluate(DOTS_OVER_LABELS) == []
     sizes = page.evaluate("window.network.body.nodeIndices.map(id => window.network.body.nodes[id].options.size)")
     assert max(sizes) >= 3 * min(sizes)  # still visibly sized by FLOPs
+
+
+def test_clicking_a_node_hides_its_tooltip(page, tmp_path):
+    # The tooltip covered the graph beside the node it described after a click showed the same rows in the panel.
+    from tests.test_browser import node_point
+
+    graph = captured("gpt2-tiny").graph
+    loss = next(n for n, d in graph.nodes(data=True) if d["category"] == "loss")
+    open_graph(page, tmp_path, render_html(graph))
+    page.evaluate("id => window.network.focus(id, {scale: 1.0, animation: false})", loss)
+    redraw(page)
+    x, y = node_point(page.main_frame, loss)
+    page.mouse.move(x - 40, y - 40)
+    page.mouse.move(x, y, steps=5)
+    page.locator("#tip").wait_for(state="visible", timeout=5_000)
+    page.mouse.click(x, y)
+    page.locator("#details table").wait_for(timeout=5_000)
+    page.wait_for_timeout(300)  # vis-network's hover events arrive after a tooltipDelay of 120 ms
+    assert not page.locator("#tip").is_visible()
