@@ -31,6 +31,8 @@ def test_refused_sizes_and_seed_give_one_message_and_keep_the_result():
         run(at)
         assert not at.exception
         assert [e for e in at.sidebar.error if message in e.value.replace("\\", "")], field  # escaped Markdown
+        # and in the main area, beside the results, where it is seen after pressing Run at the sidebar's foot
+        assert [e for e in at.main.error if message in e.value.replace("\\", "")], field
         assert at.metric[0].value == nodes  # the previous capture is still on the page
         at.number_input(key=f"config.{field}").set_value(captured("gpt2-tiny").config.to_dict()[field])
 

@@ -258,11 +258,12 @@ def config_form(key: str = "config", where=None, submit_label: str = "Run backwa
             st.session_state[f"{key}.error"] = str(exc)
     applied = st.session_state[f"{key}.applied"]
     if f"{key}.error" in st.session_state:
-        notice.error(
-            escape_markdown(
-                f"Not run: {st.session_state[f'{key}.error']} The result shown is still that of the previous config."
-            )
+        refused = escape_markdown(
+            f"Not run: {st.session_state[f'{key}.error']} The result shown is still that of the previous config."
         )
+        notice.error(refused)
+        if where is None:  # the Run button is at the sidebar's foot: say it where the results are too
+            st.error(refused)
     elif applied.model != CUSTOM:
         changed = [name for name, value in form_fields(key).items() if getattr(applied, name) != value]
         if changed:
