@@ -95,3 +95,15 @@ def test_chart_units_switch_prefix_at_the_threshold():
     assert flops_unit(8_388_608) == ("MFLOP", 1e6)
     assert flops_unit(2.1e11, "FLOP/s") == ("GFLOP/s", 1e9)
     assert format_intensity(5.6889) == "5.69 FLOP/B" and format_intensity(19.69) == "19.7 FLOP/B"
+
+
+def test_a_convolutional_network_is_not_held_to_six_n_tokens():
+    # resnet-tiny applies each conv weight at every pixel: 6·N·tokens (a per-token, per-parameter rule) read
+    # 0.13x there, which says nothing; the page says why it does not apply instead.
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["preset"] = "resnet-tiny"
+    at.query_params["tab"] = "FLOPs and time"
+    at.run()
+    assert not at.exception
+    assert {m.label: m.value for m in at.metric}["Measured / rule of thumb"] == "n/a"
+    assert any("does not apply to a convolutional network" in c.value for c in at.caption)

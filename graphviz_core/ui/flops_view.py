@@ -25,6 +25,10 @@ from graphviz_core.ui.format import (
 
 # The panel's choices the explorer keeps while another tab is open (graphviz_core.ui.state.keep_widget_state)
 FLOPS_WIDGETS = ("flops.both_ways", "flops.top_n")
+CONV_RULE = (
+    "6·N·tokens does not apply to a convolutional network: a convolution applies each weight at every output "
+    "pixel, so its FLOPs grow with the image, not with the parameter count (the per-layer charts above are measured)."
+)
 
 GRAPH_SEARCH_KEY = "view.search"  # the graph tab's search box: setting it highlights nodes there
 PASS_COLOURS = {"forward": "#4c78a8", "backward": "#e45756"}
@@ -51,17 +55,18 @@ def show_flops(capture: Capture) -> None:
         delta_color="off", delta_arrow="off",
         help="LayerNorm, GELU and softmax count no forward FLOPs (no forward formula), so this overstates a little",
     )
+    convolutional = capture.config.model == "resnet"
     cols[3].metric(
         "Measured / rule of thumb",
-        format_ratio(rule.measured_flop / rule.rule_flop if rule.rule_flop else None),
-        f"rule {format_flops(rule.rule_flop)}",
+        "n/a" if convolutional else format_ratio(rule.measured_flop / rule.rule_flop if rule.rule_flop else None),
+        None if convolutional else f"rule {format_flops(rule.rule_flop)}",
         delta_color="off", delta_arrow="off",
-        help="forward + backward measured, divided by 6·N·tokens + the attention term; the gap is explained term "
-        "by term below",
+        help=CONV_RULE if convolutional else "forward + backward measured, divided by 6·N·tokens + the attention "
+        "term; the gap is explained term by term below",
     )
     _per_layer(capture)
     _ratios(capture)
-    _rule_of_thumb(rule)
+    _rule_of_thumb(rule, capture.config.model)
     _both_attentions(capture)
     _time_and_roofline(capture)
 
@@ -151,8 +156,11 @@ def _ratios(capture: Capture) -> None:
     )
 
 
-def _rule_of_thumb(rule: fa.RuleOfThumb) -> None:
+def _rule_of_thumb(rule: fa.RuleOfThumb, model: str) -> None:
     st.markdown("##### The total against 6·N·tokens")
+    if model == "resnet":
+        st.caption(CONV_RULE)
+        return
     st.caption(
         f"Training costs about 6 FLOPs per parameter per token (2 forward, 4 backward) — here 6 × "
         f"{rule.parameters:,} parameters × {rule.tokens:,} tokens — plus attention's q·kᵀ and p·v, which no "
