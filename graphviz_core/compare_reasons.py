@@ -241,7 +241,9 @@ def _sentences(c: Comparison) -> Iterator[str]:
             yield f"{field} {va} → {vb}: {nodes_of(field)}."
     if len(owners) > 1:
         yield (
-            f"The {split.rest_text(fb.layers)} not explained by the layer count come from "
+            f"The {split.rest_text(fb.layers)}"
+            + (" not explained by the layer count" if "layers" in fields else "")
+            + " come from "
             f"{_changes(fa, fb, owners)} together; one pair of graphs cannot split them between these fields."
         )
     if not alone:

@@ -125,3 +125,19 @@ def test_llama_8b_vs_70b_attributes_nodes_to_layers_only_and_speaks_llama():
     # 8B: h=4096 / 32 heads = 128; 70B: 8192 / 64 = 128
     assert "head size hidden / heads 128 → 128" in by_field["heads"]
     assert by_field["All"].startswith("All 4 changes together: parameters 8,030,261,248 → 70,553,706,496")
+
+
+def test_two_fields_that_both_change_the_graph_share_one_node_sentence():
+    c = compare_captures(captured("gpt2-tiny"), captured("gpt2-tiny", attention="manual", checkpoint="full"))
+    # both attention and checkpointing can add nodes: neither sentence claims a count of its own
+    attention, checkpoint, joint, totals = c.explanations
+    assert attention.startswith("manual attention instead of sdpa") and "part of the node change below" in attention
+    assert checkpoint.startswith("checkpointing none → full: part of the node change below")
+    delta = c.headline[0].delta
+    # the whole change sits in the layers (L layers, each with the same change): stated per layer and in all
+    assert (
+        joint.startswith(f"The {delta // L:+d} nodes per layer ({delta:+d} in all) come from")
+        and "attention sdpa → manual, checkpoint none → full together" in joint
+    )
+    assert "layer count" not in joint  # the layer count did not change
+    assert totals.startswith("All 2 changes together: ")
