@@ -8,9 +8,10 @@ Serves app.py on 127.0.0.1 (device cpu), drives headless Chromium with one brows
    loss must equal the one a lone capture gives (graphviz_core.capture_backward, what `graphviz-core graph` runs;
    a few are also checked against the CLI itself), none may show another's result or any error; median and max
    completion time against alone;
-3. a config captured by one session, opened from its link by a second one (goal <= 1 s);
-4. a view toggle in one session while another session's capture runs (goal <= 1.5 s);
-5. the server's RSS over 100 captures in a row from one session (each a new seed of gpt2-tiny).
+3. 8 sessions against a server whose memory budget holds only a few captures at once: they queue, none fails;
+4. a config captured by one session, opened from its link by a second one (goal <= 1 s);
+5. a view toggle in one session while another session's capture runs (goal <= 1.5 s);
+6. the server's RSS over 100 captures in a row from one session (each a new seed of gpt2-tiny).
 
     PYTHONPATH=. python benchmarks/bench_load.py [--sessions 8 16] [--row 100] [--cached-preset gpt2-small]
 """
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from graphviz_core.capture import capture_backward
 from graphviz_core.config import ModelConfig, config_from_preset
+from graphviz_core.device import estimate_peak_bytes
 from graphviz_core.graph import hide_categories
 from graphviz_core.ui.links import config_params, link_url
 from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS, graph_frame, serve_app
@@ -134,8 +136,11 @@ class Person:
         self.context.close()
 
 
-def open_all(browser, base: str, configs: list[ModelConfig], expected: dict, timeout_s: float) -> list[float]:
-    """Open every config's link in its own context at once; seconds until each showed its own loss."""
+def open_all(
+    browser, base: str, configs: list[ModelConfig], expected: dict, timeout_s: float, queued: set | None = None
+) -> list[float]:
+    """Open every config's link in its own context at once; seconds until each showed its own loss. Configs whose
+    page said "N ahead of you" at some point are added to `queued`."""
     people = [Person(browser) for _ in configs]
     started = {}
     for person, config in zip(people, configs, strict=True):
@@ -150,6 +155,8 @@ def open_all(browser, base: str, configs: list[ModelConfig], expected: dict, tim
                 continue
             problem = person.failed()
             assert problem is None, f"{config.describe()}: {problem}"
+            if queued is not None and person.page.get_by_text("ahead of you").count():
+                queued.add(config)
             shown = person.loss_shown()
             if shown is None:
                 continue
@@ -182,6 +189,25 @@ def bench_concurrent(browser, base: str, sessions: list[int]) -> None:
             f"lone capture's), no errors; median {statistics.median(took):.2f} s ({statistics.median(took) / statistics.median(alone):.1f}x alone), "
             f"max {max(took):.2f} s ({max(took) / max(alone):.1f}x alone's max)"
         )
+
+
+def bench_limited(browser, n: int = 8) -> None:
+    """n sessions at once against a server whose memory budget holds only a few of their captures."""
+    configs = mix(n, seed=900)
+    expected = {c: capture_backward(c).loss for c in configs}
+    largest = max(estimate_peak_bytes(c) for c in configs)
+    budget = int(2.5 * largest)
+    with serve_app({"GRAPHVIZ_CORE_DEVICE": "cpu", "GRAPHVIZ_CORE_CPU_BUDGET_BYTES": str(budget)}) as base:
+        pid = server_pid(base)
+        queued: set = set()
+        took = open_all(browser, base, configs, expected, 900, queued)
+        alive = Path(f"/proc/{pid}").exists()
+    print(
+        f"{n} sessions with the budget set to {budget / 2**20:.1f} MiB (2.5x the largest capture's estimate, "
+        f"{largest / 2**20:.1f} MiB; together they would need {sum(estimate_peak_bytes(c) for c in configs) / 2**20:.1f} "
+        f"MiB): all {n} showed their own loss, {len(queued)} of them waited in the queue ('N ahead of you'), server "
+        f"{'still up' if alive else 'GONE'}; median {statistics.median(took):.2f} s, max {max(took):.2f} s"
+    )
 
 
 def bench_cached(browser, base: str, preset: str) -> None:
@@ -295,7 +321,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, nargs="*", default=[8, 16])
     parser.add_argument("--row", type=int, default=100, help="captures in a row for the RSS figure")
     parser.add_argument("--cached-preset", default="gpt2-small")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["concurrent", "cached", "toggle", "rss"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["concurrent", "limited", "cached", "toggle", "rss"])
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -305,6 +331,8 @@ def main() -> None:
         print(f"server pid {pid}, RSS {rss_mib(pid):.0f} MiB at start; {os.cpu_count()} CPUs")
         if "concurrent" not in args.skip:
             bench_concurrent(browser, base, args.sessions)
+        if "limited" not in args.skip:
+            bench_limited(browser)
         if "cached" not in args.skip:
             bench_cached(browser, base, args.cached_preset)
         if "toggle" not in args.skip:

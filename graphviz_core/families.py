@@ -86,9 +86,51 @@ def _policy(model: nn.Module, ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE
 
 
+# `transformers` resolves its names lazily on first access, and two threads resolving at once (two sessions opening
+# their first transformers configs on a fresh server) got "module 'transformers' has no attribute
+# 'AutoModelForMaskedLM'" (up to 7 of 8 threads in tests/test_admission.py's repro). Every name used here, the model
+# classes the Auto classes pick included, is resolved once under a lock before any use.
+_TRANSFORMERS_LOCK = threading.Lock()
+_TRANSFORMERS_NAMES = (
+    "AutoModelForCausalLM",
+    "AutoModelForImageClassification",
+    "AutoModelForMaskedLM",
+    "BertConfig",
+    "GPT2Config",
+    "LlamaConfig",
+    "MistralConfig",
+    "MixtralConfig",
+    "Qwen2Config",
+    "ResNetConfig",
+    "ViTConfig",
+    "BertForMaskedLM",
+    "GPT2LMHeadModel",
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2ForCausalLM",
+    "ResNetForImageClassification",
+    "ViTForImageClassification",
+)
+_TRANSFORMERS_READY: list = []
+
+
+def _transformers():
+    """The `transformers` module with every name this file uses already resolved (thread-safe)."""
+    if not _TRANSFORMERS_READY:
+        with _TRANSFORMERS_LOCK:  # the import too: a second thread importing meanwhile sees a half-built module
+            if not _TRANSFORMERS_READY:
+                import transformers
+
+                for name in _TRANSFORMERS_NAMES:
+                    getattr(transformers, name)
+                _TRANSFORMERS_READY.append(transformers)
+    return _TRANSFORMERS_READY[0]
+
+
 def hf_config(config: ModelConfig):
     """The `transformers` config for `config` (a family in HF_FAMILIES), built in code."""
-    import transformers as tf
+    tf = _transformers()
 
     fam = config.model
     h, layers, heads, vocab = config.hidden, config.layers, config.heads, config.vocab
@@ -182,7 +224,7 @@ def _experts_implementation(config: ModelConfig) -> str:
 
 def build_hf_model(config: ModelConfig) -> nn.Module:
     """The `transformers` model for `config` with random weights, on the current default device."""
-    import transformers as tf
+    tf = _transformers()
 
     hf = hf_config(config)
     head = {
