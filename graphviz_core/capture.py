@@ -146,15 +146,16 @@ def capture_backward(
     with admit(config, device, ticket) as admitted:  # waits its turn; reserves the estimated bytes
         run = _Run(config, device, say, admitted.check, source)
         try:
-            with device_guard(device), meta_kernels, _no_cyclic_gc():
+            with device_guard(device), meta_kernels, no_cyclic_gc():
                 return run.capture()
         finally:
             run.release()
 
 
 @contextlib.contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """Python's cyclic collector paused while a capture runs.
+def no_cyclic_gc(collect_first: bool = False) -> Iterator[None]:
+    """Python's cyclic collector paused while a capture (or a simulated parallel step) runs; `collect_first`
+    clears what is already garbage before the pause.
 
     A capture allocates thousands of small objects (node records, hook closures, the networkx graph); each
     few hundred start a collection that walks every tracked object in the process (400,000 once torch and
@@ -163,6 +164,8 @@ def _no_cyclic_gc() -> Iterator[None]:
     (tests/test_capture.py checks the model goes by reference counting), so it resumes afterwards as it was.
     """
     was_enabled = gc.isenabled()
+    if collect_first:
+        gc.collect()
     gc.disable()
     try:
         yield

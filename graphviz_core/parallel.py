@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import threading
 import time
 import warnings
@@ -27,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from graphviz_core.capture import no_cyclic_gc
 from graphviz_core.collectives import (
     GPUS_PER_NODE,
     INFINIBAND_BYTES_PER_S,
@@ -496,7 +496,10 @@ def measure_step(
         peaks = _PhasePeaks(tracker)
         # The recorder goes first: FSDPMemTracker wraps each param group's hooks when it enters, and the
         # recorder's wrappers (on the class) must already be in place underneath.
-        with recorder, tracker, peaks, _no_cyclic_gc():
+        # GC paused, collected first: the trackers see a tensor freed when its storage's weak reference dies; by
+        # reference counting alone that happens at the same op on every run, where a GC pass landing mid-step
+        # would move frees (and the optimizer step's peak) between runs (torchtitan's estimator does the same).
+        with recorder, tracker, peaks, no_cyclic_gc(collect_first=True):
             peaks.observe()
             out = workload.forward(model, inputs)
             loss = workload.loss(out, targets)
@@ -551,21 +554,6 @@ def _to_empty_keeping_ties(model: nn.Module) -> None:
         first_module, first_name = owners[0]
         for module, name in owners[1:]:
             setattr(module, name, getattr(first_module, first_name))
-
-
-@contextlib.contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """The trackers see a tensor freed when its storage's weak reference dies. Without cyclic GC that happens
-    by reference counting alone, at the same op on every run; a GC pass landing mid-step would otherwise move
-    frees (and the optimizer step's peak) between runs. torchtitan's estimator disables GC for the same reason."""
-    was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 @torch.no_grad()
