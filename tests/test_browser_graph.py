@@ -338,3 +338,22 @@ def test_clicking_a_node_hides_its_tooltip(page, tmp_path):
     page.locator("#details table").wait_for(timeout=5_000)
     page.wait_for_timeout(300)  # vis-network's hover events arrive after a tooltipDelay of 120 ms
     assert not page.locator("#tip").is_visible()
+
+
+def test_the_png_of_a_search_shows_no_buttons(tmp_path):
+    import io
+
+    from PIL import Image
+
+    from graphviz_core.export import PNG_SCALE, PNG_SIZE, to_png
+    from graphviz_core.graph import search_nodes
+
+    graph = captured("gpt2-tiny").graph
+    png = to_png(render_html(graph, highlight=search_nodes(graph, "mlp.fc"), height_px=PNG_SIZE[1]))
+    (tmp_path / "search.png").write_bytes(png)
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    # Chromium's button face is rgb(239, 239, 239): "Next match" (~80 x 22 CSS px, ~7,000 device pixels at 2x)
+    # was left in the side panel (the right 310 CSS px); the graph's own greys are other shades.
+    side = image.crop(((PNG_SIZE[0] - 310) * PNG_SCALE, 0, image.width, image.height))
+    face = sum(1 for pixel in zip(*(band.tobytes() for band in side.split()), strict=True) if pixel == (239, 239, 239))
+    assert face < 200, face
