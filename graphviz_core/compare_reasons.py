@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from graphviz_core.config import ROPE_FAMILIES
-from graphviz_core.ui.format import format_bytes, format_flops  # pure formatting, no Streamlit
+from graphviz_core.units import format_bytes, format_flops
 
 if TYPE_CHECKING:
     from graphviz_core.capture import Capture

@@ -1,7 +1,7 @@
 """Where a capture's FLOPs and time went: per layer, per op family, per node, and against 6·N·tokens.
 
 Pure functions of one `Capture`; they return numbers in frozen dataclasses (units in the field names),
-and `graphviz_core.ui.format` turns them into text.
+and `graphviz_core.units` turns them into text.
 """
 
 from __future__ import annotations

@@ -34,3 +34,17 @@ def test_cli_json_capture_imports_no_ui_and_no_dynamo():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_no_core_module_imports_the_ui_package():
+    # DESIGN.md: the core never imports from graphviz_core/ui (the renderer may). compare_reasons imported
+    # ui.format for its byte and FLOP formatting; that now lives in the core's graphviz_core.units.
+    import re
+    from pathlib import Path
+
+    core = Path(__file__).resolve().parents[1] / "graphviz_core"
+    offenders = [
+        p.name for p in core.glob("*.py")
+        if p.name != "render.py" and re.search(r"^\s*(from|import) graphviz_core\.ui\b", p.read_text(), re.M)
+    ]
+    assert offenders == []

@@ -1,52 +1,19 @@
-"""Human-readable numbers for the UI: bytes, FLOPs, seconds. The core returns raw numbers; this formats them."""
+"""Human-readable numbers for the UI (graphviz_core.units) and escaping of user text before Streamlit shows it."""
 
 from __future__ import annotations
 
 import re
 
+from graphviz_core.units import (  # noqa: F401 - re-exported for the pages and panels
+    bytes_unit,
+    flops_unit,
+    format_bytes,
+    format_flops,
+    format_intensity,
+    format_ratio,
+    format_seconds,
+)
 
-def _scaled(value: float, base: float, units: tuple[str, ...], decimals_of) -> tuple[str, str]:
-    """The first unit in which `value`, rounded as it will be printed, stays below `base`.
-
-    Rounding first is what keeps thresholds honest: 1023.96 B prints as "1.0 KiB", never "1024.0 KiB".
-    """
-    for i, unit in enumerate(units):
-        decimals = decimals_of(unit)
-        rounded = round(value, decimals)
-        if abs(rounded) < base or i == len(units) - 1:
-            return f"{rounded:.{decimals}f}", unit
-        value /= base
-    raise AssertionError("unreachable")
-
-
-def format_bytes(n: int | float | None) -> str:
-    """1536 -> "1.5 KiB"; whole bytes below 1 KiB ("512 B"); binary units up to TiB."""
-    if n is None:
-        return "n/a"
-    number, unit = _scaled(float(n), 1024, ("B", "KiB", "MiB", "GiB", "TiB"), lambda u: 0 if u == "B" else 1)
-    return f"{number} {unit}"
-
-
-def format_flops(n: int | float | None, suffix: str = "FLOP") -> str:
-    """37_203_968 -> "37.2 MFLOP"; suffix="FLOP/s" for rates. Decimal prefixes up to E."""
-    if n is None:
-        return "n/a"
-    number, prefix = _scaled(float(n), 1000, ("", "k", "M", "G", "T", "P", "E"), lambda p: 0 if p == "" else 1)
-    return f"{number} {prefix}{suffix}".rstrip()
-
-
-def format_seconds(s: float | None) -> str:
-    """0.0000123 -> "12 µs", 0.0123 -> "12.3 ms", 12.3 -> "12.30 s"."""
-    if s is None:
-        return "n/a"
-    if round(s * 1e6) < 1000:
-        return f"{s * 1e6:.0f} µs"
-    if round(s * 1e3, 1) < 1000:
-        return f"{s * 1e3:.1f} ms"
-    return f"{s:.2f} s"
-
-
-# Every ASCII punctuation mark CommonMark lets a backslash escape, except quotes and commas (never markup).
 _MARKDOWN_SPECIAL = frozenset("\\`*_{}[]()<>#+-.!|~:$&=^%@/;?")
 # GFM turns bare URLs and e-mail addresses into links after escapes are resolved, so backslashes cannot
 # stop it; an invisible word joiner inside "http:", "www." and after "@" does.
@@ -65,31 +32,3 @@ def escape_markdown(text: object) -> str:
     escaped = _AUTOLINK.sub(lambda m: m.group(1) + WORD_JOINER + m.group(2) if m.group(1) else m.group(3) + WORD_JOINER,
                             escaped)
     return escaped.replace("\n", "  \n")
-
-
-def format_ratio(x: float | None) -> str:
-    """2.4999 -> "2.50×" (how many times)."""
-    return "n/a" if x is None else f"{x:.2f}×"
-
-
-def bytes_unit(largest: int | float) -> tuple[str, int]:
-    """The unit a chart's byte axis should use so its largest value reads as 1-1023: ("MiB", 2**20)."""
-    for power, unit in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
-        if abs(largest) >= 1024**power:
-            return unit, 1024**power
-    return "B", 1
-
-
-def flops_unit(largest: int | float, suffix: str = "FLOP") -> tuple[str, float]:
-    """The unit a chart's FLOP axis should use so its largest value reads as 1-999: ("MFLOP", 1e6)."""
-    for power, prefix in ((15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k")):
-        if abs(largest) >= 10**power:
-            return prefix + suffix, 10.0**power
-    return suffix, 1.0
-
-
-def format_intensity(x: float | None) -> str:
-    """Arithmetic intensity: 5.69 -> "5.7 FLOP/B" (FLOPs per byte read and written)."""
-    if x is None:
-        return "n/a"
-    return f"{x:.2f} FLOP/B" if x < 10 else f"{x:,.0f} FLOP/B" if x >= 1000 else f"{x:.1f} FLOP/B"
