@@ -333,7 +333,9 @@ def render_html(
         nonce=secrets.token_urlsafe(16),
         vis_js=Markup(vis_js.replace("</script", "<\\/script")),
         vis_css=Markup(vis_css.replace("</style", "<\\/style")),
+        # the loss: the first node of the first layer (backward starts there), whatever order the graph's nodes are in
         data={"nodes": nodes, "edges": edges, "options": net.options, "details": details, "matches": matches,
+              "loss": layout.layers[0][0] if layout.layers else None,
               "landmarks": landmarks(graph, layout),
               "lod": {"enabled": level_of_detail, "readable_scale": MIN_FIT_SCALE,
                       "label_scale": ((LABEL_DRAW_THRESHOLD if level_of_detail else VIS_DRAW_THRESHOLD) - 1) / FONT_PX}},

@@ -357,3 +357,23 @@ def test_the_png_of_a_search_shows_no_buttons(tmp_path):
     side = image.crop(((PNG_SIZE[0] - 310) * PNG_SCALE, 0, image.width, image.height))
     face = sum(1 for pixel in zip(*(band.tobytes() for band in side.split()), strict=True) if pixel == (239, 239, 239))
     assert face < 200, face
+
+
+@pytest.mark.parametrize("start", ["opened", "fit", "zoomed-in elsewhere"])
+def test_zoom_to_the_loss_puts_it_at_the_top_at_scale_1(page, tmp_path, start):
+    # Nothing lies above the loss: centred, it left the upper half of the pane empty (loss at y 379 of 758 px).
+    # At the top (its centre 40 px down) the first steps of the backward pass fill the pane below it.
+    graph = gpt2_small_graph()
+    open_graph(page, tmp_path, render_html(graph))
+    if start == "fit":
+        page.locator("#fit").click()
+    elif start == "zoomed-in elsewhere":
+        far = next(n for n in graph if graph.nodes[n]["module"].startswith("blocks.9"))
+        page.evaluate("id => window.network.focus(id, {scale: 2.5, animation: false})", far)
+    page.locator("#top").click()
+    redraw(page)
+    scale, at, width = page.evaluate("""id => [window.network.getScale(),
+        window.network.canvasToDOM(window.network.getPosition(id)), document.getElementById('graph').clientWidth]""",
+                                     "NllLossBackward0:0")
+    assert scale == 1.0  # 13 px labels at 13 px
+    assert abs(at["x"] - width / 2) < 1 and abs(at["y"] - 40) < 1, at
