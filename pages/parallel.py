@@ -12,8 +12,10 @@ st.caption(
     "PyTorch's own FSDP2 and tensor parallelism over a simulated mesh of ranks (torch's fake process group and "
     "fake tensors, as torchtitan's memory estimator): what each rank holds at its peak, and what the backward sends."
 )
+st.caption("Pick the layout (strategy, world size, tensor-parallel degree) under Parallelism at the top of the sidebar, "
+           "and the model below it.")
+parallel = parallel_form()  # first in the sidebar: it is what this page is about
 config = config_form()
-parallel = parallel_form()
 result = get_per_rank(config, parallel) if config is not None else None
 if result is not None:
     memory_tab, communication_tab = st.tabs(["Memory per rank", "Communication in backward"])

@@ -78,3 +78,17 @@ def test_the_sidebar_shows_every_chosen_value_whole(browser, streamlit_url, widt
         assert page.evaluate(CLIPPED_INPUTS) == [], f"sidebar values cut off at {width}x{height}"
     finally:
         context.close()
+
+
+def test_the_parallel_pages_sidebar_shows_every_chosen_value_whole(browser, streamlit_url):
+    # The strategy box read "FSDP (shard every lay" inside an expander at 1280x800.
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    try:
+        page.goto(f"{streamlit_url}/parallel")
+        page.locator('[data-testid="stMetricLabel"]').first.wait_for(timeout=120_000)
+        values = page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stSidebar\"] input')].map(e => e.value)")
+        assert "FSDP" in values, values
+        assert page.evaluate(CLIPPED_INPUTS) == []
+    finally:
+        context.close()

@@ -39,7 +39,8 @@ def graph_view(capture: Capture) -> None:
     query = row[2].text_input("Search op, module or parameter", key="view.search", placeholder="e.g. Addmm, blocks.3.attn, wte",
                               label_visibility="collapsed")
     row = st.columns(4)
-    expanded = row[0].selectbox("Expand one module", [NONE, *groups], key="view.expanded", disabled=not collapse)
+    expanded = row[0].selectbox("Expand one module", [NONE, *groups], key="view.expanded", disabled=not collapse,
+                                help="With Collapse modules on: open one block and keep the others collapsed")
     focus = row[1].selectbox("Focus on", [WHOLE, *groups], key="view.focus")
     colour = row[2].selectbox("Colour by", [BY_CATEGORY, *METRICS], key="view.colour", format_func=lambda m: METRICS.get(m, m))
     size = row[3].selectbox("Size by", [NONE, *METRICS], key="view.size", format_func=lambda m: METRICS.get(m, m))

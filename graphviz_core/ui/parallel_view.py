@@ -26,6 +26,9 @@ STRATEGY_LABELS = {
     "tp": "tensor parallel",
     "fsdp+tp": "FSDP x tensor parallel (2-D mesh)",
 }
+# In the sidebar's narrow box (the long labels above were cut: "FSDP (shard every lay"); the help spells them out
+STRATEGY_SHORT = {"none": "one device", "ddp": "DDP", "fsdp": "FSDP", "hsdp": "HSDP", "tp": "tensor parallel",
+                  "fsdp+tp": "FSDP × TP (2-D)"}
 PART_LABELS = {
     "parameters": "parameters and buffers (this rank's shards)",
     "gathered_parameters": "all-gathered parameters (live during compute)",
@@ -46,13 +49,15 @@ KIND_LABELS = {
 
 
 def parallel_form(key: str = "parallel") -> ParallelConfig:
-    """The collapsed "Parallelism" section in the sidebar; returns the layout last applied (FSDP over 8 at first)."""
+    """The "Parallelism" form at the top of the sidebar; returns the layout last applied (FSDP over 8 at first)."""
     if f"{key}.applied" not in st.session_state:
         st.session_state[f"{key}.applied"] = DEFAULT
         for name, value in DEFAULT.to_dict().items():
             st.session_state[f"{key}.{name}"] = value
-    with st.sidebar.expander("Parallelism", expanded=False), st.form(f"{key}.form"):
-        st.selectbox("Strategy", STRATEGIES, format_func=STRATEGY_LABELS.get, key=f"{key}.strategy")
+    st.sidebar.markdown("**Parallelism**")
+    with st.sidebar.form(f"{key}.form"):
+        st.selectbox("Strategy", STRATEGIES, format_func=STRATEGY_SHORT.get, key=f"{key}.strategy",
+                     help="; ".join(f"{STRATEGY_SHORT[s]}: {STRATEGY_LABELS[s]}" for s in STRATEGIES))
         left, right = st.columns(2)
         left.number_input("World size (GPUs)", min_value=1, max_value=MAX_WORLD, step=1, key=f"{key}.world_size")
         right.number_input(
