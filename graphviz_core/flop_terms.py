@@ -73,7 +73,11 @@ def terms_both_ways(fused: Capture, manual: Capture) -> list[TermRow]:
             raise ValueError(f"the textbook's per-op terms are for GPT-2 models; the {want} capture is a {capture.config.model}.")
     if (fused.config.attention == "manual") or manual.config.attention != "manual":
         raise ValueError("pass a fused-attention capture (sdpa or mha) first and a manual-attention capture second.")
-    if fused.config.replace(attention="manual") != manual.config:
+    # the preset's name, and the device as asked ("auto") rather than as run, don't change a capture (the shared
+    # cache keys them away, so a twin may come back under another name)
+    if fused.config.replace(attention="manual", preset="", device=fused.device) != manual.config.replace(
+        preset="", device=manual.device
+    ):
         raise ValueError("the two captures must differ only in attention; pick the same sizes for both.")
     seed = seed004_backward_terms(manual.config)
     config = manual.config

@@ -95,3 +95,13 @@ def test_seed004_terms_both_ways():
 def test_seed004_terms_refuse_mismatched_captures():
     with pytest.raises(ValueError, match="differ only in attention"):
         terms_both_ways(captured("gpt2-tiny"), captured("gpt2-tiny", attention="manual", batch=1))
+
+
+def test_seed004_terms_accept_a_twin_named_otherwise():
+    # The shared cache keys captures without the preset's name and with "auto" resolved, so the FLOP panel's
+    # manual-attention twin of gpt2-tiny may come back as an unnamed config on "cpu"; it is the same capture.
+    from graphviz_core.capture import capture_backward
+
+    fused = captured("gpt2-tiny")
+    twin = capture_backward(fused.config.replace(attention="manual", preset="", device="cpu"))
+    assert terms_both_ways(fused, twin)
