@@ -48,15 +48,17 @@ def captured_step(config) -> float:
 
 @contextlib.contextmanager
 def observer_off():
-    """The storage observer's dispatch mode and hooks become no-ops (the rest of the capture is unchanged)."""
+    """The storage observer's per-op and per-hook work becomes no-ops (the rest of the capture is unchanged)."""
     cls = timeline_module.StorageObserver
-    saved = cls._after_op, cls.watch_backward
-    cls._after_op = lambda self, func, out: None
-    cls.watch_backward = lambda self, nodes, ids: None
+    names = ("after_op", "module_entered", "module_left", "node_started")
+    saved = {name: getattr(cls, name) for name in names}
+    for name in names:
+        setattr(cls, name, lambda self, *args: None)
     try:
         yield
     finally:
-        cls._after_op, cls.watch_backward = saved
+        for name, method in saved.items():
+            setattr(cls, name, method)
 
 
 def bench_timeline(repeats: int) -> None:

@@ -4,6 +4,8 @@ Every figure in that table comes from a `README-ROW` line (benchmarks/readme_row
 table says when, on how many cores and at what load it was measured. `make bench` runs this.
 
     python benchmarks/update_readme.py [--only bench_capture.py ...] [--dry-run]
+
+With --only, the other benchmarks' rows already in the table are kept (each row names its benchmark).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,15 +77,26 @@ def main() -> None:
         if not args.only or script in args.only:
             print(f"== {script} {' '.join(options)}", flush=True)
             rows += [(f"{w} (`{script}`)" if "`" not in w else w, m, g) for w, m, g in run(script, options)]
+    readme = (ROOT / "README.md").read_text()
+    if START not in readme:
+        sys.exit("README.md has no speed-table markers")
+    head, rest = readme.split(START, 1)
+    if args.only:  # keep the rows of the benchmarks not run now, in the table's order
+        ran = set(args.only)
+        kept = []
+        for line in rest.split(END, 1)[0].splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            script = re.search(r"bench_\w+\.py", cells[0]) if len(cells) == 3 else None
+            if script and script.group(0) not in ran:
+                kept.append(tuple(cells))
+        order = list(BENCHMARKS)
+        rank = lambda r: order.index(re.search(r"bench_\w+\.py", r[0]).group(0))  # noqa: E731
+        rows = sorted(kept + rows, key=rank)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = table(rows, when)
     print(text)
     if args.dry_run:
         return
-    readme = (ROOT / "README.md").read_text()
-    if START not in readme:
-        sys.exit("README.md has no speed-table markers")
-    head, rest = readme.split(START, 1)
     (ROOT / "README.md").write_text(head + text + rest.split(END, 1)[1])
 
 
