@@ -26,7 +26,7 @@ from pyvis.network import Network
 from graphviz_core.export import CATEGORY_COLOURS, MIN_FIT_SCALE
 from graphviz_core.graph import module_group
 from graphviz_core.layout import LAYER_GAP, NODE_WIDTH, Layout, layered_layout
-from graphviz_core.ui.format import format_bytes, format_flops, format_seconds
+from graphviz_core.units import format_bytes, format_flops, format_in, format_seconds
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 PYVIS_LIB = Path(__import__("pyvis").__file__).resolve().parent / "templates" / "lib" / "vis-9.1.2"
@@ -136,15 +136,12 @@ DARK_TEXT, LIGHT_TEXT = "#000000", "#ffffff"  # black or white: one of them alwa
 HEAT_STOPS = ((255, 255, 255), (253, 174, 97), (165, 0, 38))  # white -> orange -> dark red
 
 
+METRIC_UNITS = {"flops": "FLOP", "time_s": "s", "saved_bytes": "bytes"}  # other metrics (norms) are plain numbers
+
+
 def format_metric(metric: str, value: float) -> str:
     """A metric's value in its unit: FLOP, seconds (µs/ms/s), bytes (KiB/MiB), a plain number for norms."""
-    if metric == "flops":
-        return format_flops(value)
-    if metric == "time_s":
-        return format_seconds(value)
-    if metric == "saved_bytes":
-        return format_bytes(value)
-    return f"{value:.4g}"
+    return format_in(METRIC_UNITS.get(metric, ""), value, plain="{:.4g}")
 
 
 def _metric_values(graph: nx.DiGraph, metric: str) -> dict[str, float]:

@@ -72,3 +72,14 @@ def format_intensity(x: float | None) -> str:
     if x is None:
         return "n/a"
     return f"{x:.2f} FLOP/B" if x < 10 else f"{x:,.0f} FLOP/B" if x >= 1000 else f"{x:.1f} FLOP/B"
+
+
+def format_in(unit: str, value: float, plain: str = "{:,.0f}") -> str:
+    """`value` in `unit` ("bytes", "FLOP", "s"), scaled as above; any other unit with the `plain` format."""
+    if unit == "bytes":
+        return format_bytes(value)
+    if unit == "FLOP":
+        return format_flops(value)
+    if unit == "s":
+        return format_seconds(value)
+    return plain.format(value)

@@ -68,15 +68,19 @@ def _console_error(message) -> str | None:
 
 
 @pytest.fixture
-def page(browser):
+def page(browser, request):
     """A fresh browser page that fails the test on any page error or console error.
 
     Playwright reports `pageerror` (uncaught exceptions) and `console` messages for the page and every frame
     in it, so errors thrown inside the graph's iframe (st.iframe, srcdoc) are caught here too. The only
     messages let through are Streamlit's path probes (see _STREAMLIT_PROBES); any other error fails the test.
     """
-    context = browser.new_context(viewport={"width": 1500, "height": 1000})
+    # the window size: 1500x1000 unless a test parametrizes it (`@pytest.mark.parametrize("page", [(w, h)],
+    # indirect=True)`)
+    width, height = getattr(request, "param", (1500, 1000))
+    context = browser.new_context(viewport={"width": width, "height": height})
     pg = context.new_page()
+    pg.size = f"{width}x{height}"
     errors: list[str] = []
     pg.on("pageerror", lambda error: errors.append(f"page error: {error}"))
     pg.on("console", lambda message: errors.append(line) if (line := _console_error(message)) else None)

@@ -6,6 +6,7 @@ from graphviz_core.ui.live import graph_frame
 from tests.conftest import captured
 
 pytestmark = pytest.mark.browser
+SIZES = [(1280, 800), (1920, 1080)]  # a laptop and a desktop window
 
 # Every label, value and note of a visible metric whose text is wider than its box: Streamlit cuts such text
 # with an ellipsis ("28 te…", "677.8 …" at 1280 px when six metrics shared one row), so nobody reads it.
@@ -15,49 +16,39 @@ CUT_OFF = """() => [...document.querySelectorAll('[data-testid="stMetric"] [data
 TABS = {"Memory": "Peak memory", "FLOPs and time": "Forward FLOPs"}  # tab -> a metric only that tab shows
 
 
-@pytest.mark.parametrize("width,height", [(1280, 800), (1920, 1080)])
-def test_every_headline_metric_is_shown_whole(browser, streamlit_url, width, height, tmp_path):
-    context = browser.new_context(viewport={"width": width, "height": height})
-    page = context.new_page()
-    try:
-        page.goto(streamlit_url)
-        capture = captured("gpt2-tiny")
-        graph_frame(page, capture.summary.nodes)
-        # Streamlit may redraw the page once more when the first script run ends: wait for the headline
-        page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stMetric\"]').length >= 6", timeout=30_000)
-        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=30_000)
-        metrics = page.locator('[data-testid="stMetric"]')
-        texts = metrics.all_inner_texts()
-        # the values the page must show whole: these are the capture's own figures, formatted as the page does
-        assert any(f"{capture.summary.parameter_count:,}" in t for t in texts), texts
-        assert any("Saved for backward" in t for t in texts), texts
-        page.screenshot(path=str(tmp_path / f"explorer-{width}.png"))
-        assert page.evaluate(CUT_OFF) == [], f"headline cut off at {width}x{height}"
-        for tab, metric in TABS.items():  # each panel's own metrics, once its tab is drawn
-            page.get_by_role("tab", name=tab).click()
-            page.locator('[data-testid="stMetricLabel"]', has_text=metric).wait_for(timeout=60_000)
-            page.wait_for_timeout(500)
-            assert page.evaluate(CUT_OFF) == [], f"{tab} metrics cut off at {width}x{height}"
-    finally:
-        context.close()
-
-
-@pytest.mark.parametrize("width,height", [(1280, 800), (1920, 1080)])
-def test_the_compare_pages_metrics_are_shown_whole(browser, streamlit_url, width, height):
-    # Five metrics in one row cut the notes off at 1440 px ("-442.4 kFLOP vs A 37.2 MFL…").
-    context = browser.new_context(viewport={"width": width, "height": height})
-    page = context.new_page()
-    try:
-        page.goto(f"{streamlit_url}/compare")
-        page.get_by_role("button", name="Fused vs spelled-out attention").click()
-        page.locator('[data-testid="stMetricLabel"]', has_text="Nodes per layer").wait_for(timeout=120_000)
-        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+@pytest.mark.parametrize("page", SIZES, indirect=True)
+def test_every_headline_metric_is_shown_whole(page, streamlit_url, tmp_path):
+    page.goto(streamlit_url)
+    capture = captured("gpt2-tiny")
+    graph_frame(page, capture.summary.nodes)
+    # Streamlit may redraw the page once more when the first script run ends: wait for the headline
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stMetric\"]').length >= 6", timeout=30_000)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=30_000)
+    metrics = page.locator('[data-testid="stMetric"]')
+    texts = metrics.all_inner_texts()
+    # the values the page must show whole: these are the capture's own figures, formatted as the page does
+    assert any(f"{capture.summary.parameter_count:,}" in t for t in texts), texts
+    assert any("Saved for backward" in t for t in texts), texts
+    page.screenshot(path=str(tmp_path / f"explorer-{page.size}.png"))
+    assert page.evaluate(CUT_OFF) == [], f"headline cut off at {page.size}"
+    for tab, metric in TABS.items():  # each panel's own metrics, once its tab is drawn
+        page.get_by_role("tab", name=tab).click()
+        page.locator('[data-testid="stMetricLabel"]', has_text=metric).wait_for(timeout=60_000)
         page.wait_for_timeout(500)
-        labels = page.locator('[data-testid="stMetricLabel"]').all_inner_texts()
-        assert "Backward FLOPs (B)" in labels and "Forward + backward time (B)" in labels, labels
-        assert page.evaluate(CUT_OFF) == [], f"compare metrics cut off at {width}x{height}"
-    finally:
-        context.close()
+        assert page.evaluate(CUT_OFF) == [], f"{tab} metrics cut off at {page.size}"
+
+
+@pytest.mark.parametrize("page", SIZES, indirect=True)
+def test_the_compare_pages_metrics_are_shown_whole(page, streamlit_url):
+    # Five metrics in one row cut the notes off at 1440 px ("-442.4 kFLOP vs A 37.2 MFL…").
+    page.goto(f"{streamlit_url}/compare")
+    page.get_by_role("button", name="Fused vs spelled-out attention").click()
+    page.locator('[data-testid="stMetricLabel"]', has_text="Nodes per layer").wait_for(timeout=120_000)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    page.wait_for_timeout(500)
+    labels = page.locator('[data-testid="stMetricLabel"]').all_inner_texts()
+    assert "Backward FLOPs (B)" in labels and "Forward + backward time (B)" in labels, labels
+    assert page.evaluate(CUT_OFF) == [], f"compare metrics cut off at {page.size}"
 
 
 # Every text box and select in the sidebar whose value is wider than the box (the dtype box read "bfloat1…")
@@ -65,30 +56,21 @@ CLIPPED_INPUTS = """() => [...document.querySelectorAll('[data-testid="stSidebar
     .filter(e => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1).map(e => e.value)"""
 
 
-@pytest.mark.parametrize("width,height", [(1280, 800), (1920, 1080)])
-def test_the_sidebar_shows_every_chosen_value_whole(browser, streamlit_url, width, height):
-    context = browser.new_context(viewport={"width": width, "height": height})
-    page = context.new_page()
-    try:
-        # the longest choices of each box: bfloat16, selective, a preset with a long name
-        page.goto(f"{streamlit_url}/?preset=gpt2-tiny&dtype=bfloat16&checkpoint=selective")
-        page.locator('[data-testid="stMetricLabel"]', has_text="Nodes").first.wait_for(timeout=120_000)
-        values = page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stSidebar\"] input')].map(e => e.value)")
-        assert "bfloat16" in values and "selective" in values, values
-        assert page.evaluate(CLIPPED_INPUTS) == [], f"sidebar values cut off at {width}x{height}"
-    finally:
-        context.close()
+@pytest.mark.parametrize("page", SIZES, indirect=True)
+def test_the_sidebar_shows_every_chosen_value_whole(page, streamlit_url):
+    # the longest choices of each box: bfloat16, selective, a preset with a long name
+    page.goto(f"{streamlit_url}/?preset=gpt2-tiny&dtype=bfloat16&checkpoint=selective")
+    page.locator('[data-testid="stMetricLabel"]', has_text="Nodes").first.wait_for(timeout=120_000)
+    values = page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stSidebar\"] input')].map(e => e.value)")
+    assert "bfloat16" in values and "selective" in values, values
+    assert page.evaluate(CLIPPED_INPUTS) == [], f"sidebar values cut off at {page.size}"
 
 
-def test_the_parallel_pages_sidebar_shows_every_chosen_value_whole(browser, streamlit_url):
+@pytest.mark.parametrize("page", [(1280, 800)], indirect=True)
+def test_the_parallel_pages_sidebar_shows_every_chosen_value_whole(page, streamlit_url):
     # The strategy box read "FSDP (shard every lay" inside an expander at 1280x800.
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    page = context.new_page()
-    try:
-        page.goto(f"{streamlit_url}/parallel")
-        page.locator('[data-testid="stMetricLabel"]').first.wait_for(timeout=120_000)
-        values = page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stSidebar\"] input')].map(e => e.value)")
-        assert "FSDP" in values, values
-        assert page.evaluate(CLIPPED_INPUTS) == []
-    finally:
-        context.close()
+    page.goto(f"{streamlit_url}/parallel")
+    page.locator('[data-testid="stMetricLabel"]').first.wait_for(timeout=120_000)
+    values = page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stSidebar\"] input')].map(e => e.value)")
+    assert "FSDP" in values, values
+    assert page.evaluate(CLIPPED_INPUTS) == []

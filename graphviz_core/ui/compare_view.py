@@ -26,8 +26,8 @@ from graphviz_core.ui.format import (
     format_bytes,
     format_flops,
     format_ratio,
-    format_seconds,
 )
+from graphviz_core.units import format_in
 
 A, B = "compare.a", "compare.b"
 DRAW_LIMIT = 1500  # nodes: above this the two graphs are not drawn side by side (the explorer draws one)
@@ -133,15 +133,7 @@ def get_comparison(a: Capture, b: Capture) -> Comparison:
 
 
 def _value(unit: str, v: float | None) -> str:
-    if v is None:
-        return "n/a"
-    if unit == "bytes":
-        return format_bytes(v)
-    if unit == "FLOP":
-        return format_flops(v)
-    if unit == "s":
-        return format_seconds(v)
-    return f"{int(v):,}"
+    return "n/a" if v is None else format_in(unit, v, plain="{:,.0f}")
 
 
 def _delta(h: Headline) -> str:
