@@ -88,49 +88,42 @@ def _policy(model: nn.Module, ctx, op, *args, **kwargs):
 
 # `transformers` resolves its names lazily on first access, and two threads resolving at once (two sessions opening
 # their first transformers configs on a fresh server) got "module 'transformers' has no attribute
-# 'AutoModelForMaskedLM'" (up to 7 of 8 threads in tests/test_admission.py's repro). Every name used here, the model
-# classes the Auto classes pick included, is resolved once under a lock before any use.
+# 'AutoModelForMaskedLM'" (up to 7 of 8 threads in tests/test_admission.py's repro). A family's names, the model
+# class its Auto class picks included, are resolved once under a lock before any use. Only that family's: resolving
+# all eight families' took 2.2 s more in a fresh process (BertForMaskedLM alone 0.5 s) than Llama's own.
 _TRANSFORMERS_LOCK = threading.Lock()
-_TRANSFORMERS_NAMES = (
-    "AutoModelForCausalLM",
-    "AutoModelForImageClassification",
-    "AutoModelForMaskedLM",
-    "BertConfig",
-    "GPT2Config",
-    "LlamaConfig",
-    "MistralConfig",
-    "MixtralConfig",
-    "Qwen2Config",
-    "ResNetConfig",
-    "ViTConfig",
-    "BertForMaskedLM",
-    "GPT2LMHeadModel",
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "MixtralForCausalLM",
-    "Qwen2ForCausalLM",
-    "ResNetForImageClassification",
-    "ViTForImageClassification",
-)
-_TRANSFORMERS_READY: list = []
+_CAUSAL = "AutoModelForCausalLM"
+_FAMILY_NAMES = {
+    "llama": (_CAUSAL, "LlamaConfig", "LlamaForCausalLM"),
+    "mistral": (_CAUSAL, "MistralConfig", "MistralForCausalLM"),
+    "qwen2": (_CAUSAL, "Qwen2Config", "Qwen2ForCausalLM"),
+    "mixtral": (_CAUSAL, "MixtralConfig", "MixtralForCausalLM"),
+    "gpt2-hf": (_CAUSAL, "GPT2Config", "GPT2LMHeadModel"),
+    "bert": ("AutoModelForMaskedLM", "BertConfig", "BertForMaskedLM"),
+    "vit": ("AutoModelForImageClassification", "ViTConfig", "ViTForImageClassification"),
+    "resnet": ("AutoModelForImageClassification", "ResNetConfig", "ResNetForImageClassification"),
+}
+_TRANSFORMERS_READY: set[str] = set()  # families whose names are resolved
 
 
-def _transformers():
-    """The `transformers` module with every name this file uses already resolved (thread-safe)."""
-    if not _TRANSFORMERS_READY:
+def transformers_for(family: str):
+    """The `transformers` module with every name `family` uses already resolved (thread-safe)."""
+    if family not in _TRANSFORMERS_READY:
         with _TRANSFORMERS_LOCK:  # the import too: a second thread importing meanwhile sees a half-built module
-            if not _TRANSFORMERS_READY:
+            if family not in _TRANSFORMERS_READY:
                 import transformers
 
-                for name in _TRANSFORMERS_NAMES:
+                for name in _FAMILY_NAMES[family]:
                     getattr(transformers, name)
-                _TRANSFORMERS_READY.append(transformers)
-    return _TRANSFORMERS_READY[0]
+                _TRANSFORMERS_READY.add(family)
+    import transformers
+
+    return transformers
 
 
 def hf_config(config: ModelConfig):
     """The `transformers` config for `config` (a family in HF_FAMILIES), built in code."""
-    tf = _transformers()
+    tf = transformers_for(config.model)
 
     fam = config.model
     h, layers, heads, vocab = config.hidden, config.layers, config.heads, config.vocab
@@ -224,7 +217,7 @@ def _experts_implementation(config: ModelConfig) -> str:
 
 def build_hf_model(config: ModelConfig) -> nn.Module:
     """The `transformers` model for `config` with random weights, on the current default device."""
-    tf = _transformers()
+    tf = transformers_for(config.model)
 
     hf = hf_config(config)
     head = {
