@@ -28,7 +28,7 @@ BENCHMARKS = {
     "bench_startup.py": ["--rounds", "3"],
     "bench_families.py": ["--repeats", "5"],
     "bench_memory.py": ["--repeats", "3"],
-    "bench_compare.py": [],
+    "bench_compare.py": ["--repeats", "3"],
     "bench_parallel.py": [],
     "bench_render.py": [],
     "bench_fps.py": [],
