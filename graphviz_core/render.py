@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import secrets
 from functools import lru_cache
 from pathlib import Path
@@ -74,9 +75,17 @@ def _environment() -> jinja2.Environment:
     return env
 
 
+VIS_SCRIPT = PYVIS_LIB / "vis-network.min.js"
+
+
 @lru_cache(maxsize=1)
 def _vis_assets() -> tuple[str, str]:
-    return (PYVIS_LIB / "vis-network.min.js").read_text(encoding="utf-8"), (PYVIS_LIB / "vis-network.css").read_text(encoding="utf-8")
+    """vis-network's script, and the one rule of its stylesheet this page can use: the 220 KB file styles the
+    configurator, the editing toolbar and the navigation buttons (images inlined), none of which the page turns
+    on; only the tooltip (a node with a `title`) remains."""
+    css = (PYVIS_LIB / "vis-network.css").read_text(encoding="utf-8")
+    rules = "".join(rule for rule in re.findall(r"[^{}]+\{[^{}]*\}", css) if "vis-tooltip" in rule.split("{")[0])
+    return VIS_SCRIPT.read_text(encoding="utf-8"), rules
 
 
 def _short_op(op: str) -> str:
@@ -301,6 +310,7 @@ def render_html(
     legend_labels: dict[str, str] | None = None,
     highlight_is_search: bool = True,
     level_of_detail: bool = True,
+    vis_src: str | None = None,
 ) -> str:
     """One self-contained HTML page drawing `graph` with vis-network; works offline, from disk or an iframe.
 
@@ -309,6 +319,8 @@ def render_html(
     `highlight_is_search=False`: the highlighted nodes are not search matches (no "Next match", no zoom to them).
     `level_of_detail` draws less where it could not be read anyway (see LABEL_DRAW_THRESHOLD); off, every label, edge
     and arrowhead is drawn at every zoom (benchmarks/bench_fps.py compares the two).
+    `vis_src`: a same-origin URL of vis-network's script (VIS_SCRIPT) to load instead of inlining its 470 KB, for
+    pages a server shows again and again (the browser caches it once); the page is then not self-contained.
     """
     for metric in (colour_by, size_by):
         if metric is not None and metric not in METRICS:
@@ -328,7 +340,8 @@ def render_html(
         title=title,
         subtitle=subtitle,
         nonce=secrets.token_urlsafe(16),
-        vis_js=Markup(vis_js.replace("</script", "<\\/script")),
+        vis_src=vis_src,
+        vis_js=None if vis_src else Markup(vis_js.replace("</script", "<\\/script")),
         vis_css=Markup(vis_css.replace("</style", "<\\/style")),
         # the loss: the first node of the first layer (backward starts there), whatever order the graph's nodes are in
         data={"nodes": nodes, "edges": edges, "options": net.options, "details": details, "matches": matches,

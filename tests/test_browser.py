@@ -46,6 +46,9 @@ def test_page_draws_the_capture_and_requests_only_localhost(page, streamlit_url)
     assert drawn == capture.summary.nodes
     hosts = {urlparse(u).hostname for u in requests if urlparse(u).scheme in ("http", "https", "ws", "wss")}
     assert hosts <= {"127.0.0.1", "localhost"}, hosts
+    # vis-network came from the app's own static folder (ui/vis_script.py), not inlined into the frame's srcdoc
+    assert [urlparse(u).path for u in requests if u.endswith(".min.js")] == ["/app/static/vis-network.min.js"]
+    assert "new vis.Network" in frame.content() and len(frame.content()) < 200_000
 
 
 def test_hiding_shape_ops_removes_exactly_the_shape_nodes(page, streamlit_url):

@@ -6,7 +6,7 @@ import re
 import networkx as nx
 import pytest
 
-from graphviz_core.render import node_details, render_html, render_standalone_html
+from graphviz_core.render import VIS_SCRIPT, node_details, render_html, render_standalone_html
 from tests.conftest import captured
 
 
@@ -155,3 +155,19 @@ def test_level_of_detail_raises_the_label_floor_and_hides_edges_while_zooming():
     assert on["lod"]["label_scale"] == pytest.approx(4.85 / 13)
     assert off["lod"]["label_scale"] == 4 / 13 and off["lod"]["enabled"] is False
     assert on["options"]["interaction"]["hideEdgesOnZoom"] is True and on["options"]["interaction"]["hideEdgesOnDrag"] is True
+
+
+def test_a_served_page_loads_vis_network_by_url_and_keeps_only_the_tooltip_style():
+    graph = captured("mlp").graph
+    inline, served = render_html(graph), render_html(graph, vis_src="/app/static/vis-network.min.js")
+    scripts = re.findall(r'<script nonce="([^"]+)" src="([^"]+)"></script>', served)
+    assert [src for _, src in scripts] == ["/app/static/vis-network.min.js"]
+    assert scripts[0][0] in re.search(r"script-src 'nonce-([^']+)'", served).group(1)  # the CSP lets it run
+    # vis-network.min.js (pyvis 4.x's vis-9.1.2) is 468,813 bytes: the served page is that much smaller
+    vis_js = VIS_SCRIPT.read_text(encoding="utf-8")
+    assert vis_js in inline and vis_js not in served
+    assert len(inline) - len(served) > len(vis_js) - 100
+    # of vis-network.css (220,163 bytes, three inlined button images of ~28 KB each) only the tooltip rule is kept
+    style = re.search(r"<style>(.*?)</style>", served, re.S).group(1)
+    assert style.startswith("div.vis-tooltip{") and len(style) < 1000
+    assert graph_data(served) == graph_data(inline)

@@ -17,6 +17,7 @@ from graphviz_core.expressions import (
 )
 from graphviz_core.render import render_html
 from graphviz_core.ui.format import escape_markdown
+from graphviz_core.ui.vis_script import vis_src
 
 KEY = "expr"
 
@@ -137,7 +138,8 @@ def backward_stepper(trace: Trace) -> None:
         graph = trace_graph(trace, step)
         st.iframe(render_html(graph, title=f"L = {trace.expression}", subtitle="forward values on nodes, gradients on edges",
                               highlight={current.node} if current else frozenset(), height_px=430,
-                              hint=TOY_HINT, legend_labels=TOY_LEGEND, highlight_is_search=False), height=450)
+                              hint=TOY_HINT, legend_labels=TOY_LEGEND, highlight_is_search=False, vis_src=vis_src()),
+                  height=450)
         narrow = st.column_config.TextColumn(width="small")
         st.dataframe(pd.DataFrame(step_table(trace, step)), hide_index=True, width="stretch",
                      column_config={"pass": narrow, "step": narrow, "value": narrow,

@@ -1,4 +1,4 @@
-"""The summary shown above the graph: counts, totals and a chart of nodes per category."""
+"""The summary shown above the graph: counts and totals, and a chart and table of nodes per category."""
 
 from __future__ import annotations
 
@@ -34,6 +34,11 @@ def show_summary(capture: Capture) -> None:
                 f"float32 (as CUDA does), the CPU kernel in {capture.config.dtype}; so a CPU run saves "
                 f"{format_bytes(extra)} less ({norms} LayerNorms)."
             )
+
+
+def show_categories(capture: Capture) -> None:
+    """Nodes per category as a bar chart, and per category's saved bytes and backward FLOPs as a table."""
+    s, m, f = capture.summary, capture.memory, capture.flops
     byte_unit, byte_div = bytes_unit(max(m.saved_bytes_by_category.values(), default=0))
     flop_unit, flop_div = flops_unit(max(f.backward_by_category.values(), default=0))
     table = pd.DataFrame(
