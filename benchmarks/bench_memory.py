@@ -50,7 +50,7 @@ def captured_step(config) -> float:
 def observer_off():
     """The storage observer's per-op and per-hook work becomes no-ops (the rest of the capture is unchanged)."""
     cls = timeline_module.StorageObserver
-    names = ("after_op", "module_entered", "module_left", "node_started")
+    names = ("observe", "module_entered", "module_left", "node_started")
     saved = {name: getattr(cls, name) for name in names}
     for name in names:
         setattr(cls, name, lambda self, *args: None)

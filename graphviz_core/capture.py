@@ -33,7 +33,7 @@ from graphviz_core.admission import Ticket, admit
 from graphviz_core.categories import category_in_module, normalise_op
 from graphviz_core.config import CUSTOM, MODEL_DEFAULTS, ModelConfig
 from graphviz_core.device import device_guard, resolve_device, synchronize
-from graphviz_core.flops import flops_of
+from graphviz_core.flops import op_info
 from graphviz_core.models import RECOMPUTED, build_model, compute_loss, make_batch
 from graphviz_core.timeline import MemoryTimeline, StorageObserver
 
@@ -260,11 +260,17 @@ class _FlopCounter(TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        if kwargs is None:
+            kwargs = {}
         out = func(*args, **kwargs)
-        if not self.run.paused:
-            self.run.charge(flops_of(func, args, kwargs, out), func)
-            self.run.storages.after_op(func, out)  # the memory timeline: one mode for both (see forward(own_mode))
+        run = self.run
+        if not run.paused:
+            formula, name = op_info(func)
+            if formula is not None:
+                flops = int(formula(*args, out_val=out, **kwargs))
+                if flops:
+                    run.charge(flops, name)
+            run.storages.observe(func, out)  # the memory timeline: one mode for both (see forward(own_mode))
         return out
 
 
@@ -318,6 +324,9 @@ def _tensors(obj: object) -> Iterable[torch.Tensor]:
             yield from _tensors(item)
 
 
+_next_sequence_nr = torch._C._autograd._get_sequence_nr  # the number autograd gives the next node this thread makes
+
+
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
     storage = t.untyped_storage()
     return storage._cdata, storage.nbytes()
@@ -351,10 +360,10 @@ class _Run:
         # forward
         self.phase = "setup"
         self.labels: dict[object, str] = {}  # autograd node -> module path
-        self.boundaries: list[set] = []
+        self.open_calls: list[int] = []  # forward: the next sequence number when each running module call started
+        self.calls: list[tuple[int, int, int, str, bool]] = []  # (depth, first, end, path, checkpointed) per call
         self.saves: list[_Save] = []
         self.checkpoint_held: dict[int, int] = {}  # storage key -> bytes
-        self.recomputed_depth = 0  # > 0 while the forward is inside a checkpointed module
         self.recomputed_nodes: set = set()  # their saved fields are checkpoint placeholders
         # graph walk
         self.collecting: list[int] | None = None
@@ -388,17 +397,16 @@ class _Run:
         for handle in self.node_hooks:
             handle.remove()
         self.storages.release()
-        for store in (self.node_hooks, self.labels, self.boundaries, self.recomputed_nodes, self.started,
+        for store in (self.node_hooks, self.labels, self.calls, self.recomputed_nodes, self.started,
                       self.ended, self.norm_parts, self.norms_seen, self.param_names, self.module_paths):
             store.clear()
 
     # ---- hooks -------------------------------------------------------------------------------------
 
-    def charge(self, flops: int, func: object = None) -> None:
-        if not flops:
-            return
+    def charge(self, flops: int, op: str) -> None:
+        """Count `flops` of aten op `op` (its packet's name) where the run is now."""
         if self.phase in self.flops_by_op:
-            self.flops_by_op[self.phase][str(getattr(func, "_overloadpacket", func))] += flops
+            self.flops_by_op[self.phase][op] += flops
         if self.phase == "forward":
             self.flops_forward += flops
             self.flops_forward_by_module[self.module_stack[-1] if self.module_stack else ""] += flops
@@ -425,18 +433,17 @@ class _Run:
 
     def module_pre(self, module, args, kwargs):
         self.check()
-        self.storages.module_entered(self.module_paths[module])  # the timeline's module, from the same hook
+        path = self.module_paths[module]
+        self.storages.module_entered(path)  # the timeline's module, from the same hook
         if self.phase == "backward":
             self.recompute_depth += 1
             return
         if self.phase != "forward":
             return
-        self.module_stack.append(self.module_paths[module])
-        inputs = list(_tensors((args, kwargs)))
-        self.boundaries.append({t.grad_fn for t in inputs if t.grad_fn is not None})
+        self.module_stack.append(path)
+        self.open_calls.append(_next_sequence_nr())
         if getattr(module, RECOMPUTED, False):
-            self.recomputed_depth += 1
-            for t in inputs:
+            for t in _tensors((args, kwargs)):
                 key, nbytes = _storage_key(t)
                 if key not in self.param_storages:
                     self.checkpoint_held[key] = nbytes
@@ -448,28 +455,37 @@ class _Run:
             return
         if self.phase != "forward":
             return
-        boundary = self.boundaries.pop()
         self.module_stack.pop()
-        path = self.module_paths[module]
-        # Everything reachable from the output without crossing the inputs was created by this call.
-        # Walk through nodes a child already labelled (ops between children sit below them) but keep the
-        # child's label: the innermost module wins.
-        stack = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
-        visited: set = set()
-        while stack:
-            node = stack.pop()
-            if node in visited or node in boundary:
-                continue
-            visited.add(node)
-            if normalise_op(node.name()) == "AccumulateGrad":
-                continue
-            if node not in self.labels:
-                self.labels[node] = path
-                if self.recomputed_depth:
+        start = self.open_calls.pop()
+        self.calls.append(
+            (len(self.open_calls), start, _next_sequence_nr(), self.module_paths[module], getattr(module, RECOMPUTED, False))
+        )
+
+    def _label(self, nodes: list) -> None:
+        """Each node's module: the innermost module whose forward call was running when autograd created it.
+
+        Autograd numbers the nodes a thread creates in order (`_sequence_nr`); each module call recorded the range
+        of numbers given out between its pre and post hooks. Ranges nest as the calls do, so painting them
+        outermost first leaves each number with its innermost module. (This replaced a walk from every module's
+        output back to its inputs, which visited each node once per enclosing module.) Nodes made inside a
+        checkpointed module are marked too: their saved fields are checkpoint placeholders.
+        """
+        if not self.calls:
+            return
+        base = min(call[1] for call in self.calls)
+        size = max(call[2] for call in self.calls) - base
+        owner: list[str | None] = [None] * size
+        recomputed = bytearray(size)
+        for _depth, start, end, path, checkpointed in sorted(self.calls, key=lambda call: call[0]):
+            owner[start - base:end - base] = [path] * (end - start)
+            if checkpointed:
+                recomputed[start - base:end - base] = b"\x01" * (end - start)
+        for node in nodes:
+            index = node._sequence_nr() - base
+            if 0 <= index < size and owner[index] is not None and normalise_op(node.name()) != "AccumulateGrad":
+                self.labels[node] = owner[index]
+                if recomputed[index]:
                     self.recomputed_nodes.add(node)
-            stack.extend(n for n, _ in node.next_functions if n is not None)
-        if getattr(module, RECOMPUTED, False):
-            self.recomputed_depth -= 1
 
     def node_pre(self, node_id: str):
         def hook(grad_outputs):
@@ -486,11 +502,13 @@ class _Run:
             self.ended[node_id] = self._clock()
             self.current = None
             self.last_finished = node_id
-            self.io_bytes[node_id] = sum(g.numel() * g.element_size() for g in (*grad_inputs, *grad_outputs) if g is not None)
+            self.io_bytes[node_id] = sum(g.nbytes for g in (*grad_inputs, *grad_outputs) if g is not None)
             if self.real:
                 self.paused = True
-                grads = grad_outputs if is_leaf else grad_inputs
-                self.norm_parts[node_id] = [self._norm_once(g) for g in grads if g is not None]
+                # Bookkeeping, not the model's work: skip the capture's own dispatch mode (one guard per node).
+                with torch._C._DisableTorchDispatch():
+                    self.norm_parts[node_id] = [self._norm_once(g) for g in (grad_outputs if is_leaf else grad_inputs)
+                                                if g is not None]
                 self.paused = False
 
         return hook
@@ -503,8 +521,7 @@ class _Run:
         seen = self.norms_seen.get(id(g))
         if seen is not None and seen[0]() is g:
             return seen[1]
-        with torch._C._DisableTorchDispatch():  # bookkeeping, not the model's work: skip the capture's own mode
-            norm = torch.linalg.vector_norm(g, dtype=torch.float32)
+        norm = torch.linalg.vector_norm(g, dtype=torch.float32)
         self.norms_seen[id(g)] = (weakref.ref(g), norm)
         return norm
 
@@ -563,6 +580,7 @@ class _Run:
 
         self.say("walking the autograd graph")
         nodes = autograd_nodes(loss.grad_fn)
+        self._label(nodes)
         ids = {node: f"{normalise_op(node.name())}:{i}" for i, node in enumerate(nodes)}
         saves_of = self._collect_saves(nodes, ids)
         saved = {self.saves[i].storage_key for found in saves_of.values() for i in found if not self.saves[i].is_parameter}
@@ -635,11 +653,21 @@ class _Run:
                 counted_bytes[event.node] += event.storage_bytes
         parameter_count = 0
         parameter_bytes = 0
+        saves = self.saves
+        position: dict[str, int] = {}
+        for index, node_id in enumerate(self.backward_order):
+            position.setdefault(node_id, index)
+        by_category: Counter[str] = Counter()
+        by_op: Counter[str] = Counter()
+        saved_by_category: Counter[str] = Counter()
+        flops_by_category: Counter[str] = Counter()
+        records = []
         for node in nodes:
             node_id = ids[node]
             op = normalise_op(node.name())
             param = None
-            module = self.labels.get(node, "")
+            path = self.labels.get(node)
+            module = path or ""
             if op == "AccumulateGrad":
                 tensor = node.variable
                 name = self.param_names.get(tensor, "")
@@ -647,45 +675,41 @@ class _Run:
                 module = name.rpartition(".")[0]
                 parameter_count += tensor.numel()
                 parameter_bytes += tensor.numel() * tensor.element_size()
-            graph.add_node(
-                node_id,
-                op=op,
-                category=category_in_module(op, module_types[self.labels[node]] if node in self.labels else ""),
-                module=module,
-                saved_bytes=counted_bytes[node_id],
-                flops=self.flops_by_node[node_id],
-                recompute_flops=self.recompute_by_node[node_id],
-                grad_io_bytes=self.io_bytes.get(node_id, 0),
-                time_s=self._elapsed(node_id),
-                grad_norm=self._norm(node_id),
-                param=param,
-                saved=[
-                    {"shape": list(self.saves[i].shape), "dtype": self.saves[i].dtype,
-                     "bytes": self.saves[i].storage_bytes,
-                     "counted": owner.get(self.saves[i].storage_key) == node_id and first_save.get(self.saves[i].storage_key) == i,
-                     "parameter": self.saves[i].is_parameter}
-                    for i in saves_of[node_id]
-                ],
-                backward_index=None,
-                recomputed=node in self.recomputed_nodes,
-                gradient_sum_flops=0,
-            )
-        for position, node_id in enumerate(self.backward_order):
-            if graph.nodes[node_id]["backward_index"] is None:
-                graph.nodes[node_id]["backward_index"] = position
-        for node in nodes:
-            for child, _ in node.next_functions:
-                if child is not None:
-                    graph.add_edge(ids[node], ids[child])
+            category = category_in_module(op, module_types[path] if path is not None else "")
+            saved_bytes = counted_bytes[node_id]
+            flops = self.flops_by_node[node_id]
+            by_category[category] += 1
+            by_op[op] += 1
+            saved_by_category[category] += saved_bytes
+            flops_by_category[category] += flops
+            saved = []
+            for i in saves_of[node_id]:
+                save = saves[i]
+                key = save.storage_key
+                saved.append({"shape": list(save.shape), "dtype": save.dtype, "bytes": save.storage_bytes,
+                              "counted": owner.get(key) == node_id and first_save.get(key) == i,
+                              "parameter": save.is_parameter})
+            records.append((node_id, {
+                "op": op,
+                "category": category,
+                "module": module,
+                "saved_bytes": saved_bytes,
+                "flops": flops,
+                "recompute_flops": self.recompute_by_node[node_id],
+                "grad_io_bytes": self.io_bytes.get(node_id, 0),
+                "time_s": self._elapsed(node_id),
+                "grad_norm": self._norm(node_id),
+                "param": param,
+                "saved": saved,
+                "backward_index": position.get(node_id),
+                "recomputed": node in self.recomputed_nodes,
+                "gradient_sum_flops": 0,
+            }))
+        graph.add_nodes_from(records)
+        graph.add_edges_from((ids[node], ids[child]) for node in nodes for child, _ in node.next_functions
+                             if child is not None)
 
         self._place_gradient_sums(graph)
-        by_category = Counter(data["category"] for _, data in graph.nodes(data=True))
-        saved_by_category = Counter()
-        for _, data in graph.nodes(data=True):
-            saved_by_category[data["category"]] += data["saved_bytes"]
-        flops_by_category = Counter()
-        for _, data in graph.nodes(data=True):
-            flops_by_category[data["category"]] += data["flops"]
         backward_total = sum(self.flops_by_node.values()) + self.flops_unattributed
         checkpoint_held = sum(b for key, b in self.checkpoint_held.items() if key not in first_save)
         # Outputs a selective-checkpoint policy kept (graphviz_core.families): stored by the checkpoint, not hooks.
@@ -700,7 +724,7 @@ class _Run:
                 nodes=graph.number_of_nodes(),
                 edges=graph.number_of_edges(),
                 by_category=dict(sorted(by_category.items())),
-                by_op=dict(sorted(Counter(d["op"] for _, d in graph.nodes(data=True)).items())),
+                by_op=dict(sorted(by_op.items())),
                 parameters=by_category.get("accumulate_grad", 0),
                 parameter_count=parameter_count,
             ),

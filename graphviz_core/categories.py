@@ -3,6 +3,7 @@ DESIGN.md's fixed categories."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 CATEGORIES = (
@@ -255,6 +256,7 @@ _LINEAR = ("Linear", "NonDynamicallyQuantizableLinear", "MultiheadAttention", "C
 _EMBEDDING_ROOTS = ("GPT2", "GPT2Model")
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of two names: captures ask it once per node
 def category_in_module(op: str, module_type: str) -> str:
     """The category of `op` created inside a module of type `module_type` ("" where no module created it,
     e.g. the loss computed after the model's forward). The op name decides first; the module decides where

@@ -81,11 +81,12 @@ class MemoryTimeline:
 class _Record:
     """One storage: its size, its kind (decided when the forward or backward ends) and its weak reference."""
 
-    __slots__ = ("kind", "nbytes", "ref")
+    __slots__ = ("key", "kind", "nbytes", "ref")
 
     def __init__(self, nbytes: int, kind: int) -> None:
         self.nbytes = nbytes
         self.kind = kind
+        self.key = 0  # the storage's _cdata while it lives
         self.ref: weakref.ref | None = None
 
 
@@ -103,7 +104,8 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        self.observer.after_op(func, out)
+        if not self.observer.skip():
+            self.observer.observe(func, out)
         return out
 
 
@@ -120,6 +122,7 @@ class StorageObserver:
         self.cuda = device == "cuda"
         self.skip = skip
         self.live: dict[int, _Record] = {}  # storage _cdata -> record; unique among live storages
+        self.refs: dict[int, _Record] = {}  # id(weak reference to a tracked storage) -> its record, which keeps the ref
         self.events: list[tuple[int, _Record, int]] = []  # (step, record, +1 alloc / -1 free)
         self.steps: list[list] = [["start", "", "", None]]  # phase, label, module, allocator bytes
         self.module_stack: list[str] = []
@@ -130,37 +133,45 @@ class StorageObserver:
 
     # ---- storages -------------------------------------------------------------------------------------
 
-    def _track(self, t: torch.Tensor, kind: int) -> _Record | None:
+    def _track(self, t: torch.Tensor, kind: int) -> None:
         storage = t.untyped_storage()
         key = storage._cdata
         if key in self.live:
-            return None
+            return
         record = _Record(storage.nbytes(), kind)
-        record.ref = weakref.ref(storage, self._freed(key, record))
+        record.key = key
+        record.ref = weakref.ref(storage, self._on_free)
+        self.refs[id(record.ref)] = record
         self.live[key] = record
         self.events.append((len(self.steps) - 1, record, 1))
-        return record
 
-    def _freed(self, key: int, record: _Record):
-        def callback(_ref) -> None:
-            if self.live.get(key) is record:
-                del self.live[key]
-            self.events.append((len(self.steps) - 1, record, -1))
-
-        return callback
+    def _on_free(self, ref: weakref.ref) -> None:
+        """A tracked storage was freed (one bound method for all: a closure per storage cost more)."""
+        record = self.refs.pop(id(ref), None)
+        if record is None:
+            return
+        if self.live.get(record.key) is record:
+            del self.live[record.key]
+        self.events.append((len(self.steps) - 1, record, -1))
 
     def track_existing(self, tensors: Iterable[torch.Tensor], parameters: bool) -> None:
         for t in tensors:
             self._track(t, _PARAM if parameters else _TEMP)
 
     def after_op(self, func, out) -> None:
-        if self.skip():
-            return
+        if not self.skip():
+            self.observe(func, out)
+
+    def observe(self, func, out) -> None:
+        """Record what aten op `func` just returned (the caller's own bookkeeping is never passed here)."""
         if self.phase == "forward":
             self.steps.append(["forward", func.__name__, self.module_stack[-1] if self.module_stack else "", None])
         kind = _RECOMPUTED if self.recompute_depth else _TEMP
-        for t in _tensors(out):
-            self._track(t, kind)
+        if isinstance(out, torch.Tensor):
+            self._track(out, kind)
+        else:
+            for t in _tensors(out):
+                self._track(t, kind)
         if self.cuda:
             self.steps[-1][3] = torch.cuda.memory_allocated()
 
@@ -187,7 +198,7 @@ class StorageObserver:
             self.module_stack.pop()
 
     def forward(self, own_mode: bool = True) -> _Phase:
-        """The forward phase. `own_mode=False`: a dispatch mode of the caller's calls `after_op` for every op
+        """The forward phase. `own_mode=False`: a dispatch mode of the caller's calls `observe` for every op
         instead (one mode instead of two stacked halves the dispatch cost of every aten call)."""
         return _Phase(self, "forward", own_mode)
 
@@ -228,6 +239,7 @@ class StorageObserver:
             handle.remove()
         self.handles.clear()
         self.live.clear()
+        self.refs.clear()  # weak references dropped: storages freed later call back nothing
 
     # ---- result ---------------------------------------------------------------------------------------
 
