@@ -311,6 +311,8 @@ def render_html(
     highlight_is_search: bool = True,
     level_of_detail: bool = True,
     vis_src: str | None = None,
+    selected: str | None = None,
+    node_links: bool = False,
 ) -> str:
     """One self-contained HTML page drawing `graph` with vis-network; works offline, from disk or an iframe.
 
@@ -321,6 +323,8 @@ def render_html(
     and arrowhead is drawn at every zoom (benchmarks/bench_fps.py compares the two).
     `vis_src`: a same-origin URL of vis-network's script (VIS_SCRIPT) to load instead of inlining its 470 KB, for
     pages a server shows again and again (the browser caches it once); the page is then not self-contained.
+    `selected`: a node to open with selected, in view and its details shown (a link's `node=`; ignored when absent).
+    `node_links`: the details panel offers a link to the node, made from the embedding page's URL (the app's pages).
     """
     for metric in (colour_by, size_by):
         if metric is not None and metric not in METRICS:
@@ -346,6 +350,7 @@ def render_html(
         # the loss: the first node of the first layer (backward starts there), whatever order the graph's nodes are in
         data={"nodes": nodes, "edges": edges, "options": net.options, "details": details, "matches": matches,
               "loss": layout.layers[0][0] if layout.layers else None,
+              "selected": selected if selected in details else None, "node_links": node_links,
               "landmarks": landmarks(graph, layout),
               "lod": {"enabled": level_of_detail, "readable_scale": MIN_FIT_SCALE,
                       "label_scale": ((LABEL_DRAW_THRESHOLD if level_of_detail else VIS_DRAW_THRESHOLD) - 1) / FONT_PX}},

@@ -6,9 +6,19 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from graphviz_core.config import ModelConfig, config_from_preset
-from graphviz_core.ui.links import config_params, link_url, parse_config, parse_view, view_params
+from graphviz_core.render import render_html
+from graphviz_core.ui.links import (
+    LINKED_NODE,
+    config_params,
+    link_url,
+    parse_config,
+    parse_node,
+    parse_view,
+    view_params,
+)
 from tests.conftest import captured
 from tests.test_app import plain
+from tests.test_render import graph_data
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
@@ -119,3 +129,53 @@ def test_a_compare_link_opens_its_pair():
     labels = [e.label for e in at.expander if e.label.startswith("Config")]
     assert labels[0].startswith("Config A:") and "· 3 layers ·" in labels[0]
     assert labels[1].startswith("Config B:") and "· 2 layers ·" in labels[1]
+
+
+@pytest.mark.parametrize(
+    ("params", "node", "problem"),
+    [
+        ({"node": "AddmmBackward0:17"}, "AddmmBackward0:17", None),
+        ({"node": "module:blocks.0"}, "module:blocks.0", None),  # a collapsed module's node
+        ({}, None, None),
+        ({"node": ""}, None, None),
+        ({"node": "x" * 301}, None, "node= is not a node id"),  # over NODE_MAX = 300 characters
+        ({"node": "Addmm\nBackward0:1"}, None, "node= is not a node id"),  # a control character
+    ],
+)
+def test_a_node_in_a_link_is_parsed_as_an_id_only(params, node, problem):
+    got, problems = parse_node(params)
+    assert got == node
+    assert (problem is None and problems == []) or problem in problems[0]
+
+
+def test_a_node_link_keeps_its_node_and_a_stale_one_falls_back_with_a_notice():
+    capture = captured("gpt2-tiny", layers=3)
+    # gpt2-tiny's blocks.0 qkv matmul (3 layers): a node of the graph as drawn
+    node = next(
+        n for n, d in capture.graph.nodes(data=True) if d["module"] == "blocks.0.attn.qkv" and d["category"] == "matmul"
+    )
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update({"layers": "3", "node": node})
+    at.run()
+    assert not at.exception and not at.warning
+    assert at.session_state[LINKED_NODE] == (config_from_preset("gpt2-tiny", layers=3).replace(preset=""), node)
+    assert {k: at.query_params[k] for k in at.query_params} == {"layers": "3", "node": node}
+    # the same node with shape ops hidden is still drawn (a matmul); a view node (shape) would not be
+    for stale in ("NoSuchBackward0:7", next(n for n, d in capture.graph.nodes(data=True) if d["category"] == "shape")):
+        at = AppTest.from_file(APP, default_timeout=120)
+        at.query_params.update({"layers": "3", "hide_shape": "1", "node": stale})
+        at.run()
+        assert not at.exception
+        notices = [plain(w.value) for w in at.warning]
+        assert any(f"node='{stale}' is not in this graph as drawn" in n for n in notices), notices
+        assert "node" not in at.query_params and LINKED_NODE not in at.session_state
+
+
+def test_the_drawn_page_opens_on_the_linked_node_only_when_the_graph_has_it():
+    graph = captured("gpt2-tiny").graph
+    node = "AddmmBackward0:17"  # gpt2-tiny's blocks.0 attn.proj matmul (ids are deterministic; checked below)
+    assert graph.nodes[node]["module"] == "blocks.0.attn.proj"
+    opened = graph_data(render_html(graph, selected=node, node_links=True))
+    assert (opened["selected"], opened["node_links"]) == (node, True)
+    assert graph_data(render_html(graph, selected="NoSuchBackward0:1"))["selected"] is None
+    assert graph_data(render_html(graph))["node_links"] is False  # a downloaded page links to no app page

@@ -1,5 +1,7 @@
 """Links that open the same view for a teammate: the applied config and the graph view's settings live in the URL's
-query parameters (`?preset=gpt2-small&collapse=1&colour=flops`), read once when a session opens the page.
+query parameters (`?preset=gpt2-small&collapse=1&colour=flops`), read once when a session opens the page. A link made
+from the graph's details panel also names the node shown there (`&node=AddmmBackward0:12`): the page opens with it
+selected, in view, and its details shown.
 
 Nothing in a link is executed or names a file: every value is parsed into a config field (then validated by
 ModelConfig like the form's), a known option, or search text. A value that does not parse, or no longer fits (a
@@ -33,6 +35,9 @@ VIEW = {
     "size": ("view.size", "(none)"),
 }
 MODULE_VIEWS = ("focus", "expanded")  # checked against the capture's modules once it is there
+NODE = "node"  # URL name of the selected node: an id of the graph as drawn ("AddmmBackward0:12", "module:blocks.0")
+NODE_MAX = 300  # characters: ids are an op name and a number, or "module:" and a module path
+LINKED_NODE = "link.node"  # session_state: (the config the node belongs to, its id), while the graph shows that config
 PENDING = "link.pending_view"
 NOTICES = "link.notices"
 
@@ -98,13 +103,27 @@ def parse_config(params: Mapping[str, str], prefix: str = "") -> tuple[ModelConf
 
 
 def view_params(state: Mapping) -> dict[str, str]:
-    """The graph view's settings that differ from their defaults, as URL parameters."""
+    """The graph view's settings that differ from their defaults, and the node a link opened selected, as URL
+    parameters."""
     out = {}
     for name, (key, default) in VIEW.items():
         value = state.get(key, default)
         if value != default and value is not None:
             out[name] = ("1" if value else "0") if isinstance(default, bool) else str(value)
+    if state.get(LINKED_NODE):
+        out[NODE] = state[LINKED_NODE][1]
     return out
+
+
+def parse_node(params: Mapping[str, str]) -> tuple[str | None, list[str]]:
+    """The node id a link asks to open selected, and what was wrong with it. Whether the graph has that node is for
+    the graph to say (see `linked_node`): the id is only ever looked up, and escaped wherever it is shown."""
+    raw = params.get(NODE)
+    if not raw:
+        return None, []
+    if len(raw) > NODE_MAX or not raw.isprintable():
+        return None, [f"node= is not a node id (ids look like AddmmBackward0:12; at most {NODE_MAX} characters)"]
+    return raw, []
 
 
 def parse_view(params: Mapping[str, str]) -> tuple[dict[str, object], list[str]]:
@@ -177,7 +196,11 @@ def restore_from_link(form_key: str, load: Callable[[ModelConfig], None]) -> Non
             st.rerun()
         return
     values, problems = parse_view(params)
-    _note(form_key, problems, "view")
+    node, node_problems = parse_node(params)
+    _note(form_key, problems + node_problems, "view")
+    named_config = any(k in params for k in (*CONFIG_FIELDS, "preset"))
+    if node is not None and (loaded or not named_config):  # a node of a config that could not be used: dropped
+        st.session_state[LINKED_NODE] = (config or st.session_state.get(f"{form_key}.applied"), node)
     pending = {k: v for k, v in values.items() if k in (VIEW["focus"][0], VIEW["expanded"][0])}
     for key, value in values.items():
         if key not in pending:
@@ -205,6 +228,37 @@ def apply_pending_view(config: ModelConfig, graph) -> None:
         st.warning(escape_markdown(notice))
 
 
+def linked_node(config: ModelConfig, graph) -> str | None:
+    """The node a link asked to open selected, while `graph` (the graph as drawn) is of the config it came with and
+    has it; otherwise it is dropped, with a notice when the graph lacks it."""
+    linked = st.session_state.get(LINKED_NODE)
+    if not linked:
+        return None
+    linked_config, node = linked
+    if linked_config is not None and linked_config != config:  # another config was run since: its node ids differ
+        del st.session_state[LINKED_NODE]
+        return None
+    if node in graph:
+        return node
+    del st.session_state[LINKED_NODE]
+    notice = _note("config", [f"node={node!r} is not in this graph as drawn"], "view")
+    st.warning(escape_markdown(notice))
+    return None
+
+
+def sync_view_url() -> None:
+    """Write the graph view's settings (and the linked node) into the URL. The view's controls rerun only their
+    fragment, so this keeps the URL, which the details panel's node links start from, up to date."""
+    wanted = view_params(st.session_state)
+    for name in (*VIEW, NODE):
+        value = wanted.get(name)
+        if st.query_params.get(name) != value:
+            if value is None:
+                del st.query_params[name]
+            else:
+                st.query_params[name] = value
+
+
 def show_notices(form_key: str, where=None) -> None:
     for notice in st.session_state.get(NOTICES, {}).get(form_key, []):
         (where or st).warning(escape_markdown(notice))
@@ -220,7 +274,7 @@ def sync_url(form_key: str, applied: ModelConfig) -> dict[str, str]:
     mine = {f"{prefix}{name}" for name in (*CONFIG_FIELDS, "preset")}
     wanted = config_params(applied, prefix)
     if form_key == "config":
-        mine |= set(VIEW)
+        mine |= {*VIEW, NODE}
         wanted |= view_params(st.session_state)
     current = {k: st.query_params[k] for k in st.query_params}
     if {k: v for k, v in current.items() if k in mine} != wanted:
