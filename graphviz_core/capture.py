@@ -661,6 +661,7 @@ class _Run:
         by_op: Counter[str] = Counter()
         saved_by_category: Counter[str] = Counter()
         flops_by_category: Counter[str] = Counter()
+        norms = self._norm_values()
         records = []
         for node in nodes:
             node_id = ids[node]
@@ -698,7 +699,7 @@ class _Run:
                 "recompute_flops": self.recompute_by_node[node_id],
                 "grad_io_bytes": self.io_bytes.get(node_id, 0),
                 "time_s": self._elapsed(node_id),
-                "grad_norm": self._norm(node_id),
+                "grad_norm": self._norm(node_id, norms),
                 "param": param,
                 "saved": saved,
                 "backward_index": position.get(node_id),
@@ -781,11 +782,18 @@ class _Run:
             return start.elapsed_time(end) / 1000.0
         return end - start
 
-    def _norm(self, node_id: str) -> float | None:
+    def _norm(self, node_id: str, values: dict[int, float]) -> float | None:
         parts = self.norm_parts.get(node_id)
         if not parts:
             return None
-        return math.sqrt(sum(float(p) ** 2 for p in parts))
+        return math.sqrt(sum(values[id(p)] ** 2 for p in parts))
+
+    def _norm_values(self) -> dict[int, float]:
+        """id(norm tensor) -> its value, read in one transfer (one sync on CUDA, instead of one per gradient)."""
+        unique = {id(p): p for parts in self.norm_parts.values() for p in parts}
+        if not unique:
+            return {}
+        return dict(zip(unique, torch.stack(list(unique.values())).tolist(), strict=True))
 
 
 def autograd_nodes(root) -> list:
