@@ -139,8 +139,8 @@ def llama_70b(repeats: int) -> None:
             f"of A ({o:.2f} s; goal <= 2x) = {to_two:.2f}x the two captures done separately (B is {b_over_a:.2f}x "
             f"A); beyond the two captures {b:.3f} s ({share:.1%} of A: the diff {d:.3f} s, the CLI's diff + JSON "
             f"{c:.3f} s, the rest the page's tables and charts); with A cached {cached:.2f}x; page opened cold on "
-            f"the pair's link under AppTest {k:.2f} s. 2x of A needs B + the rest <= A: out of reach while B is "
-            "the bigger capture."
+            f"the pair's link under AppTest {k:.2f} s. 2x of A needs B + the rest <= A: out of reach while B does "
+            "more work than A, however fast the capture gets."
         )
         row(
             f"compare Llama-3.1-70B on meta, {label} (`bench_compare.py`)",
