@@ -10,7 +10,7 @@ from graphviz_core.ui.links import VIEW
 from graphviz_core.ui.memory_view import MEMORY_WIDGETS, show_memory
 from graphviz_core.ui.navigation import run_through_app
 from graphviz_core.ui.state import keep_widget_state
-from graphviz_core.ui.summary import show_categories, show_summary
+from graphviz_core.ui.summary import show_summary
 from graphviz_core.ui.textbook_view import show_textbook_comparison
 
 PANELS = {
@@ -27,10 +27,6 @@ config = config_form()
 capture = get_capture(config) if config is not None else None
 if capture is not None:
     show_summary(capture)
-    # The chart and table per category sit here, above the tabs, but are drawn after the open tab: their
-    # elements (Vega-Lite, the data grid) are ~2 MB of the browser's script a newcomer's page would otherwise
-    # load and compile before the graph's frame (benchmarks/trace_page.py).
-    categories = st.container()
     # One tab per panel, each reading the same capture (nothing here re-runs the backward pass). Only the open
     # tab is drawn: a newcomer's first page is the graph, sooner; the tab is in the URL (?tab=Memory).
     keep_widget_state([*(key for key, _ in VIEW.values()), *MEMORY_WIDGETS, *FLOPS_WIDGETS])
@@ -39,5 +35,3 @@ if capture is not None:
         if tab.open:
             with tab:
                 panel(capture)
-    with categories:
-        show_categories(capture)

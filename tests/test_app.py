@@ -22,6 +22,26 @@ def test_graph_explorer_runs_the_default_config_and_shows_the_real_node_count():
     assert at.metric[0].label == "Nodes" and at.metric[0].value == f"{expected:,}"
 
 
+def test_the_category_table_lists_every_category_most_nodes_first():
+    from graphviz_core.ui.format import format_bytes
+    from graphviz_core.ui.summary import BAR_MAX_PCT, category_rows
+
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    assert not at.exception
+    capture = captured("gpt2-tiny")
+    rows = category_rows(capture)
+    # gpt2-tiny: 101 nodes, 46 of them shape ops (the most: its bar is the full 70%), 28 parameters (AccumulateGrad):
+    # 70 * 28 / 46 = 42.6%
+    assert (rows[0]["category"], rows[0]["nodes"], rows[0]["bar_pct"]) == ("shape", 46, BAR_MAX_PCT)
+    assert (rows[1]["category"], rows[1]["nodes"], round(rows[1]["bar_pct"], 1)) == ("accumulate_grad", 28, 42.6)
+    assert sum(r["nodes"] for r in rows) == capture.summary.nodes
+    table = at.get("html")[0].proto.body
+    shown = re.findall(r"<tr><td>([a-z_]+)</td><td><span [^>]+></span>([\d,]+)</td>", table)
+    assert shown == [(r["category"], f"{r['nodes']:,}") for r in rows]
+    matmul = format_bytes(capture.memory.saved_bytes_by_category["matmul"])
+    assert "<td>matmul</td>" in table and f'<td style="text-align:right">{matmul}</td>' in table
+
+
 def test_an_invalid_config_is_shown_as_an_error_and_the_page_keeps_serving():
     at = AppTest.from_file(APP, default_timeout=120).run()
     at.number_input(key="config.hidden").set_value(770)

@@ -1,13 +1,15 @@
-"""The summary shown above the graph: counts and totals, and a chart and table of nodes per category."""
+"""The summary shown above the graph: counts and totals, and a table of nodes, bytes and FLOPs per category."""
 
 from __future__ import annotations
 
-import pandas as pd
+from html import escape
+
 import streamlit as st
 
 from graphviz_core.capture import Capture
+from graphviz_core.export import CATEGORY_COLOURS
 from graphviz_core.memory import meta_layer_norm_statistics
-from graphviz_core.ui.format import bytes_unit, flops_unit, format_bytes, format_flops, format_seconds
+from graphviz_core.ui.format import format_bytes, format_flops, format_seconds
 
 
 def show_summary(capture: Capture) -> None:
@@ -34,25 +36,46 @@ def show_summary(capture: Capture) -> None:
                 f"float32 (as CUDA does), the CPU kernel in {capture.config.dtype}; so a CPU run saves "
                 f"{format_bytes(extra)} less ({norms} LayerNorms)."
             )
+    show_categories(capture)
+
+
+BAR_MAX_PCT = 70  # of the nodes column: the largest category's bar; its count sits after it
+
+
+def category_rows(capture: Capture) -> list[dict]:
+    """One row per category, most nodes first: its nodes, bar width (% of the column), fill, bytes saved, FLOPs."""
+    s, m, f = capture.summary, capture.memory, capture.flops
+    categories = set(s.by_category) | set(m.saved_bytes_by_category) | set(f.backward_by_category)
+    most = max(s.by_category.values(), default=0) or 1
+    rows = [{"category": c, "nodes": s.by_category.get(c, 0), "saved_bytes": m.saved_bytes_by_category.get(c, 0),
+             "backward_flops": f.backward_by_category.get(c, 0), "colour": CATEGORY_COLOURS.get(c, "#000000")}
+            for c in categories]
+    for row in rows:
+        row["bar_pct"] = BAR_MAX_PCT * row["nodes"] / most
+    return sorted(rows, key=lambda row: (-row["nodes"], row["category"]))
 
 
 def show_categories(capture: Capture) -> None:
-    """Nodes per category as a bar chart, and per category's saved bytes and backward FLOPs as a table."""
-    s, m, f = capture.summary, capture.memory, capture.flops
-    byte_unit, byte_div = bytes_unit(max(m.saved_bytes_by_category.values(), default=0))
-    flop_unit, flop_div = flops_unit(max(f.backward_by_category.values(), default=0))
-    table = pd.DataFrame(
-        {
-            "nodes": pd.Series(s.by_category),
-            f"saved ({byte_unit})": pd.Series(m.saved_bytes_by_category) / byte_div,
-            f"backward ({flop_unit})": pd.Series(f.backward_by_category) / flop_div,
-        }
-    ).fillna(0)
-    table["nodes"] = table["nodes"].astype("int64")
-    left, right = st.columns([3, 2])
-    height = max(240, 24 * len(table))  # a bar per category with room for its label (12 for Llama: 288 px)
-    left.bar_chart(table["nodes"], horizontal=True, height=height, x_label="nodes per category", y_label="")
-    right.dataframe(table, width="stretch", height=height, column_config={
-        f"saved ({byte_unit})": st.column_config.NumberColumn(format="%.1f", help="saved for backward, per category"),
-        f"backward ({flop_unit})": st.column_config.NumberColumn(format="%.1f", help="backward FLOPs, per category"),
-    })
+    """Per category: its nodes as a bar (in the graph's colour for it), the bytes it saved for backward and its
+    backward FLOPs, in one HTML table (st.html: sanitised, no script).
+
+    A Vega-Lite bar chart and a data grid showed the same numbers: their ~2 MB of browser script, loaded and run
+    beside the graph's frame, delayed the first graph by ~0.85 s (benchmarks/trace_page.py, 9 tabs each)."""
+    cells = "".join(
+        "<tr>"
+        f"<td>{escape(row['category'])}</td>"
+        f'<td><span style="display:inline-block;vertical-align:-1px;height:11px;width:{row["bar_pct"]:.1f}%;'
+        f'min-width:2px;margin-right:6px;background:{escape(row["colour"])};border:1px solid #555"></span>'
+        f"{row['nodes']:,}</td>"
+        f'<td style="text-align:right">{escape(format_bytes(row["saved_bytes"]))}</td>'
+        f'<td style="text-align:right">{escape(format_flops(row["backward_flops"]))}</td>'
+        "</tr>"
+        for row in category_rows(capture)
+    )
+    st.html(
+        '<table style="width:100%;border-collapse:collapse;font-size:14px;line-height:22px" class="categories">'
+        '<thead><tr style="text-align:left"><th style="width:22%">category</th><th>nodes</th>'
+        '<th style="width:20%;text-align:right">saved for backward</th>'
+        '<th style="width:20%;text-align:right">backward FLOPs</th></tr></thead>'
+        f"<tbody>{cells}</tbody></table>"
+    )
