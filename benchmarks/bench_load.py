@@ -278,7 +278,7 @@ def bench_toggle_during_capture(browser, base: str, repeats: int = 5) -> None:
 
     alone = [toggle(i) for i in range(2 * (repeats // 2 + 1))]  # an even count: the toggle ends off again
     busy = Person(browser)
-    slow = config_from_preset("gpt2-tiny", device="cpu", layers=16, batch=4, seq=256, seed=77).replace(preset="")
+    slow = config_from_preset("gpt2-tiny", device="cpu", layers=48, batch=8, seq=256, seed=77).replace(preset="")
     busy.page.goto(link_url(base, config_params(slow)))
     busy.page.get_by_role("button", name="Cancel").wait_for(timeout=60_000)
     times = []

@@ -205,6 +205,7 @@ def contrast_ratio(a: str, b: str) -> float:
     return (la + 0.05) / (lb + 0.05)
 
 
+@lru_cache(maxsize=256)  # called once per node, for a handful of fills
 def text_colour(fill: str) -> str:
     """Dark or light label text, whichever contrasts more with `fill` (light on the darkest heat fills)."""
     return LIGHT_TEXT if contrast_ratio(LIGHT_TEXT, fill) > contrast_ratio(DARK_TEXT, fill) else DARK_TEXT
@@ -313,6 +314,7 @@ def render_html(
     vis_src: str | None = None,
     selected: str | None = None,
     node_links: bool = False,
+    nonce: str | None = None,
 ) -> str:
     """One self-contained HTML page drawing `graph` with vis-network; works offline, from disk or an iframe.
 
@@ -325,6 +327,7 @@ def render_html(
     pages a server shows again and again (the browser caches it once); the page is then not self-contained.
     `selected`: a node to open with selected, in view and its details shown (a link's `node=`; ignored when absent).
     `node_links`: the details panel offers a link to the node, made from the embedding page's URL (the app's pages).
+    `nonce`: the page's script nonce (by default a fresh random one).
     """
     for metric in (colour_by, size_by):
         if metric is not None and metric not in METRICS:
@@ -343,7 +346,7 @@ def render_html(
     return _environment().get_template("graph_view.html.j2").render(
         title=title,
         subtitle=subtitle,
-        nonce=secrets.token_urlsafe(16),
+        nonce=nonce or secrets.token_urlsafe(16),
         vis_src=vis_src,
         vis_js=None if vis_src else Markup(vis_js.replace("</script", "<\\/script")),
         vis_css=Markup(vis_css.replace("</style", "<\\/style")),

@@ -11,6 +11,7 @@ from graphviz_core.export import PNG_SCALE, PNG_SIZE, png_problem, to_dot, to_gr
 from graphviz_core.graph import collapse_modules, focus_module, hide_categories, module_groups, search_nodes
 from graphviz_core.render import METRICS, render_html, render_standalone_html
 from graphviz_core.ui.format import escape_markdown
+from graphviz_core.ui.graph_pages import graph_page
 from graphviz_core.ui.links import linked_node, sync_view_url
 from graphviz_core.ui.vis_script import vis_src
 
@@ -69,7 +70,11 @@ def graph_view(capture: Capture) -> None:
     )
     selected = linked_node(capture.config, view)
     sync_view_url()
-    st.iframe(render_html(view, **drawing, vis_src=vis_src(), selected=selected, node_links=True), height=790)
+    src = vis_src()
+    # everything the page depends on besides the capture: the view's settings, the matches, the selection, the script
+    key = (focus, hide_shape, collapse, expanded, colour, size, frozenset(matches), selected, src)
+    st.iframe(graph_page(capture, key, lambda nonce: render_html(view, **drawing, vis_src=src, selected=selected,
+                                                                  node_links=True, nonce=nonce)), height=790)
     settings = {"focus": None if focus == WHOLE else focus, "hide_shape": hide_shape, "collapse": collapse,
                 "expanded": None if expanded == NONE else expanded, "colour_by": drawing["colour_by"],
                 "size_by": drawing["size_by"], "search": query.strip()}
