@@ -2,9 +2,10 @@
 
 This is the only place that calls `.backward()` on a model. Instrumentation, phase by phase:
 
-- forward: module pre/post hooks attribute every new autograd node to the innermost module whose forward
-  created it; saved-tensor hooks record every tensor saved for backward (in order, with its storage);
-  a dispatch mode counts forward FLOPs.
+- forward: module pre/post hooks record the range of autograd sequence numbers each module call gave out,
+  which attributes every new autograd node to the innermost module whose forward created it; saved-tensor
+  hooks record every tensor saved for backward (in order, with its storage); a dispatch mode counts forward
+  FLOPs and feeds the memory timeline.
 - graph walk: nodes get deterministic ids (pre-order from the loss); each node's saved tensors are
   found by unpacking its `_saved_*` fields, which calls our unpack hook with the save's id.
 - backward: node pre/post hooks time each node (perf counter on CPU, CUDA events on GPU), take the norm

@@ -77,10 +77,11 @@ def _outside(requests):
 
 
 def _main_document_markup(page):
-    """Images and links in the app's own DOM, and any rendered LaTeX (graph iframes are not included)."""
+    """Images and links in the app's own DOM, and any rendered LaTeX (graph iframes are not included). Links are
+    those leading to the typed host: the page's own heading anchors carry its URL, search text included."""
     return page.evaluate(
         """() => ({img: document.querySelectorAll('img').length,
-                   a: [...document.querySelectorAll('a')].map(a => a.href).filter(h => h.includes('example.com')),
+                   a: [...document.querySelectorAll('a')].filter(a => a.hostname.includes('example.com')).map(a => a.href),
                    katex: document.querySelectorAll('.katex').length})"""
     )
 
