@@ -1,23 +1,23 @@
 """Graph explorer: pick a config, run a real backward pass, read its autograd graph and its panels."""
 
+import importlib
+
 import streamlit as st
 
 from graphviz_core.ui.capture_cache import get_capture
 from graphviz_core.ui.config_form import config_form
-from graphviz_core.ui.flops_view import FLOPS_WIDGETS, show_flops
-from graphviz_core.ui.graph_view import graph_view
 from graphviz_core.ui.links import VIEW
-from graphviz_core.ui.memory_view import MEMORY_WIDGETS, show_memory
 from graphviz_core.ui.navigation import run_through_app
-from graphviz_core.ui.state import keep_widget_state
+from graphviz_core.ui.state import FLOPS_WIDGETS, MEMORY_WIDGETS, keep_widget_state
 from graphviz_core.ui.summary import show_summary
-from graphviz_core.ui.textbook_view import show_textbook_comparison
 
+# Each tab's panel as module and function, imported when the tab is opened: the graph's page then never waits
+# for the other panels' imports (pandas, Altair), which `make run` does in the background after the first graph
 PANELS = {
-    "Graph": graph_view,
-    "Measured vs textbook": show_textbook_comparison,
-    "Memory": show_memory,
-    "FLOPs and time": show_flops,
+    "Graph": ("graphviz_core.ui.graph_view", "graph_view"),
+    "Measured vs textbook": ("graphviz_core.ui.textbook_view", "show_textbook_comparison"),
+    "Memory": ("graphviz_core.ui.memory_view", "show_memory"),
+    "FLOPs and time": ("graphviz_core.ui.flops_view", "show_flops"),
 }
 
 run_through_app()
@@ -31,7 +31,7 @@ if capture is not None:
     # tab is drawn: a newcomer's first page is the graph, sooner; the tab is in the URL (?tab=Memory).
     keep_widget_state([*(key for key, _ in VIEW.values()), *MEMORY_WIDGETS, *FLOPS_WIDGETS])
     tabs = st.tabs(list(PANELS), key="tab", bind="query-params")
-    for tab, panel in zip(tabs, PANELS.values(), strict=True):
+    for tab, (module, panel) in zip(tabs, PANELS.values(), strict=True):
         if tab.open:
             with tab:
-                panel(capture)
+                getattr(importlib.import_module(module), panel)(capture)

@@ -23,8 +23,6 @@ from graphviz_core.ui.format import (
     format_seconds,
 )
 
-# The panel's choices the explorer keeps while another tab is open (graphviz_core.ui.state.keep_widget_state)
-FLOPS_WIDGETS = ("flops.both_ways", "flops.top_n")
 CONV_RULE = (
     "6·N·tokens does not apply to a convolutional network: a convolution applies each weight at every output "
     "pixel, so its FLOPs grow with the image, not with the parameter count (the per-layer charts above are measured)."

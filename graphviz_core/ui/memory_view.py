@@ -16,9 +16,6 @@ from graphviz_core.training_step import ACCELERATORS, OPTIMIZER_NAMES, accelerat
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import bytes_unit, format_bytes, format_flops
 
-# The panel's choices the explorer keeps while another tab is open (graphviz_core.ui.state.keep_widget_state)
-MEMORY_WIDGETS = ("memory.optimizer", "memory.ckpt_device", "memory.budget_choice", "memory.budget_gib")
-
 KIND_COLOURS = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e", "#c7c7c7"]  # same order as KINDS
 CUSTOM = "Custom (GiB)"
 

@@ -1,10 +1,11 @@
 """Start the web app the way `make run` and `make serve` do: `python -m graphviz_core.ui.serve [streamlit options]`.
 
 The same as `streamlit run app.py [options]`, plus one thing: while Streamlit's server starts and the first
-browser loads its frontend, a background thread imports what the pages need (torch, pandas, altair, the
-panels; several seconds on a small machine) and pays the process's one-time capture costs
-(graphviz_core.capture.warm_up). The first page then finds them done instead of starting them when the
-first visitor arrives. Nothing else differs: same app, same options, same process.
+browser loads its frontend, a background thread imports what the first graph needs (torch, the graph view;
+seconds on a small machine) and pays the process's one-time capture costs (graphviz_core.capture.warm_up);
+once the first capture is in, it imports the other panels (pandas, Altair). The first page then finds them done
+instead of starting them when the first visitor arrives. Nothing else differs: same app, same options, same
+process.
 """
 
 from __future__ import annotations
@@ -12,32 +13,47 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
+import time
 from pathlib import Path
 
 APP = Path(__file__).resolve().parents[2] / "app.py"
-# What the pages import, heaviest first (torch comes with the first)
-PRELOAD = (
+# What the explorer's first graph needs, heaviest first (torch comes with the first): imported before the warm-up
+FIRST_GRAPH = (
     "graphviz_core.capture",
     "graphviz_core.ui.capture_cache",
     "graphviz_core.ui.config_form",
-    "graphviz_core.ui.graph_view",
     "graphviz_core.ui.summary",
-    "graphviz_core.ui.flops_view",
-    "graphviz_core.ui.memory_view",
-    "graphviz_core.ui.textbook_view",
+    "graphviz_core.ui.graph_view",
 )
+# The other tabs' panels (pandas, Altair: ~0.7 s here): imported once the first capture is in, so the first graph
+# is not kept waiting for them (the explorer imports a panel when its tab opens, pages/graph_explorer.py)
+PANELS = ("graphviz_core.ui.memory_view", "graphviz_core.ui.flops_view", "graphviz_core.ui.textbook_view")
+PANELS_AFTER_S = 30  # or after this long without a capture (nobody opened the explorer)
+
+
+def _import(names: tuple[str, ...]) -> None:
+    for name in names:
+        importlib.import_module(name)
 
 
 def preload() -> None:
-    """Import the pages' modules, then warm the capture path on the device `auto` picks (errors are left for
-    the page to meet and report: this only saves time)."""
+    """Import the first graph's modules, warm the capture path on the device `auto` picks, then import the other
+    panels once the first capture is in (errors are left for the page to meet and report: this only saves time)."""
     try:
         from graphviz_core.capture import warm_up
         from graphviz_core.device import resolve_device
 
+        device = resolve_device("auto")
         # The imports run under the warm-up's lock: a first capture that starts meanwhile waits for them rather
         # than have its timed forward share the CPU with them (gpt2-tiny's first forward read 353 ms, not ~5).
-        warm_up(resolve_device("auto"), before=lambda: [importlib.import_module(name) for name in PRELOAD])
+        warm_up(device, before=lambda: _import(FIRST_GRAPH))
+        from graphviz_core.shared_captures import shared_captures
+
+        deadline = time.monotonic() + PANELS_AFTER_S
+        while shared_captures().load().entries == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # under the same lock: a capture that starts while they import waits for them (warm_up returns at once)
+        warm_up(device, before=lambda: _import(PANELS))
     except Exception:  # noqa: BLE001 - the page imports the same modules and shows any error itself
         pass
 
