@@ -27,6 +27,7 @@ from graphviz_core.ui.format import (
     format_flops,
     format_ratio,
 )
+from graphviz_core.ui.vis_script import vis_src
 from graphviz_core.units import format_in
 
 A, B = "compare.a", "compare.b"
@@ -297,6 +298,7 @@ def _graphs(c: Comparison) -> None:
                     title=f"{config.preset or config.model}: {len(own):,} nodes only here",
                     subtitle=config_summary(config),
                     highlight=set(own),
+                    vis_src=vis_src(),
                 ),
                 height=790,
             )
