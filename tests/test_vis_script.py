@@ -1,0 +1,41 @@
+"""Graph frames load vis-network from the app's static folder, under the server's base path, or inline it."""
+
+import pytest
+from streamlit import config
+
+from graphviz_core.render import VIS_SCRIPT
+from graphviz_core.ui import vis_script
+
+
+@pytest.fixture
+def options():
+    saved = {name: config.get_option(name) for name in ("server.enableStaticServing", "server.baseUrlPath")}
+    yield config.set_option
+    for name, value in saved.items():
+        config.set_option(name, value)
+
+
+@pytest.mark.parametrize(("base", "url"), [("", "/app/static/vis-network.min.js"),
+                                           ("team/backprop/", "/team/backprop/app/static/vis-network.min.js")])
+def test_the_script_url_follows_the_servers_base_path(options, base, url):
+    options("server.enableStaticServing", True)
+    options("server.baseUrlPath", base)
+    assert vis_script.vis_src() == url
+    assert (vis_script.STATIC / VIS_SCRIPT.name).read_bytes() == VIS_SCRIPT.read_bytes()
+
+
+def test_without_static_serving_the_frames_inline_it(options):
+    options("server.enableStaticServing", False)
+    assert vis_script.vis_src() is None
+
+
+def test_a_folder_that_cannot_be_written_means_inline(monkeypatch, tmp_path, options):
+    options("server.enableStaticServing", True)
+    blocked = tmp_path / "static"
+    blocked.write_text("a file where the folder should be")  # mkdir and the copy both fail
+    monkeypatch.setattr(vis_script, "STATIC", blocked)
+    vis_script._published.cache_clear()
+    try:
+        assert vis_script.vis_src() is None
+    finally:
+        vis_script._published.cache_clear()
