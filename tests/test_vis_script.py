@@ -1,5 +1,7 @@
 """Graph frames load vis-network from the app's static folder, under the server's base path, or inline it."""
 
+import hashlib
+
 import pytest
 from streamlit import config
 
@@ -15,12 +17,13 @@ def options():
         config.set_option(name, value)
 
 
-@pytest.mark.parametrize(("base", "url"), [("", "/app/static/vis-network.min.js"),
-                                           ("team/backprop/", "/team/backprop/app/static/vis-network.min.js")])
-def test_the_script_url_follows_the_servers_base_path(options, base, url):
+@pytest.mark.parametrize(("base", "url"), [("", "/app/static/vis-network.min.js?v="),
+                                           ("team/backprop/", "/team/backprop/app/static/vis-network.min.js?v=")])
+def test_the_script_url_follows_the_servers_base_path_and_names_the_content(options, base, url):
     options("server.enableStaticServing", True)
     options("server.baseUrlPath", base)
-    assert vis_script.vis_src() == url
+    # ?v= is the first 12 hex digits of the script's SHA-256: a new pyvis script gets a new URL
+    assert vis_script.vis_src() == url + hashlib.sha256(VIS_SCRIPT.read_bytes()).hexdigest()[:12]
     assert (vis_script.STATIC / VIS_SCRIPT.name).read_bytes() == VIS_SCRIPT.read_bytes()
 
 

@@ -8,6 +8,7 @@ Where it cannot be served (static serving off, the folder not writable) the fram
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -23,26 +24,31 @@ _log = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=1)
-def _published() -> bool:
-    """Copy pyvis's vis-network.min.js into static/ (once per process; again when pyvis's copy changed)."""
+def _published() -> str | None:
+    """Copy pyvis's vis-network.min.js into static/ (once per process; again when pyvis's copy changed); its
+    content's digest, or None when it cannot be published."""
     target = STATIC / VIS_SCRIPT.name
+    script = VIS_SCRIPT.read_bytes()
     try:
-        if target.exists() and target.read_bytes() == VIS_SCRIPT.read_bytes():
-            return True
-        STATIC.mkdir(exist_ok=True)
-        partial = target.with_suffix(f".{os.getpid()}.tmp")
-        # copy2 keeps pyvis's modification time: the browser's cache then treats the file as long unchanged
-        shutil.copy2(VIS_SCRIPT, partial)
-        partial.replace(target)
-        return True
+        if not (target.exists() and target.read_bytes() == script):
+            STATIC.mkdir(exist_ok=True)
+            partial = target.with_suffix(f".{os.getpid()}.tmp")
+            # copy2 keeps pyvis's modification time: the browser's cache then treats the file as long unchanged
+            shutil.copy2(VIS_SCRIPT, partial)
+            partial.replace(target)
     except OSError as error:
         _log.warning("vis-network is inlined into every graph frame: cannot publish it in %s (%s)", STATIC, error)
-        return False
+        return None
+    return hashlib.sha256(script).hexdigest()[:12]
 
 
 def vis_src() -> str | None:
-    """The URL graph frames load vis-network from, or None to inline it (static serving off or not possible)."""
-    if not st.get_option("server.enableStaticServing") or not _published():
+    """The URL graph frames load vis-network from, or None to inline it (static serving off or not possible).
+
+    The URL names the script's content (`?v=`): after pyvis is upgraded, a browser that kept the old file under
+    the same name asks for the new one instead of running the old."""
+    digest = _published() if st.get_option("server.enableStaticServing") else None
+    if digest is None:
         return None
     base = st.get_option("server.baseUrlPath").strip("/")
-    return f"{'/' + base if base else ''}/app/static/{VIS_SCRIPT.name}"
+    return f"{'/' + base if base else ''}/app/static/{VIS_SCRIPT.name}?v={digest}"
