@@ -2,8 +2,9 @@
 
 pyvis builds the network (nodes, edges, options) and supplies its bundled vis-network script; the page
 comes from our own Jinja2 template (`assets/graph_view.html.j2`) with autoescaping on. No URL outside the
-page is referenced, a Content-Security-Policy forbids any network access, scripts run only with this
-page's nonce, and every string from the graph reaches the DOM through `textContent` or the canvas.
+page is referenced (in the app, vis-network's script comes from the app's own server: `vis_src`), a
+Content-Security-Policy forbids any other network access, scripts run only with this page's nonce, and every
+string from the graph reaches the DOM through `textContent` or the canvas.
 
 Legend, as in torchviz's make_dot: fill colour = category (CATEGORY_COLOURS); boxes are operations,
 ellipses are parameters (AccumulateGrad), dashed boxes are collapsed modules; arrows point the way the
