@@ -29,6 +29,9 @@ FIRST_GRAPH = (
 # is not kept waiting for them (the explorer imports a panel when its tab opens, pages/graph_explorer.py)
 PANELS = ("graphviz_core.ui.memory_view", "graphviz_core.ui.flops_view", "graphviz_core.ui.textbook_view")
 PANELS_AFTER_S = 30  # or after this long without a capture (nobody opened the explorer)
+# and this long after the first capture is in: its page is still rendering and its browser drawing the graph then,
+# and imports hold the interpreter lock (on two cores they would also take one from the browser)
+PANELS_SETTLE_S = 2.0
 
 
 def _import(names: tuple[str, ...]) -> None:
@@ -52,6 +55,7 @@ def preload() -> None:
         deadline = time.monotonic() + PANELS_AFTER_S
         while shared_captures().load().entries == 0 and time.monotonic() < deadline:
             time.sleep(0.1)
+        time.sleep(PANELS_SETTLE_S)
         # under the same lock: a capture that starts while they import waits for them (warm_up returns at once)
         warm_up(device, before=lambda: _import(PANELS))
     except Exception:  # noqa: BLE001 - the page imports the same modules and shows any error itself
