@@ -216,10 +216,14 @@ class ModelConfig:
             return (self.image_size // VIT_PATCH) ** 2 + 1
         return self.seq
 
-    def describe(self) -> str:
-        """What this config is, in a few words, whatever preset it started from (`llama · 2 layers · h=64 …`)."""
+    def describe(self, device: str | None = None) -> str:
+        """What this config is, in a few words, whatever preset it started from (`llama · 2 layers · h=64 …`).
+
+        `device`: the device a capture actually ran on, in place of the requested one (which may be `auto`).
+        """
+        device = device or self.device
         if self.model == CUSTOM:
-            return f"custom module {self.preset} · b={self.batch} · {self.dtype} · {self.device}"
+            return f"custom module {self.preset} · b={self.batch} · {self.dtype} · {device}"
         parts = [
             self.model,
             f"{self.layers} layers" if self.model != "resnet" else f"depth {self.layers}",
@@ -234,7 +238,7 @@ class ModelConfig:
             parts.append(f"{self.experts} experts, top-{self.experts_per_token}")
         parts.append(f"b={self.batch}")
         parts.append(f"{self.image_size}px" if self.model in VISION else f"s={self.seq}")
-        parts += [self.dtype, self.device]
+        parts += [self.dtype, device]
         return " · ".join(parts)
 
     @property

@@ -25,6 +25,7 @@ import networkx as nx
 from markupsafe import Markup
 from pyvis.network import Network
 
+from graphviz_core.config import applies
 from graphviz_core.export import CATEGORY_COLOURS, MIN_FIT_SCALE
 from graphviz_core.graph import module_group
 from graphviz_core.layout import LAYER_GAP, NODE_WIDTH, Layout, layered_layout
@@ -363,15 +364,24 @@ def render_html(
         scale=colour_scale(graph, colour_by) if colour_by else None,
         metric_note=(f"colour: {METRICS[colour_by]}" if colour_by else "") + (f"  size: {METRICS[size_by]}" if size_by else ""),
         height_px=height_px,
-        node_count=len(nodes),
-        edge_count=len(edges),
+        node_count=f"{len(nodes):,}",  # 6,500 nodes, not 6500
+        edge_count=f"{len(edges):,}",
     )
+
+
+def graph_subtitle(config, device: str) -> str:
+    """The line under a graph's title: the summary's description of the config (family-aware: a vision model
+    shows its image size, no sequence or attention), then attention and checkpointing where they apply."""
+    parts = [config.describe(device=device)]
+    if applies("attention", config.model):
+        parts.append(f"{config.attention} attention")
+    if config.checkpoint != "none":
+        parts.append(f"checkpoint {config.checkpoint}")
+    return " · ".join(parts)
 
 
 def render_standalone_html(capture) -> str:
     """The capture's full graph as a standalone page (CLI `--format html`, the download button)."""
     config = capture.config
     name = config.preset or config.model
-    subtitle = (f"{config.model} · {config.layers} layers · h={config.hidden} · b={config.batch} · s={config.seq} · "
-                f"{config.attention} · checkpoint {config.checkpoint} · {capture.device}")
-    return render_html(capture.graph, title=f"autograd graph: {name}", subtitle=subtitle)
+    return render_html(capture.graph, title=f"autograd graph: {name}", subtitle=graph_subtitle(config, capture.device))

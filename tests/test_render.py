@@ -171,3 +171,29 @@ def test_a_served_page_loads_vis_network_by_url_and_keeps_only_the_tooltip_style
     style = re.search(r"<style>(.*?)</style>", served, re.S).group(1)
     assert style.startswith("div.vis-tooltip{") and len(style) < 1000
     assert graph_data(served) == graph_data(inline)
+
+
+def test_the_subtitle_of_a_vision_model_shows_its_image_size_and_no_sequence_or_attention():
+    from graphviz_core.config import config_from_preset
+    from graphviz_core.render import graph_subtitle
+
+    resnet = config_from_preset("resnet-tiny", device="auto")
+    subtitle = graph_subtitle(resnet, "cpu")
+    # the summary line's description, with the device the capture ran on in place of "auto"
+    assert subtitle == resnet.describe().replace("auto", "cpu")
+    assert f"{resnet.image_size}px" in subtitle and "s=" not in subtitle and "attention" not in subtitle
+    assert "sdpa" not in subtitle and "depth 18" in subtitle
+    gpt2 = config_from_preset("gpt2-tiny")
+    # a language model keeps its sequence length and says which attention ran
+    assert f"s={gpt2.seq}" in graph_subtitle(gpt2, "cpu") and "sdpa attention" in graph_subtitle(gpt2, "cpu")
+    assert graph_subtitle(config_from_preset("gpt2-tiny", checkpoint="full"), "cpu").endswith("checkpoint full")
+
+
+def test_the_side_panel_counts_nodes_and_edges_with_thousands_separators():
+    one = captured("mlp", layers=1).graph
+    copies = -(-1000 // one.number_of_nodes())  # enough disjoint copies of the MLP's graph to pass 1,000 nodes
+    graph = nx.union_all([one] * copies, rename=[f"c{i}." for i in range(copies)])
+    nodes, edges = copies * one.number_of_nodes(), copies * one.number_of_edges()
+    assert nodes >= 1000
+    html = render_html(graph)
+    assert f"{nodes:,}</span> nodes · {edges:,} edges" in html  # e.g. "1,008 nodes", not "1008 nodes"

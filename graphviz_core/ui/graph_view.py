@@ -9,7 +9,7 @@ import streamlit as st
 from graphviz_core.capture import Capture
 from graphviz_core.export import PNG_SCALE, PNG_SIZE, png_problem, to_dot, to_graphml, to_json, to_png, to_svg
 from graphviz_core.graph import collapse_modules, focus_module, hide_categories, module_groups, search_nodes
-from graphviz_core.render import METRICS, render_html, render_standalone_html
+from graphviz_core.render import METRICS, graph_subtitle, render_html, render_standalone_html
 from graphviz_core.ui.format import escape_markdown
 from graphviz_core.ui.graph_pages import graph_page
 from graphviz_core.ui.links import linked_node, sync_view_url
@@ -62,8 +62,7 @@ def graph_view(capture: Capture) -> None:
     st.caption(note)
     drawing = dict(
         title=f"autograd graph: {capture.config.preset or capture.config.model}",
-        subtitle=f"{capture.config.model} · {capture.config.layers} layers · b={capture.config.batch} · "
-                 f"s={capture.config.seq} · {capture.config.attention} · {capture.device}",
+        subtitle=graph_subtitle(capture.config, capture.device),
         colour_by=None if colour == BY_CATEGORY else colour,
         size_by=None if size == NONE else size,
         highlight=matches,
