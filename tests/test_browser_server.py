@@ -113,7 +113,8 @@ def test_copy_link_opens_the_same_view_in_a_fresh_browser(page, second_page, tea
     search = page.get_by_label("Search op, module or parameter")
     search.fill("Addmm")
     search.press("Enter")
-    page.get_by_text("match “Addmm”").wait_for(timeout=30_000)
+    # blocks.1 in focus: its 4 Linear layers with bias (attn.qkv, attn.proj, mlp.fc, mlp.proj) = 4 AddmmBackward0
+    page.get_by_text("4 matches “Addmm”").wait_for(timeout=30_000)
     frame = graph_frame(page, view.number_of_nodes())
     page.wait_for_timeout(500)
     mine = _drawn(graph_frame(page, view.number_of_nodes()))
@@ -125,7 +126,7 @@ def test_copy_link_opens_the_same_view_in_a_fresh_browser(page, second_page, tea
     page.screenshot(path="/tmp/link-source.png")
     second_page.goto(url)  # a teammate: a fresh context, nothing in its session yet
     frame = graph_frame(second_page, view.number_of_nodes())
-    second_page.get_by_text("match “Addmm”").wait_for(timeout=30_000)
+    second_page.get_by_text("4 matches “Addmm”").wait_for(timeout=30_000)
     assert _drawn(frame) == mine
     assert second_page.locator("label").filter(has_text="Hide shape ops").locator("input").is_checked()
     assert not second_page.locator('[data-testid="stAlert"]').filter(has_text="could not be used").count()

@@ -108,10 +108,10 @@ def test_markup_typed_in_the_search_box_is_shown_as_text(page, streamlit_url):
         box = page.get_by_label("Search op, module or parameter")
         box.fill(typed)
         box.press("Enter")
-        # the caption echoes the query literally: "0 match “![x](http://example.com/t.png)”" (+ word joiner)
+        # the caption echoes the query literally: "no node matches “![x](http://example.com/t.png)”" (+ word joiner)
         page.wait_for_function(
             "t => [...document.querySelectorAll('[data-testid=stCaptionContainer]')]"
-            ".some(c => c.innerText.replaceAll('\u2060', '').includes('match “' + t + '”'))",
+            ".some(c => c.innerText.replaceAll('\u2060', '').includes('no node matches “' + t + '”'))",
             arg=typed,
             timeout=30_000,
         )

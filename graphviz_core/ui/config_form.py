@@ -68,6 +68,12 @@ def _label(name: str, model: str) -> str:
         "image_size": "Image size (pixels)",
         "context": "Context (position rows; 0 = seq)",
         "seed": "Random seed",
+        "model": "Model family",
+        "tied": "Tied input/output embeddings",
+        "attention": "Attention",
+        "checkpoint": "Checkpointing",
+        "device": "Device",
+        "dtype": "Dtype",
     }[name]
 
 
@@ -265,7 +271,12 @@ def config_form(key: str = "config", where=None, submit_label: str = "Run backwa
         if where is None:  # the Run button is at the sidebar's foot: say it where the results are too
             st.error(refused)
     elif applied.model != CUSTOM:
-        changed = [name for name, value in form_fields(key).items() if getattr(applied, name) != value]
+        # Named by the form's own labels ("Context"), not the config's field names ("context")
+        changed = [
+            _label(name, model).split(" (")[0]
+            for name, value in form_fields(key).items()
+            if getattr(applied, name) != value
+        ]
         if changed:
             notice.warning(f"The form differs from the result shown ({', '.join(changed)}); press Run to capture it.")
     show_notices(key, where)  # what a link asked for and could not have, until the next Run

@@ -58,7 +58,8 @@ def graph_view(capture: Capture) -> None:
     matches = search_nodes(view, query)
     note = f"Showing {view.number_of_nodes():,} of {capture.summary.nodes:,} nodes"
     if query.strip():
-        note += f" · {len(matches)} match “{escape_markdown(query.strip())}” (pink border)"
+        count = {0: "no node matches", 1: "1 match"}.get(len(matches), f"{len(matches):,} matches")
+        note += f" · {count} “{escape_markdown(query.strip())}”" + (" (pink border)" if matches else "")
     st.caption(note)
     drawing = dict(
         title=f"autograd graph: {capture.config.preset or capture.config.model}",

@@ -168,7 +168,9 @@ def _note(form_key: str, problems: list[str], what: str) -> str | None:
     """Keep a notice for this form (shown until its next Run) and return it."""
     if not problems:
         return None
-    notice = f"This link's {what} could not be used ({'; '.join(problems)}): the default is shown instead."
+    # The problems are sentences from ValueError ("… got -5."): their closing stops would read ".)" inside brackets
+    reasons = "; ".join(p.rstrip(".") for p in problems)
+    notice = f"This link's {what} could not be used ({reasons}): the default is shown instead."
     st.session_state.setdefault(NOTICES, {}).setdefault(form_key, []).append(notice)
     return notice
 
