@@ -6,7 +6,7 @@ import streamlit as st
 
 from graphviz_core.ui.capture_cache import get_capture
 from graphviz_core.ui.config_form import config_form
-from graphviz_core.ui.links import VIEW
+from graphviz_core.ui.links import VIEW, restore_choice
 from graphviz_core.ui.navigation import run_through_app
 from graphviz_core.ui.state import FLOPS_WIDGETS, MEMORY_WIDGETS, keep_widget_state
 from graphviz_core.ui.summary import show_summary
@@ -23,6 +23,7 @@ PANELS = {
 run_through_app()
 st.title("Inside the backward pass")
 st.caption("A real forward and backward pass of the model on the left: every autograd node it ran, what each saved and cost.")
+restore_choice("tab", list(PANELS))  # a link's unknown ?tab= falls back to the first tab, with a notice
 config = config_form()
 capture = get_capture(config) if config is not None else None
 if capture is not None:

@@ -12,10 +12,11 @@ st.caption(
     "PyTorch's own FSDP2 and tensor parallelism over a simulated mesh of ranks (torch's fake process group and "
     "fake tensors, as torchtitan's memory estimator): what each rank holds at its peak, and what the backward sends."
 )
-st.caption("Pick the layout (strategy, world size, tensor-parallel degree) under Parallelism at the top of the sidebar, "
-           "and the model below it.")
+st.caption("Pick the layout (strategy, world size, tensor-parallel degree) under Parallelism at the top of the sidebar "
+           "and press Simulate ranks; pick the model below it and press Use this model. The page simulates the layout "
+           "and the model last applied.")
 parallel = parallel_form()  # first in the sidebar: it is what this page is about
-config = config_form()
+config = config_form(submit_label="Use this model")  # it applies the model; "Run backward pass" read as a second run
 result = get_per_rank(config, parallel) if config is not None else None
 if result is not None:
     memory_tab, communication_tab = st.tabs(["Memory per rank", "Communication in backward"])

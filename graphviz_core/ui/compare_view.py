@@ -27,6 +27,7 @@ from graphviz_core.ui.format import (
     format_flops,
     format_ratio,
 )
+from graphviz_core.ui.links import show_notices
 from graphviz_core.ui.vis_script import vis_src
 from graphviz_core.units import format_in
 
@@ -98,6 +99,8 @@ def pick_configs() -> tuple[ModelConfig, ModelConfig]:
     """Quick pairs, then A's and B's forms side by side; returns the two configs last applied."""
     if f"{A}.preset" not in st.session_state:  # first visit: the pair with the best-known difference
         _load_pair("Fused vs spelled-out attention")
+    # What a link asked for and could not have: at the top, not only inside the collapsed forms below
+    link_notices = st.container()
     st.caption("Quick pairs (built from config A's current fields):")
     labels = list(QUICK_PAIRS)
     # three a row: four cut 'Fused vs spelled-out atten…' and 'No checkpointing vs selec…' off at 1280 px
@@ -111,6 +114,7 @@ def pick_configs() -> tuple[ModelConfig, ModelConfig]:
         applied = st.session_state[f"{key}.applied"]
         with column.expander(f"Config {side}: {config_summary(applied)}"):
             configs.append(config_form(key, where=st.container(), submit_label=f"Use as {side}"))
+        show_notices(key, link_notices, lead=f"Config {side}: ")
     return configs[0], configs[1]
 
 

@@ -164,7 +164,7 @@ def link_url(base: str, params: Mapping[str, str]) -> str:
 # ---- Streamlit side: read once per session, write on every run, show the link ---------------------------------
 
 
-def _note(form_key: str, problems: list[str], what: str) -> str | None:
+def note_problems(form_key: str, problems: list[str], what: str) -> str | None:
     """Keep a notice for this form (shown until its next Run) and return it."""
     if not problems:
         return None
@@ -192,14 +192,14 @@ def restore_from_link(form_key: str, load: Callable[[ModelConfig], None]) -> Non
             loaded = True
         except ValueError as exc:
             problems = [str(exc)]
-    _note(form_key, problems, "config")
+    note_problems(form_key, problems, "config")
     if form_key != "config":
         if loaded:  # the compare page titled this form's expander before the link was read: draw it again
             st.rerun()
         return
     values, problems = parse_view(params)
     node, node_problems = parse_node(params)
-    _note(form_key, problems + node_problems, "view")
+    note_problems(form_key, problems + node_problems, "view")
     named_config = any(k in params for k in (*CONFIG_FIELDS, "preset"))
     if node is not None and (loaded or not named_config):  # a node of a config that could not be used: dropped
         st.session_state[LINKED_NODE] = (config or st.session_state.get(f"{form_key}.applied"), node)
@@ -209,6 +209,19 @@ def restore_from_link(form_key: str, load: Callable[[ModelConfig], None]) -> Non
             st.session_state[key] = value
     if pending:
         st.session_state[PENDING] = (config or st.session_state.get(f"{form_key}.applied"), pending)
+
+
+def restore_choice(name: str, options: list[str], form_key: str = "config") -> None:
+    """Once per session: a link's `name=` that is none of `options` (?tab=Bogus) is dropped from the URL with a
+    notice, so the page's own default is what is shown and what the address bar says."""
+    seen = st.session_state.setdefault("link.read", set())
+    if name in seen:
+        return
+    seen.add(name)
+    raw = st.query_params.get(name)
+    if raw is not None and raw not in options:
+        del st.query_params[name]
+        note_problems(form_key, [f"{name}={raw!r} is not one of {', '.join(options)}"], "view")
 
 
 def apply_pending_view(config: ModelConfig, graph) -> None:
@@ -225,7 +238,7 @@ def apply_pending_view(config: ModelConfig, graph) -> None:
             st.query_params[key.removeprefix("view.")] = module  # the URL was written before the modules were known
         else:
             missing.append(f"{key.removeprefix('view.')}={module!r} is not a module of this model")
-    notice = _note("config", missing, "view")
+    notice = note_problems("config", missing, "view")
     if notice:
         st.warning(escape_markdown(notice))
 
@@ -243,7 +256,7 @@ def linked_node(config: ModelConfig, graph) -> str | None:
     if node in graph:
         return node
     del st.session_state[LINKED_NODE]
-    notice = _note("config", [f"node={node!r} is not in this graph as drawn"], "view")
+    notice = note_problems("config", [f"node={node!r} is not in this graph as drawn"], "view")
     st.warning(escape_markdown(notice))
     return None
 
@@ -261,9 +274,9 @@ def sync_view_url() -> None:
                 st.query_params[name] = value
 
 
-def show_notices(form_key: str, where=None) -> None:
+def show_notices(form_key: str, where=None, lead: str = "") -> None:
     for notice in st.session_state.get(NOTICES, {}).get(form_key, []):
-        (where or st).warning(escape_markdown(notice))
+        (where or st).warning(escape_markdown(lead + notice))
 
 
 def dismiss_notices(form_key: str) -> None:

@@ -15,6 +15,7 @@ from graphviz_core.parallel import PerRank, simulate_parallel
 from graphviz_core.parallel_config import MAX_WORLD, MIXED_PRECISIONS, STRATEGIES, ParallelConfig
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import escape_markdown, format_bytes, format_seconds
+from graphviz_core.ui.links import BOOLS, dismiss_notices, note_problems, show_notices
 
 MAX_CACHED = 8
 DEFAULT = ParallelConfig("fsdp", 8)
@@ -48,12 +49,67 @@ KIND_LABELS = {
 }
 
 
+def parse_layout(params: dict[str, str]) -> tuple[ParallelConfig | None, list[str]]:
+    """The layout a link names (`?strategy=tp&world_size=2&tp=2`; fields it leaves out are the page's default's),
+    None when it names none or one that cannot be used, and what was wrong with it."""
+    given = {name: params[name] for name in DEFAULT.to_dict() if name in params}
+    if not given:
+        return None, []
+    fields, problems = DEFAULT.to_dict(), []
+    for name, raw in given.items():
+        if isinstance(fields[name], bool):
+            if raw.lower() in BOOLS:
+                fields[name] = BOOLS[raw.lower()]
+            else:
+                problems.append(f"{name}={raw!r} is not on or off")
+        elif isinstance(fields[name], int):
+            try:
+                fields[name] = int(raw)
+            except ValueError:
+                problems.append(f"{name}={raw!r} is not a whole number")
+        else:
+            fields[name] = raw
+    if problems:
+        return None, problems
+    try:
+        return ParallelConfig(**fields), []
+    except ValueError as exc:
+        return None, [str(exc)]
+
+
+def layout_params(parallel: ParallelConfig) -> dict[str, str]:
+    """The fields of `parallel` that differ from the page's default, as URL parameters."""
+    default = DEFAULT.to_dict()
+    return {
+        name: ("1" if value else "0") if isinstance(value, bool) else str(value)
+        for name, value in parallel.to_dict().items()
+        if value != default[name]
+    }
+
+
+def _load(key: str, parallel: ParallelConfig) -> None:
+    st.session_state[f"{key}.applied"] = parallel
+    for name, value in parallel.to_dict().items():
+        st.session_state[f"{key}.{name}"] = value
+
+
+def _sync_url(parallel: ParallelConfig) -> None:
+    wanted = layout_params(parallel)
+    for name in DEFAULT.to_dict():
+        if st.query_params.get(name) != wanted.get(name):
+            if name in wanted:
+                st.query_params[name] = wanted[name]
+            else:
+                del st.query_params[name]
+
+
 def parallel_form(key: str = "parallel") -> ParallelConfig:
-    """The "Parallelism" form at the top of the sidebar; returns the layout last applied (FSDP over 8 at first)."""
+    """The "Parallelism" form at the top of the sidebar; returns the layout last applied (FSDP over 8 at first).
+    A link's layout is read once per session; a refused layout or link is said at the top of the main area too."""
     if f"{key}.applied" not in st.session_state:
-        st.session_state[f"{key}.applied"] = DEFAULT
-        for name, value in DEFAULT.to_dict().items():
-            st.session_state[f"{key}.{name}"] = value
+        linked, problems = parse_layout({k: st.query_params[k] for k in st.query_params})
+        _load(key, linked or DEFAULT)
+        note_problems(key, problems, "layout")
     st.sidebar.markdown("**Parallelism**")
     with st.sidebar.form(f"{key}.form"):
         st.selectbox("Strategy", STRATEGIES, format_func=STRATEGY_SHORT.get, key=f"{key}.strategy",
@@ -88,8 +144,13 @@ def parallel_form(key: str = "parallel") -> ParallelConfig:
             help="bf16: float32 master shards, bfloat16 compute and gradient reduction; bf16-fp32-reduce reduces "
             "gradients in float32. Needs dtype float32.",
         )
-        submitted = st.form_submit_button("Simulate ranks", width="stretch")
+        submitted = st.form_submit_button(
+            "Simulate ranks",
+            width="stretch",
+            help="Applies this layout; the model below is applied by its own button, Use this model.",
+        )
     if submitted:
+        dismiss_notices(key)
         fields = {name: st.session_state[f"{key}.{name}"] for name in DEFAULT.to_dict()}
         for name in ("world_size", "tp", "shard_group"):
             fields[name] = int(fields[name])
@@ -98,9 +159,18 @@ def parallel_form(key: str = "parallel") -> ParallelConfig:
             st.session_state.pop(f"{key}.error", None)
         except ValueError as exc:
             st.session_state[f"{key}.error"] = str(exc)
+    applied = st.session_state[f"{key}.applied"]
     if f"{key}.error" in st.session_state:
         st.sidebar.error(escape_markdown(st.session_state[f"{key}.error"]))
-    return st.session_state[f"{key}.applied"]
+        # and at the top of the main area: the button is below the fold and the result there would read as new
+        shown = f"{STRATEGY_SHORT[applied.strategy]} over {applied.world_size} ranks"
+        st.error(escape_markdown(
+            f"Not run: {st.session_state[f'{key}.error']} The result shown is still that of the previous layout "
+            f"({shown})."
+        ))
+    show_notices(key)
+    _sync_url(applied)
+    return applied
 
 
 @st.cache_resource
