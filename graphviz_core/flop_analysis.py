@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from graphviz_core.capture import Capture
+from graphviz_core.config import ROPE_FAMILIES
 
 # Aten op (as the capture records it, "aten.mm") -> the family whose backward/forward ratio we report.
 FAMILIES: dict[str, str] = {
@@ -58,6 +59,34 @@ EXPECTED: dict[str, tuple[float | None, str]] = {
     "log-softmax (loss)": (None, "forward not counted (no forward formula); backward 4 FLOP/element (the textbook's count)"),
 }
 FOLKLORE_RATIO = 2.0
+# Categories whose backward does no arithmetic: views and reshapes, dtype copies, storing a gradient, and a residual
+# add's backward (it hands the same gradient to both inputs). A 0 there is the truth; a 0 elsewhere means the ops
+# ran have no FLOP formula (torch's flop_counter registers none for silu, relu, batch norm, embedding backward...).
+NO_ARITHMETIC = frozenset({"shape", "conversion", "accumulate_grad", "residual_add"})
+NOT_COUNTED_NOTE = "not counted: these ops have no FLOP formula in torch's flop_counter or ours"
+
+
+def uncounted_categories(capture: Capture) -> list[str]:
+    """Categories present in the graph whose backward counted 0 FLOPs though they do arithmetic (their ops have no
+    FLOP formula), sorted by name: the UI says "not counted" there, not "0 FLOP"."""
+    counted = capture.flops.backward_by_category
+    return sorted(c for c, n in capture.summary.by_category.items()
+                  if n and not counted.get(c) and c not in NO_ARITHMETIC)
+
+
+def norm_and_activation_names(capture: Capture) -> list[str]:
+    """The normalisations and activations this model ran, by name ("RMSNorm", "SiLU"), from its ops and family."""
+    ops = capture.summary.by_op
+    names = [
+        ("LayerNorm", any("LayerNorm" in op for op in ops)),
+        ("RMSNorm", capture.config.model in ROPE_FAMILIES or any("RmsNorm" in op for op in ops)),
+        ("BatchNorm", any("BatchNorm" in op for op in ops)),
+        ("GELU", any(op.startswith("Gelu") for op in ops)),
+        ("SiLU", any(op.startswith("Silu") for op in ops)),
+        ("ReLU", any(op.startswith("Relu") for op in ops)),
+        ("softmax", any(op.startswith("Softmax") for op in ops)),
+    ]
+    return [name for name, ran in names if ran]
 
 
 def family_of(op: str) -> str:
@@ -191,7 +220,8 @@ def rule_of_thumb(capture: Capture) -> RuleOfThumb:
         ),
     ]
     other = measured - (6 * matmul_params * tokens + (linear_backward - 2 * linear_forward)) - attention_measured
-    gap.append(RuleTerm("LayerNorm, GELU, softmax, loss and elementwise ops (the rule counts only matmuls)", other))
+    ran = ", ".join([*norm_and_activation_names(capture), "loss"])
+    gap.append(RuleTerm(f"{ran} and elementwise ops (the rule counts only matmuls)", other))
     # A rounding remainder from matmul_params' integer division keeps the sum exact.
     remainder = measured - (six_n + attention + sum(t.flop for t in gap))
     if remainder:

@@ -105,3 +105,29 @@ def test_seed004_terms_accept_a_twin_named_otherwise():
     fused = captured("gpt2-tiny")
     twin = capture_backward(fused.config.replace(attention="manual", preset="", device="cpu"))
     assert terms_both_ways(fused, twin)
+
+
+def test_categories_with_no_flop_formula_are_not_counted_and_no_arithmetic_ones_are_zero():
+    # llama-tiny: SiLU (activation) and embedding backward have no formula in torch's flop_counter nor seed 004;
+    # RMSNorm is spelled out (pow, mean, rsqrt, mul) so normalization is counted; shape, accumulate_grad and
+    # residual_add nodes do no arithmetic and stay 0 without being called uncounted.
+    llama = captured("llama-tiny")
+    assert fa.uncounted_categories(llama) == ["activation", "embedding"]
+    assert {"shape", "accumulate_grad", "residual_add"} <= set(llama.summary.by_category)
+    # gpt2-tiny: GELU and LayerNorm have seed 004 formulas; only the embedding lookups are missing
+    assert fa.uncounted_categories(captured("gpt2-tiny")) == ["embedding"]
+    assert fa.uncounted_categories(captured("resnet-tiny")) == ["activation", "normalization"]  # ReLU, BatchNorm
+
+
+def test_the_rule_of_thumb_gap_names_the_norm_and_activation_the_family_uses():
+    assert fa.rule_of_thumb(captured("llama-tiny")).gap[3].term.startswith("RMSNorm, SiLU, loss and elementwise ops")
+    assert fa.rule_of_thumb(captured("gpt2-tiny")).gap[3].term.startswith("LayerNorm, GELU, loss and elementwise ops")
+
+
+def test_the_summary_table_says_not_counted_where_a_category_has_no_formula():
+    from graphviz_core.ui.summary import category_rows
+
+    rows = {r["category"]: r["backward_flops"] for r in category_rows(captured("llama-tiny"))}
+    # SiLU backward has no formula: None ("not counted"), not 0; views do no arithmetic: 0
+    assert rows["activation"] is None and rows["embedding"] is None and rows["shape"] == 0
+    assert rows["normalization"] == captured("llama-tiny").flops.backward_by_category["normalization"] > 0

@@ -107,3 +107,25 @@ def test_a_convolutional_network_is_not_held_to_six_n_tokens():
     assert not at.exception
     assert {m.label: m.value for m in at.metric}["Measured / rule of thumb"] == "n/a"
     assert any("does not apply to a convolutional network" in c.value for c in at.caption)
+
+
+def test_categories_whose_ops_have_no_flop_formula_read_not_counted_and_bars_take_the_graph_colours():
+    import json
+
+    from graphviz_core.export import CATEGORY_COLOURS
+
+    # resnet-tiny: BatchNorm (normalization) and ReLU (activation) backward have no FLOP formula in torch's
+    # flop_counter nor ours, so those categories count 0; conv, matmul, pooling and loss are counted.
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["preset"] = "resnet-tiny"
+    at.query_params["tab"] = "FLOPs and time"
+    at.run()
+    assert not at.exception
+    assert any(c.value.startswith("activation, normalization: not counted") for c in at.caption)
+    specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+    by_category = next(s for s in specs if s.get("encoding", {}).get("y", {}).get("field") == "category")
+    scale = by_category["encoding"]["color"]["scale"]
+    # one bar per counted category, each in the graph's colour for it (conv blue, matmul dark blue...)
+    assert dict(zip(scale["domain"], scale["range"], strict=True)) == {c: CATEGORY_COLOURS[c] for c in scale["domain"]}
+    assert set(scale["domain"]) == {"conv", "matmul", "pooling", "loss"}
+    assert len(set(scale["range"])) == 4

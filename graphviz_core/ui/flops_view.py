@@ -11,6 +11,7 @@ import streamlit as st
 from graphviz_core import flop_analysis as fa
 from graphviz_core.capture import Capture
 from graphviz_core.device_peak import DevicePeak, measure_peak
+from graphviz_core.export import CATEGORY_COLOURS
 from graphviz_core.flop_terms import terms_both_ways
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import (
@@ -51,7 +52,8 @@ def show_flops(capture: Capture) -> None:
         format_ratio(ratio),
         "folklore says 2.00×",
         delta_color="off", delta_arrow="off",
-        help="LayerNorm, GELU and softmax count no forward FLOPs (no forward formula), so this overstates a little",
+        help=f"{', '.join(fa.norm_and_activation_names(capture)) or 'Normalisations and activations'} count no forward "
+        "FLOPs (no forward formula), so this overstates a little",
     )
     convolutional = capture.config.model == "resnet"
     cols[3].metric(
@@ -114,10 +116,15 @@ def _per_layer(capture: Capture) -> None:
         )
         show_chart(
             alt.Chart(data)
-            .mark_bar(color=PASS_COLOURS["backward"])
+            .mark_bar(stroke="#555", strokeWidth=0.5)
             .encode(
                 x=alt.X(f"{unit}:Q", title=f"backward ({unit})"),
                 y=alt.Y("category:N", sort="-x", title=None),
+                color=alt.Color(
+                    "category:N",
+                    scale=alt.Scale(domain=list(by_category), range=[CATEGORY_COLOURS.get(c, "#000000") for c in by_category]),
+                    legend=None,
+                ),
                 tooltip=["category:N", "FLOPs:N"],
             )
             .properties(height=alt.Step(26)),
@@ -125,6 +132,9 @@ def _per_layer(capture: Capture) -> None:
         )
     else:
         right.caption("No backward FLOPs were counted in this run.")
+    uncounted = fa.uncounted_categories(capture)
+    if uncounted:
+        right.caption(f"{', '.join(uncounted)}: {fa.NOT_COUNTED_NOTE} (missing from these bars and the totals, not zero).")
 
 
 def _ratios(capture: Capture) -> None:

@@ -8,6 +8,7 @@ import streamlit as st
 
 from graphviz_core.capture import Capture
 from graphviz_core.export import CATEGORY_COLOURS
+from graphviz_core.flop_analysis import NOT_COUNTED_NOTE, uncounted_categories
 from graphviz_core.memory import meta_layer_norm_statistics
 from graphviz_core.ui.format import format_bytes, format_flops, format_seconds
 
@@ -43,12 +44,15 @@ BAR_MAX_PCT = 70  # of the nodes column: the largest category's bar; its count s
 
 
 def category_rows(capture: Capture) -> list[dict]:
-    """One row per category, most nodes first: its nodes, bar width (% of the column), fill, bytes saved, FLOPs."""
+    """One row per category, most nodes first: its nodes, bar width (% of the column), fill, bytes saved, FLOPs
+    (None where its ops have no FLOP formula: "not counted", not 0)."""
     s, m, f = capture.summary, capture.memory, capture.flops
     categories = set(s.by_category) | set(m.saved_bytes_by_category) | set(f.backward_by_category)
     most = max(s.by_category.values(), default=0) or 1
+    uncounted = set(uncounted_categories(capture))
     rows = [{"category": c, "nodes": s.by_category.get(c, 0), "saved_bytes": m.saved_bytes_by_category.get(c, 0),
-             "backward_flops": f.backward_by_category.get(c, 0), "colour": CATEGORY_COLOURS.get(c, "#000000")}
+             "backward_flops": None if c in uncounted else f.backward_by_category.get(c, 0),
+             "colour": CATEGORY_COLOURS.get(c, "#000000")}
             for c in categories]
     for row in rows:
         row["bar_pct"] = BAR_MAX_PCT * row["nodes"] / most
@@ -61,6 +65,7 @@ def show_categories(capture: Capture) -> None:
 
     A Vega-Lite bar chart and a data grid showed the same numbers: their ~2 MB of browser script, loaded and run
     beside the graph's frame, delayed the first graph by ~0.85 s (benchmarks/trace_page.py, 9 tabs each)."""
+    rows = category_rows(capture)
     cells = "".join(
         "<tr>"
         f"<td>{escape(row['category'])}</td>"
@@ -68,9 +73,9 @@ def show_categories(capture: Capture) -> None:
         f'min-width:2px;margin-right:6px;background:{escape(row["colour"])};border:1px solid #555"></span>'
         f"{row['nodes']:,}</td>"
         f'<td style="text-align:right">{escape(format_bytes(row["saved_bytes"]))}</td>'
-        f'<td style="text-align:right">{escape(format_flops(row["backward_flops"]))}</td>'
+        f'<td style="text-align:right">{_flops_cell(row["backward_flops"])}</td>'
         "</tr>"
-        for row in category_rows(capture)
+        for row in rows
     )
     st.html(
         '<table style="width:100%;border-collapse:collapse;font-size:14px;line-height:22px" class="categories">'
@@ -79,3 +84,9 @@ def show_categories(capture: Capture) -> None:
         '<th style="width:20%;text-align:right">backward FLOPs</th></tr></thead>'
         f"<tbody>{cells}</tbody></table>"
     )
+    if any(row["backward_flops"] is None for row in rows):
+        st.caption(f"Backward FLOPs {NOT_COUNTED_NOTE} (they are missing from the totals, not zero).")
+
+
+def _flops_cell(flops: int | None) -> str:
+    return '<span style="color:#666">not counted</span>' if flops is None else escape(format_flops(flops))
