@@ -96,10 +96,41 @@ class FlopSummary:
     backward_by_op: dict[str, int] = field(default_factory=dict)
 
 
+# Below this share of the wall time on the CPU, the capturing thread spent the rest waiting: for the interpreter lock
+# (another session's Python on a shared server) or for a core (other processes). Undisturbed runs here read 0.9-1.0.
+DISTURBED_BELOW = 0.7
+
+
 @dataclass(frozen=True)
 class TimeSummary:
     forward_s: float | None  # wall time with instrumentation; None on meta
     backward_s: float | None
+    # CPU time of the capturing thread over the same spans (CPU device only; None elsewhere): how much of the wall
+    # time it was running at all. Intra-op worker threads are not counted, but the capturing thread works beside them.
+    forward_cpu_s: float | None = None
+    backward_cpu_s: float | None = None
+
+    @property
+    def cpu_share(self) -> float | None:
+        """Thread CPU time / wall time over forward + backward; None where not measured."""
+        if self.forward_cpu_s is None or self.backward_cpu_s is None or not self.forward_s or not self.backward_s:
+            return None
+        return (self.forward_cpu_s + self.backward_cpu_s) / (self.forward_s + self.backward_s)
+
+    @property
+    def disturbed(self) -> bool:
+        """True when the times mostly measure waiting, not this config: see DISTURBED_BELOW."""
+        share = self.cpu_share
+        return share is not None and share < DISTURBED_BELOW
+
+    def note(self) -> str | None:
+        """One sentence for a disturbed measurement, None otherwise."""
+        if not self.disturbed:
+            return None
+        return (f"Timing disturbed: the capturing thread was running for only {self.cpu_share:.0%} of the forward + "
+                f"backward wall time; the rest it waited for a CPU core or for another session's Python on this server. "
+                f"These times mostly measure that wait: FLOPs, bytes and the graph are unaffected; run it again when the "
+                f"server is quieter for a clean time.")
 
 
 @dataclass(frozen=True)
@@ -570,12 +601,12 @@ class _Run:
 
         self.say("running the forward pass")
         self.phase = "forward"
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack), _FlopCounter(self), self.storages.forward(own_mode=False):
             output = model(*inputs)
             loss = loss_of(output)
         synchronize(device)
-        forward_s = time.perf_counter() - started
+        forward_s, forward_cpu_s = time.perf_counter() - started, time.thread_time() - started_cpu
         self.phase = "walk"
         del output
 
@@ -593,11 +624,11 @@ class _Run:
 
         self.say("running the backward pass")
         self.phase = "backward"
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         with _FlopCounter(self), self.storages.backward(own_mode=False):
             loss.backward()
         synchronize(device)
-        backward_s = time.perf_counter() - started
+        backward_s, backward_cpu_s = time.perf_counter() - started, time.thread_time() - started_cpu
         self.phase = "done"
         self.storages.end_backward(model.parameters())
         for handle in handles:
@@ -606,7 +637,8 @@ class _Run:
             peak = torch.cuda.max_memory_allocated()
 
         self.say("annotating the graph")
-        return self._build(model, nodes, ids, saves_of, loss, forward_s, backward_s, peak, baseline)
+        cpu = (forward_cpu_s, backward_cpu_s) if device == "cpu" else (None, None)
+        return self._build(model, nodes, ids, saves_of, loss, (forward_s, backward_s, *cpu), peak, baseline)
 
     def _collect_saves(self, nodes: list, ids: dict) -> dict[str, list[int]]:
         """Node id -> indices (into self.saves) of the tensors saved for that node's backward."""
@@ -627,7 +659,7 @@ class _Run:
             saves_of[ids[node]] = sorted(set(found))
         return saves_of
 
-    def _build(self, model, nodes, ids, saves_of, loss, forward_s, backward_s, peak, baseline) -> Capture:
+    def _build(self, model, nodes, ids, saves_of, loss, times, peak, baseline) -> Capture:
         graph = nx.DiGraph()
         owner: dict[int, str] = {}  # storage key -> node id that the storage's bytes are charged to
         first_save: dict[int, int] = {}
@@ -749,7 +781,7 @@ class _Run:
                 forward_by_op=dict(sorted(self.flops_by_op["forward"].items())),
                 backward_by_op=dict(sorted(self.flops_by_op["backward"].items())),
             ),
-            time=TimeSummary(forward_s if real else None, backward_s if real else None),
+            time=TimeSummary(*times) if real else TimeSummary(None, None),
             loss=float(loss.detach()) if real else None,
             save_order=tuple(save_events),
             backward_order=tuple(self.backward_order),

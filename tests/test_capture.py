@@ -382,3 +382,35 @@ def test_meta_at_bf16_differs_from_cpu_only_by_layer_norm_statistics():
     assert meta_layer_norm_statistics(cpu.graph, cpu.device, "bfloat16") == (0, 0)
     f32 = captured("gpt2-tiny", device="meta")
     assert meta_layer_norm_statistics(f32.graph, f32.device, "float32") == (0, 0)
+
+
+def test_time_shared_with_another_python_thread_is_flagged_and_a_quiet_share_is_not():
+    import dataclasses
+    import threading
+
+    from graphviz_core.capture import DISTURBED_BELOW, TimeSummary
+
+    # 0.3 s of thread CPU over 1.0 s of wall time: 30% < 70%, disturbed; 0.95 over 1.0 is not; meta has no share.
+    assert TimeSummary(0.5, 0.5, 0.15, 0.15).cpu_share == pytest.approx(0.3)
+    assert TimeSummary(0.5, 0.5, 0.15, 0.15).disturbed and "30%" in TimeSummary(0.5, 0.5, 0.15, 0.15).note()
+    assert not TimeSummary(0.5, 0.5, 0.5, 0.45).disturbed and TimeSummary(0.5, 0.5, 0.5, 0.45).note() is None
+    assert TimeSummary(None, None).cpu_share is None and not TimeSummary(None, None).disturbed
+    # A Python thread spinning beside the capture holds the interpreter lock half the time or more (the switch
+    # interval hands it over every 5 ms), so the capturing thread runs well under DISTURBED_BELOW of its wall time.
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        busy = capture_backward(config_from_preset("gpt2-tiny", device="cpu", seed=11))
+    finally:
+        stop.set()
+        spinner.join()
+    assert busy.time.forward_cpu_s is not None and busy.time.cpu_share < DISTURBED_BELOW
+    assert busy.time.disturbed
+    meta = capture_backward(dataclasses.replace(config_from_preset("gpt2-tiny"), device="meta"))
+    assert meta.time.forward_cpu_s is None and not meta.time.disturbed

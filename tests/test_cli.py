@@ -63,7 +63,8 @@ def test_flags_override_the_preset():
     done = run_cli("graph", "--preset", "gpt2-tiny", "--layers", "1", "--device", "meta")
     data = json.loads(done.stdout)
     assert data["config"]["layers"] == 1 and data["device"] == "meta"
-    assert data["time"] == {"forward_s": None, "backward_s": None}
+    # meta measures no time: wall and thread-CPU times all null
+    assert data["time"] == {"forward_s": None, "backward_s": None, "forward_cpu_s": None, "backward_cpu_s": None}
 
 
 def test_graphml_and_dot_describe_the_same_graph(tmp_path):

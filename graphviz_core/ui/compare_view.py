@@ -171,6 +171,15 @@ def show_comparison(c: Comparison) -> None:
             delta_color="off",
             delta_arrow="off",
         )
+    disturbed = [f"{label} ran for only {capture.time.cpu_share:.0%} of its wall time"
+                 for label, capture in (("A", c.a), ("B", c.b)) if capture.time.disturbed]
+    if disturbed:
+        st.info(
+            "Time difference not reliable: " + " and ".join(disturbed) + " (it waited for a CPU core or for another "
+            "session's Python on this server), so its time mostly measures that wait. The FLOPs and bytes above are "
+            "exact; compare times only when neither capture is flagged, or run both again when the server is quiet.",
+            icon=None,
+        )
     st.dataframe(
         pd.DataFrame(
             [

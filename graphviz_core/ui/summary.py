@@ -25,6 +25,8 @@ def show_summary(capture: Capture) -> None:
     bottom[1].metric("Backward FLOPs", format_flops(f.backward), f"forward {format_flops(f.forward)}", delta_color="off", delta_arrow="off")
     bottom[2].metric("Backward time", format_seconds(t.backward_s), f"forward {format_seconds(t.forward_s)}", delta_color="off", delta_arrow="off",
                      help="wall time on this device, instrumentation included (the FLOPs and time tab measures it)")
+    if t.note():
+        st.info(t.note(), icon=None)
     if capture.loss is not None:
         st.caption(f"Loss {capture.loss:.4f} on {capture.device} · {capture.config.dtype} · config: "
                    + (f"preset {capture.config.preset}, " if capture.config.preset else "") + capture.config.describe())
