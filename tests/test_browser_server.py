@@ -118,10 +118,12 @@ def test_copy_link_opens_the_same_view_in_a_fresh_browser(page, second_page, tea
     frame = graph_frame(page, view.number_of_nodes())
     page.wait_for_timeout(500)
     mine = _drawn(graph_frame(page, view.number_of_nodes()))
-    page.locator('[data-testid="stSidebar"]').get_by_role("button", name="Copy link").click()
-    code = page.locator('[data-testid="stSidebar"] [data-testid="stCode"]')
-    code.wait_for(timeout=30_000)
-    url = code.inner_text().strip()
+    # the sidebar's link box follows the address bar (see test_browser_copy_link): read once it names the focus
+    page.wait_for_function(
+        "() => document.querySelector('[data-testid=stSidebar] .copy-link textarea').value.includes('focus=blocks.1')",
+        timeout=30_000,
+    )
+    url = page.locator('[data-testid="stSidebar"] .copy-link textarea').input_value()
     assert url.startswith(team_url) and "layers=3" in url and "focus=blocks.1" in url, url
     page.screenshot(path="/tmp/link-source.png")
     second_page.goto(url)  # a teammate: a fresh context, nothing in its session yet

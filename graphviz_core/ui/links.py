@@ -10,6 +10,7 @@ module the model does not have, a config over this server's budget), falls back 
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable, Mapping
 from urllib.parse import urlencode
 
@@ -299,15 +300,52 @@ def sync_url(form_key: str, applied: ModelConfig) -> dict[str, str]:
     return {**{k: v for k, v in current.items() if k not in mine}, **wanted}
 
 
+# The address bar is the current link: the page writes its config and view there on every run, the graph's fragment
+# on each of its own runs. So the box reads it in the browser (every half second, and on Copy): a fragment rerun
+# cannot redraw the sidebar, and a Streamlit button would rerun the page and drop the graph's selected node.
+LINK_BOX = """
+<div class="copy-link" id="{box_id}" style="font-size:0.85rem">
+  <label for="{box_id}-url" style="display:block;margin-bottom:0.2rem">Link to this page as it is now:</label>
+  <textarea id="{box_id}-url" readonly rows="3" spellcheck="false"
+            style="width:100%;box-sizing:border-box;font-family:monospace;font-size:0.75rem;padding:0.3rem;resize:none;
+                   word-break:break-all;border:1px solid rgba(49,51,63,0.2);border-radius:0.4rem;
+                   background:rgba(240,242,246,0.6)">{url}</textarea>
+  <button type="button" style="margin-top:0.35rem;width:100%;padding:0.35rem;border:1px solid rgba(49,51,63,0.2);
+          border-radius:0.5rem;background:white;cursor:pointer;font:inherit">Copy link</button>
+  <span class="copy-link-status" role="status" style="color:rgba(49,51,63,0.6)"></span>
+</div>
+<script>
+(function () {{
+  var box = document.getElementById("{box_id}");
+  if (!box || box.dataset.live) {{ return; }}
+  box.dataset.live = "1";
+  var field = box.querySelector("textarea"), status = box.querySelector(".copy-link-status");
+  function current() {{ if (document.activeElement !== field) {{ field.value = window.location.href; }} }}
+  var timer = setInterval(function () {{
+    if (!document.body.contains(box)) {{ clearInterval(timer); return; }}
+    current();
+  }}, 500);
+  current();
+  box.querySelector("button").addEventListener("click", function () {{
+    field.value = window.location.href;
+    field.select();
+    var done = function (copied) {{ status.textContent = copied ? "copied" : "select the link above and copy it"; }};
+    var byCommand = function () {{ try {{ done(document.execCommand("copy")); }} catch (e) {{ done(false); }} }};
+    // the Clipboard API needs a secure context (https or localhost); a team server on plain http has the command
+    if (navigator.clipboard && window.isSecureContext) {{
+      navigator.clipboard.writeText(field.value).then(function () {{ done(true); }}, byCommand);
+    }} else {{
+      byCommand();
+    }}
+  }});
+}})();
+</script>
+"""
+
+
 def copy_link(form_key: str, applied: ModelConfig, where) -> None:
-    """A "Copy link" button: shows the URL of this page with this config and view (st.code has a copy icon)."""
-    clicked = where.button(
-        "Copy link",
-        key=f"{form_key}.copy_link",
-        width="stretch",
-        help="A URL that opens this config and this view of the graph for someone else",
-    )
-    if clicked:
-        url = link_url(st.context.url or "", sync_url(form_key, applied))
-        where.caption("Link to this page as it is now:")
-        where.code(url, language=None, wrap_lines=True)
+    """The link to this page as it is now, always shown, with a Copy link button (see LINK_BOX). The server's own
+    idea of the URL is its first value, until the browser's script replaces it with the address bar."""
+    url = link_url(st.context.url or "", sync_url(form_key, applied))
+    box_id = "copy-link-" + form_key.replace(".", "-")
+    where.html(LINK_BOX.format(box_id=box_id, url=html.escape(url, quote=True)), unsafe_allow_javascript=True)
