@@ -95,16 +95,34 @@ def family_of(op: str) -> str:
     return FAMILIES.get(op, f"other ({op})")
 
 
+LOSS_AND_GLUE = "(loss and glue)"
+
+
 def layer_of(module: str) -> str:
-    """The layer a module belongs to: its path up to the first numeric part ("blocks.3.attn.qkv" -> "blocks.3"),
-    else its first part ("lm_head"); "" (ops outside every module: the loss) -> "(loss and glue)"."""
+    """The layer a module belongs to, the one grouping of the FLOPs, memory and compare panels: its path up to the
+    first numeric part ("model.layers.3.mlp" -> "model.layers.3", "resnet.encoder.stages.0.layers.1" ->
+    "resnet.encoder.stages.0"), else its first two parts, so a Hugging Face wrapper's embeddings, final norm and
+    pooler stay apart ("model.embed_tokens", "model.norm", "bert.embeddings", "lm_head"); "" (ops outside every
+    module: the loss) -> "(loss and glue)"."""
     if not module:
-        return "(loss and glue)"
+        return LOSS_AND_GLUE
     parts = module.split(".")
     for i, part in enumerate(parts):
         if part.isdigit():
             return ".".join(parts[: i + 1])
-    return parts[0]
+    return ".".join(parts[:2])
+
+
+def layers_in_forward_order(capture: Capture) -> list[str]:
+    """Every layer of the graph in the order the forward ran them (embeddings, layers 0..N-1, final norm, head),
+    the loss and glue last. Node ids are numbered from the loss, so a layer's smallest number is where backward
+    first reaches it: the later a layer ran in the forward, the sooner backward reaches it."""
+    first: dict[str, int] = {}
+    for node, data in capture.graph.nodes(data=True):
+        layer = layer_of(data["module"])
+        number = int(node.rpartition(":")[2])
+        first[layer] = min(first.get(layer, number), number)
+    return sorted(first, key=lambda name: (name == LOSS_AND_GLUE, -first[name], _natural(name)))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Where the saved bytes are: per layer (module path cut to a depth), per category, and the largest saved
+"""Where the saved bytes are: per layer (as the FLOPs tab groups them), per category, and the largest saved
 tensors with their shapes and the node that keeps them. Reads only a Capture's graph."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from graphviz_core.capture import Capture
+from graphviz_core.flop_analysis import layer_of, layers_in_forward_order
 
 
 @dataclass(frozen=True)
@@ -19,23 +20,14 @@ class SavedTensor:
     storage_bytes: int
 
 
-def layer_of(module: str, depth: int = 2) -> str:
-    """`blocks.3.attn.qkv` -> `blocks.3` at depth 2; names without an index keep their first part (`lm_head`)."""
-    if not module:
-        return "(outside modules: loss, glue)"
-    parts = module.split(".")
-    if len(parts) > 1 and parts[1].isdigit():
-        return ".".join(parts[:depth])
-    return parts[0]
-
-
-def saved_bytes_by_layer(capture: Capture, depth: int = 2) -> dict[str, int]:
-    """Saved bytes per layer, in the order layers first appear in the forward (the graph's reverse order)."""
+def saved_bytes_by_layer(capture: Capture) -> dict[str, int]:
+    """Saved bytes per layer (the FLOPs tab's grouping, `flop_analysis.layer_of`), in forward order: embeddings,
+    layers 0..N-1, final norm, head, then what is outside every module (loss and glue)."""
     totals: Counter[str] = Counter()
-    for _, data in reversed(list(capture.graph.nodes(data=True))):
+    for _, data in capture.graph.nodes(data=True):
         if data["saved_bytes"]:
-            totals[layer_of(data["module"], depth)] += data["saved_bytes"]
-    return dict(totals)
+            totals[layer_of(data["module"])] += data["saved_bytes"]
+    return {layer: totals[layer] for layer in layers_in_forward_order(capture) if totals[layer]}
 
 
 def largest_saved_tensors(capture: Capture, count: int = 10) -> list[SavedTensor]:

@@ -131,3 +131,37 @@ def test_the_summary_table_says_not_counted_where_a_category_has_no_formula():
     # SiLU backward has no formula: None ("not counted"), not 0; views do no arithmetic: 0
     assert rows["activation"] is None and rows["embedding"] is None and rows["shape"] == 0
     assert rows["normalization"] == captured("llama-tiny").flops.backward_by_category["normalization"] > 0
+
+
+def test_layer_of_splits_hugging_face_paths_per_layer_and_keeps_embeddings_norm_and_head_apart():
+    cases = {
+        "model.layers.12.self_attn.q_proj": "model.layers.12",  # Llama, Mistral, Qwen, Mixtral
+        "model.embed_tokens": "model.embed_tokens",
+        "model.norm": "model.norm",
+        "lm_head": "lm_head",
+        "transformer.h.3.mlp.c_fc": "transformer.h.3",  # GPT-2 (HF)
+        "transformer.wte": "transformer.wte",
+        "bert.encoder.layer.0.attention.self.query": "bert.encoder.layer.0",
+        "vit.encoder.layer.1.output.dense": "vit.encoder.layer.1",
+        "resnet.encoder.stages.2.layers.1.layer.0.convolution": "resnet.encoder.stages.2",
+        "resnet.embedder.embedder.convolution": "resnet.embedder",
+        "blocks.1.attn.qkv": "blocks.1",  # the built-in GPT-2
+        "": "(loss and glue)",
+    }
+    assert {m: fa.layer_of(m) for m in cases} == cases
+
+
+def test_saved_bytes_per_layer_run_in_forward_order_with_the_flops_tabs_layers():
+    from graphviz_core.memory_breakdown import saved_bytes_by_layer
+
+    llama = captured("llama-tiny")
+    by_layer = saved_bytes_by_layer(llama)
+    assert list(by_layer) == ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm", "lm_head",
+                              "(loss and glue)"]
+    assert sum(by_layer.values()) == llama.memory.saved_bytes
+    # the same grouping as the FLOPs tab (which has no embedding row: a lookup has no FLOP formula)
+    assert set(by_layer) - {"model.embed_tokens"} <= {r.layer for r in fa.flops_per_layer(llama)}
+    gpt2 = saved_bytes_by_layer(captured("gpt2-tiny"))
+    assert list(gpt2) == ["wpe", "wte", "blocks.0", "blocks.1", "ln_f", "lm_head", "(loss and glue)"]
+    # wte's lookup saves its indices, b*s = 64 int64 = 512 B; wpe's, s = 32 positions int64 = 256 B
+    assert (gpt2["wte"], gpt2["wpe"]) == (512, 256)

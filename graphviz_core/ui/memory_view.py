@@ -147,7 +147,7 @@ def _bar(data: pd.DataFrame, category: str, unit: str, sort: list[str] | None = 
         .mark_bar()
         .encode(
             x=alt.X(f"{unit}:Q", title=f"saved for backward ({unit})"),
-            y=alt.Y(f"{category}:N", sort=sort or "-x", title=None),
+            y=alt.Y(f"{category}:N", sort=sort or "-x", title=None, axis=alt.Axis(labelLimit=240)),
             tooltip=[alt.Tooltip(f"{category}:N"), alt.Tooltip("size:N")],
         )
         .properties(height=min(height, 900))
@@ -164,7 +164,8 @@ def _where_the_bytes_are(capture: Capture) -> None:
     unit, divisor = bytes_unit(max([*by_layer.values(), *by_category.values()]))
     left, right = st.columns(2)
     layers = pd.DataFrame([{"layer": k, unit: v / divisor, "size": format_bytes(v)} for k, v in by_layer.items()])
-    left.caption("per layer (module path to two levels), forward order")
+    left.caption("per layer (modules grouped by layer index, as in the FLOPs tab), in forward order: embeddings, "
+                 "layers 0..N-1, final norm, head; the loss and glue last")
     show_chart(_bar(layers, "layer", unit, sort=list(by_layer)), left)
     categories = pd.DataFrame(
         [{"category": k, unit: v / divisor, "size": format_bytes(v)} for k, v in by_category.items()]
