@@ -27,18 +27,24 @@ graphviz:
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-run: $(STAMP)
+# vis-network's script, served once to browsers from static/ (graphviz_core/ui/vis_script.py), copied here at set-up
+# so a server started by make never writes it; again whenever pyvis's copy is newer.
+VIS_STATIC := static/vis-network.min.js
+$(VIS_STATIC): $(STAMP)
+	$(PY) -c "from graphviz_core.ui.vis_script import publish; raise SystemExit(publish() is None)"
+
+run: $(STAMP) $(VIS_STATIC)
 	$(PY) -m graphviz_core.ui.serve --server.address 127.0.0.1 --server.port $(PORT)
 
 # For a team: .streamlit/config.toml's safe settings (headless, no usage stats, no error details in the
 # browser, XSRF on, cross-origin refused, uploads off), the address chosen here, and the capture limits
 # from the environment (README, "Run it for your team").
-serve: $(STAMP)
+serve: $(STAMP) $(VIS_STATIC)
 	$(PY) -m graphviz_core.ui.serve --server.address $(HOST) --server.port $(PORT) --server.headless true \
 		--browser.gatherUsageStats false --client.showErrorDetails none --server.enableXsrfProtection true \
 		--server.enableCORS true --server.maxUploadSize 1
 
-test: $(STAMP) chromium graphviz
+test: $(STAMP) $(VIS_STATIC) chromium graphviz
 	$(VENV)/bin/ruff check graphviz_core pages app.py tests benchmarks
 	$(PY) -m pytest -q
 

@@ -42,3 +42,21 @@ def test_a_folder_that_cannot_be_written_means_inline(monkeypatch, tmp_path, opt
         assert vis_script.vis_src() is None
     finally:
         vis_script._published.cache_clear()
+
+
+def test_publish_writes_once_and_leaves_a_current_copy_alone(tmp_path, monkeypatch):
+    from graphviz_core.ui import vis_script
+
+    monkeypatch.setattr(vis_script, "STATIC", tmp_path / "static")
+    digest = vis_script.publish()
+    target = tmp_path / "static" / vis_script.VIS_SCRIPT.name
+    assert digest and target.read_bytes() == vis_script.VIS_SCRIPT.read_bytes()
+
+    def no_copy(*args, **kwargs):
+        raise AssertionError("a current copy was written again")
+
+    monkeypatch.setattr(vis_script.shutil, "copy2", no_copy)  # a server finding make's copy writes nothing
+    assert vis_script.publish() == digest
+    target.write_bytes(b"// stale")
+    with pytest.raises(AssertionError, match="written again"):  # a stale copy is replaced
+        vis_script.publish()

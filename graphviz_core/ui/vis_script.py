@@ -23,10 +23,10 @@ STATIC = Path(__file__).resolve().parents[2] / "static"  # beside app.py: Stream
 _log = logging.getLogger(__name__)
 
 
-@lru_cache(maxsize=1)
-def _published() -> str | None:
-    """Copy pyvis's vis-network.min.js into static/ (once per process; again when pyvis's copy changed); its
-    content's digest, or None when it cannot be published."""
+def publish() -> str | None:
+    """Copy pyvis's vis-network.min.js into static/ unless it is there already, unchanged (`make run`, `make serve`
+    and `make test` do this at set-up, so the server they start finds it and writes nothing); its content's digest,
+    or None when it cannot be published."""
     target = STATIC / VIS_SCRIPT.name
     script = VIS_SCRIPT.read_bytes()
     try:
@@ -40,6 +40,12 @@ def _published() -> str | None:
         _log.warning("vis-network is inlined into every graph frame: cannot publish it in %s (%s)", STATIC, error)
         return None
     return hashlib.sha256(script).hexdigest()[:12]
+
+
+@lru_cache(maxsize=1)
+def _published() -> str | None:
+    """`publish()`, once per process: a server started otherwise than by make copies it at its first graph."""
+    return publish()
 
 
 def vis_src() -> str | None:
