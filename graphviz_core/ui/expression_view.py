@@ -17,6 +17,7 @@ from graphviz_core.expressions import (
 )
 from graphviz_core.render import render_html
 from graphviz_core.ui.format import escape_markdown
+from graphviz_core.ui.state import keep_widget_state
 from graphviz_core.ui.vis_script import vis_src
 
 KEY = "expr"
@@ -30,7 +31,13 @@ TOY_HINT = ("Arrows follow the gradient: from L (top) down to the variables. Box
             "Click a node for details; scroll to zoom, drag to pan.")
 
 
+# The preset box's answer once the expression or a value no longer matches any preset: it names no example it is not
+EDITED = "(edited: your own expression)"
+
+
 def _load_preset() -> None:
+    if st.session_state[f"{KEY}.preset"] == EDITED:  # nothing to load: the box only says what the fields hold
+        return
     text, values = EXPRESSION_PRESETS[st.session_state[f"{KEY}.preset"]]
     st.session_state[f"{KEY}.text"] = text
     for name, value in values.items():
@@ -39,13 +46,27 @@ def _load_preset() -> None:
     st.session_state[f"{KEY}.detach"] = []
 
 
+def _holds(preset: str) -> bool:
+    """Whether the fields hold exactly this preset: its expression and each of its values."""
+    text, values = EXPRESSION_PRESETS[preset]
+    return st.session_state.get(f"{KEY}.text", "").strip() == text and all(
+        st.session_state.get(f"{KEY}.var.{name}") == value for name, value in values.items()
+    )
+
+
 def expression_inputs() -> Trace | None:
     """Preset, expression, one input per variable and the two toggles; the trace, or None after st.error."""
     if f"{KEY}.preset" not in st.session_state:
         st.session_state[f"{KEY}.preset"] = next(iter(EXPRESSION_PRESETS))
         _load_preset()
-    st.selectbox("Preset", list(EXPRESSION_PRESETS), key=f"{KEY}.preset", on_change=_load_preset,
-                 help="Worked examples from the project's notes on backprop (seeds/, 003).")
+    # Each variable keeps its value by name while the expression is edited, through a syntax error (a run that draws
+    # no value boxes, whose widgets Streamlit would otherwise forget) and while a variable is out of the expression.
+    keep_widget_state([k for k in st.session_state if str(k).startswith(f"{KEY}.var.")])
+    st.session_state[f"{KEY}.preset"] = next((name for name in EXPRESSION_PRESETS if _holds(name)), EDITED)
+    options = [*EXPRESSION_PRESETS, *([EDITED] if st.session_state[f"{KEY}.preset"] == EDITED else [])]
+    st.selectbox("Preset", options, key=f"{KEY}.preset", on_change=_load_preset,
+                 help="Worked examples from the project's notes on backprop (seeds/, 003). Edit the expression or "
+                      "a value and the box says so; pick an example again to load it.")
     text = st.text_input("Expression", key=f"{KEY}.text",
                          help="numbers, variables, + - * / **, unary minus, parentheses, and "
                               "exp log sqrt tanh sigmoid relu sin cos abs")
