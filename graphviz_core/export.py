@@ -140,15 +140,15 @@ def _dot_label(data: dict) -> str:
     return f"{data['op']}\n{data['module']}"
 
 
-def _legend_label(title: str, legend: list[tuple[str, str]], note: str) -> str:
-    """A Graphviz HTML-like label: the title, then one swatch per legend row (every text escaped)."""
-    rows = [f'<TR><TD COLSPAN="2" ALIGN="LEFT"><B>{html.escape(title)}</B></TD></TR>'] if title else []
-    if note:
-        rows.append(f'<TR><TD COLSPAN="2" ALIGN="LEFT">{html.escape(note)}</TD></TR>')
-    for name, colour in legend:
-        rows.append(f'<TR><TD BGCOLOR="{html.escape(colour)}" WIDTH="14" HEIGHT="12" BORDER="1"></TD>'
-                    f'<TD ALIGN="LEFT">{html.escape(name)}</TD></TR>')
-    return '<<TABLE BORDER="0" CELLSPACING="2" CELLPADDING="1">' + "".join(rows) + "</TABLE>>"
+def _legend_label(title: str, legend: list[tuple[str, str]], note: str, subtitle: str = "") -> str:
+    """A Graphviz HTML-like label: the title, subtitle and note, then one ■ swatch per legend row (every text
+    escaped). One column: Graphviz shares a wide title's width among the columns it spans, so a swatch cell
+    beside the name stretched to a bar as wide as half the subtitle."""
+    rows = [f"<B>{html.escape(title)}</B>"] if title else []
+    rows += [html.escape(text) for text in (subtitle, note) if text]
+    rows += [f'<FONT COLOR="{html.escape(colour)}" POINT-SIZE="16">■</FONT> {html.escape(name)}' for name, colour in legend]
+    cells = "".join(f'<TR><TD ALIGN="LEFT">{row}</TD></TR>' for row in rows)
+    return f'<<TABLE BORDER="0" CELLSPACING="2" CELLPADDING="1">{cells}</TABLE>>'
 
 
 def to_dot(
@@ -157,14 +157,15 @@ def to_dot(
     fills: Mapping[str, str] | None = None,
     highlight: set[str] | frozenset = frozenset(),
     title: str = "",
+    subtitle: str = "",
     legend: list[tuple[str, str]] | None = None,
     legend_note: str = "",
 ) -> str:
     """Graphviz DOT: one box per node (op and module), filled by category; edges follow gradient flow.
 
     A view passes what the screen shows: `fills` (node -> #rrggbb, e.g. coloured by FLOPs) replaces the
-    category colours, `highlight` draws search matches with a thick pink border, and `title`, `legend` and
-    `legend_note` become a legend at the top (by default the categories present). Collapsed modules are
+    category colours, `highlight` draws search matches with a thick pink border, and `title`, `subtitle`, `legend`
+    and `legend_note` become a legend at the top (by default the categories present). Collapsed modules are
     dashed boxes, parameters ellipses, as in the interactive view.
     """
     lines = [
@@ -174,7 +175,7 @@ def to_dot(
     ]
     if title or legend or legend is None:
         lines.append(f'  graph [labelloc=t, labeljust=l, fontname="Helvetica", fontsize=11, '
-                     f"label={_legend_label(title, category_legend(graph) if legend is None else legend, legend_note)}];")
+                     f"label={_legend_label(title, category_legend(graph) if legend is None else legend, legend_note, subtitle)}];")
     for node, data in graph.nodes(data=True):
         category = data["category"]
         colour = MODULE_COLOUR if category == "module" else CATEGORY_COLOURS.get(category, "#000000")

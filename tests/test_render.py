@@ -197,3 +197,18 @@ def test_the_side_panel_counts_nodes_and_edges_with_thousands_separators():
     assert nodes >= 1000
     html = render_html(graph)
     assert f"{nodes:,}</span> nodes · {edges:,} edges" in html  # e.g. "1,008 nodes", not "1008 nodes"
+
+
+def test_the_view_svg_and_dot_downloads_carry_the_subtitle_under_the_title():
+    from graphviz_core.export import CATEGORY_COLOURS, to_dot
+    from graphviz_core.render import graph_subtitle
+    from graphviz_core.ui.graph_view import _view_dot_options
+
+    capture = captured("mlp", layers=1)
+    subtitle = graph_subtitle(capture.config, capture.device)
+    drawing = dict(title="autograd graph: mlp", subtitle=subtitle, colour_by=None, size_by=None, highlight=set())
+    dot = to_dot(capture.graph, **_view_dot_options(capture.graph, drawing))
+    # the legend's rows: the title in bold, then the subtitle (escaped like every label text)
+    assert f'<B>autograd graph: mlp</B></TD></TR><TR><TD ALIGN="LEFT">{subtitle}</TD></TR>' in dot
+    assert f'<FONT COLOR="{CATEGORY_COLOURS["loss"]}" POINT-SIZE="16">■</FONT> loss' in dot  # a swatch per category
+    assert "&lt;b&gt;" in to_dot(capture.graph, title="t", subtitle="<b>")

@@ -92,8 +92,8 @@ def _view_fills(view, drawing: dict) -> dict[str, str]:
 def _view_dot_options(view, drawing: dict) -> dict:
     note = f"colour: {METRICS[drawing['colour_by']]}, white = least, dark red = most" if drawing["colour_by"] else ""
     legend = [] if drawing["colour_by"] else None  # None: the categories present
-    return dict(fills=_view_fills(view, drawing), highlight=drawing["highlight"], title=drawing["title"], legend=legend,
-                legend_note=note)
+    return dict(fills=_view_fills(view, drawing), highlight=drawing["highlight"], title=drawing["title"],
+                subtitle=drawing["subtitle"], legend=legend, legend_note=note)
 
 
 def _view_png(view, drawing: dict) -> bytes:
@@ -129,7 +129,7 @@ def _downloads(capture: Capture, view, drawing: dict, settings: dict) -> None:
     ])
     _download_row("whole", f"**Whole graph** ({capture.graph.number_of_nodes():,} nodes)", [
         ("PNG", lambda: to_png(render_standalone_html(capture)), f"{name}.png", "image/png", png_help, png),
-        ("SVG", lambda: to_svg(capture.graph, title=drawing["title"]), f"{name}.svg", "image/svg+xml", svg_help, svg),
+        ("SVG", lambda: to_svg(capture.graph, title=drawing["title"], subtitle=drawing["subtitle"]), f"{name}.svg", "image/svg+xml", svg_help, svg),
         ("HTML", lambda: render_standalone_html(capture), f"{name}.html", "text/html",
          "Works offline when opened from disk", None),
         ("JSON", lambda: to_json(capture), f"{name}.json", "application/json", "node-link graph plus summaries", None),
