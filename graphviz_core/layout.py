@@ -14,6 +14,7 @@ module groups (transformer blocks) where one is near, else where the fewest edge
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import networkx as nx
@@ -25,6 +26,7 @@ NODE_GAP = 200  # px between neighbours in a layer
 SWEEPS = 4
 ASPECT = 1.5  # width : height of the graph's pane (the app's iframe and the standalone page, both ~1.3-2.1)
 NODE_WIDTH = 160  # px a typical box takes ("NativeLayerNorm / blocks.11.ln_1" at 13 px monospace)
+MIN_CLEARANCE = 40  # px at least between two neighbouring boxes' edges
 COLUMN_GAP = 240  # px between folded columns, wider than NODE_GAP so columns read as columns
 # A column of 20 layers (1,600 px) fits a 760 px pane at scale 0.47, labels still readable: no fold needed.
 FOLD_ABOVE_LAYERS = 20
@@ -42,10 +44,13 @@ class Layout:
         return sum(1 for start in self.column_starts if start <= depth) - 1
 
 
-def layered_layout(graph: nx.DiGraph, aspect: float = ASPECT) -> Layout:
+def layered_layout(graph: nx.DiGraph, aspect: float = ASPECT, widths: Mapping[str, float] | None = None) -> Layout:
     """Positions for every node; a view with cycles (collapsed modules can make them) is laid out on an
     acyclic copy without its DFS back edges, which are still drawn. Layers run down each column, columns
-    left to right (`aspect` = the pane's width : height the fold aims for)."""
+    left to right (`aspect` = the pane's width : height the fold aims for). `widths`: px each node's box takes
+    (render.node_widths; NODE_WIDTH where not given): neighbours in a layer sit at least NODE_GAP apart and never
+    closer than their half-widths plus MIN_CLEARANCE, so a long label ("ScaledDotProductFlashAttentionForCpu") does
+    not cover the parameter ovals beside it."""
     graph = _without_back_edges(graph)
     layers = [list(generation) for generation in nx.topological_generations(graph)]
     order = {node: i for layer in layers for i, node in enumerate(layer)}
@@ -61,30 +66,41 @@ def layered_layout(graph: nx.DiGraph, aspect: float = ASPECT) -> Layout:
             layer.sort(key=lambda n: (keys[n], order[n]))
             for i, node in enumerate(layer):
                 order[node] = i
-    starts = _column_starts(graph, layers, aspect)
+    width = (lambda node: widths.get(node, NODE_WIDTH)) if widths else (lambda node: NODE_WIDTH)
+    offsets = {depth: _spread(layer, width) for depth, layer in enumerate(layers)}
+    pitch = (max((o[-1] for o in offsets.values()), default=0.0)
+             + max(NODE_WIDTH, max((width(n) for layer in layers for n in layer), default=0.0)) + COLUMN_GAP)
+    starts = _column_starts(graph, layers, aspect, pitch)
     bounds = [*starts, len(layers)]
     positions = {}
     left = 0.0
     for start, stop in zip(bounds, bounds[1:], strict=False):
-        widest = max(len(layer) for layer in layers[start:stop])
-        centre = left + (widest - 1) * NODE_GAP / 2
+        span = max(offsets[depth][-1] for depth in range(start, stop))
+        centre = left + span / 2
         for depth in range(start, stop):
-            offset = (len(layers[depth]) - 1) / 2
-            for i, node in enumerate(layers[depth]):
-                positions[node] = (centre + (i - offset) * NODE_GAP, (depth - start) * LAYER_GAP)
-        left += (widest - 1) * NODE_GAP + NODE_WIDTH + COLUMN_GAP
+            half = offsets[depth][-1] / 2
+            for node, x in zip(layers[depth], offsets[depth], strict=True):
+                positions[node] = (centre + x - half, (depth - start) * LAYER_GAP)
+        widest_node = max(width(node) for layer in layers[start:stop] for node in layer)
+        left += span + max(NODE_WIDTH, widest_node) + COLUMN_GAP
     if len(starts) == 1:  # one column: centred on x = 0, as before folding existed
         positions = {node: (x - centre, y) for node, (x, y) in positions.items()}
     return Layout(positions, layers, tuple(starts))
 
 
-def _column_starts(graph: nx.DiGraph, layers: list[list[str]], aspect: float) -> list[int]:
+def _spread(layer: list[str], width) -> list[float]:
+    """x of each node of a layer from the first's, left to right: NODE_GAP apart, or more where boxes are wide."""
+    xs = [0.0]
+    for left, right in zip(layer, layer[1:], strict=False):
+        xs.append(xs[-1] + max(NODE_GAP, (width(left) + width(right)) / 2 + MIN_CLEARANCE))
+    return xs
+
+
+def _column_starts(graph: nx.DiGraph, layers: list[list[str]], aspect: float, pitch: float) -> list[int]:
     """The first layer of each column: the column count whose drawing is nearest `aspect`; each cut moved
     (within half a column) to split the fewest module groups (blocks.3, model.layers.3...) and then the
     fewest edges, so repeated blocks stand side by side whole."""
     count = len(layers)
-    widest = max((len(layer) for layer in layers), default=1)
-    pitch = (widest - 1) * NODE_GAP + NODE_WIDTH + COLUMN_GAP
 
     def misfit(columns: int) -> float:
         width = columns * pitch - COLUMN_GAP

@@ -94,6 +94,19 @@ def _short_op(op: str) -> str:
     return op.removesuffix("Backward0").removesuffix("Backward1")
 
 
+CHAR_PX = 0.6 * FONT_PX  # a monospace character's advance: 0.6 em
+
+
+def node_widths(graph: nx.DiGraph) -> dict[str, float]:
+    """px each node's shape takes at scale 1, from its label's longest line: a box adds its margins, an ellipse is
+    ~1.15x its text (vis-network draws it around the text) plus room for its curve."""
+    widths = {}
+    for node, data in graph.nodes(data=True):
+        text = max(len(line) for line in _label(data).split("\n")) * CHAR_PX
+        widths[node] = text * 1.15 + 24 if data["category"] == "accumulate_grad" else text + 14
+    return widths
+
+
 def _label(data: dict) -> str:
     if data.get("label"):
         return data["label"]
@@ -247,7 +260,7 @@ def build_network(
     level_of_detail: bool = True,
 ) -> Network:
     """The pyvis Network for `graph`: server-side positions, physics off, one entry per node and edge."""
-    layout = layout or layered_layout(graph)
+    layout = layout or layered_layout(graph, widths=node_widths(graph))
     column = _columns(layout)
     net = Network(directed=True)
     net.node_ids = _IdList()
@@ -334,7 +347,7 @@ def render_html(
     for metric in (colour_by, size_by):
         if metric is not None and metric not in METRICS:
             raise ValueError(f"unknown metric {metric!r}; choose one of: {', '.join(METRICS)}.")
-    layout = layered_layout(graph)
+    layout = layered_layout(graph, widths=node_widths(graph))
     net = build_network(graph, colour_by=colour_by, size_by=size_by, highlight=highlight, layout=layout,
                         level_of_detail=level_of_detail)
     # search matches in backward order (nearest the loss first): the page opens on the first

@@ -4,6 +4,7 @@ graph folds into side-by-side columns cut between blocks."""
 import math
 
 import networkx as nx
+import pytest
 
 import graphviz_core.layout as layout_module
 from graphviz_core.capture import capture_backward
@@ -78,3 +79,33 @@ def test_gpt2_small_folds_into_columns_cut_between_blocks():
         above = {module_group(graph.nodes[n]["module"], 2) for n in graph if depth[n] < start and graph.out_degree(n)}
         below = {module_group(graph.nodes[n]["module"], 2) for n in graph if depth[n] >= start and graph.out_degree(n)}
         assert not (above & below) - {""}, (start, above & below)
+
+
+def test_long_labels_get_room_so_no_box_covers_its_neighbour():
+    from graphviz_core.layout import MIN_CLEARANCE
+    from graphviz_core.render import node_widths
+
+    from graphviz_core.graph import hide_categories
+
+    # Shape ops hidden (the view's checkbox): each attention output projection's weight and bias ovals then sit in
+    # the fused attention node's layer.
+    graph = hide_categories(captured("gpt2-tiny").graph, {"shape"})
+    widths = node_widths(graph)
+    # The fused attention node's label line "ScaledDotProductFlashAttentionForCpu" is 36 characters: 36 * 7.8 px
+    # + 14 = 294.8 px, and the ovals beside it ("blocks.1.attn.proj.weight", 25 characters: 25 * 7.8 * 1.15 + 24
+    # = 248.25 px) need (294.8 + 248.25) / 2 = 271.5 px between centres: more than the fixed NODE_GAP of 200.
+    attention = next(n for n, d in graph.nodes(data=True) if d["op"].startswith("ScaledDotProductFlash"))
+    assert widths[attention] == pytest.approx(36 * 7.8 + 14)
+
+    def overlaps(layout):
+        found = []
+        for layer in layout.layers:
+            row = sorted(layer, key=lambda n: layout.positions[n][0])
+            for a, b in zip(row, row[1:]):
+                gap = layout.positions[b][0] - layout.positions[a][0]
+                if gap < (widths[a] + widths[b]) / 2 + MIN_CLEARANCE - 1e-9:
+                    found.append((a, b))
+        return found
+
+    assert any(attention in pair for pair in overlaps(layered_layout(graph)))  # fixed spacing: it is covered
+    assert overlaps(layered_layout(graph, widths=widths)) == []
