@@ -82,10 +82,9 @@ def test_gpt2_small_folds_into_columns_cut_between_blocks():
 
 
 def test_long_labels_get_room_so_no_box_covers_its_neighbour():
+    from graphviz_core.graph import hide_categories
     from graphviz_core.layout import MIN_CLEARANCE
     from graphviz_core.render import node_widths
-
-    from graphviz_core.graph import hide_categories
 
     # Shape ops hidden (the view's checkbox): each attention output projection's weight and bias ovals then sit in
     # the fused attention node's layer.
@@ -101,7 +100,7 @@ def test_long_labels_get_room_so_no_box_covers_its_neighbour():
         found = []
         for layer in layout.layers:
             row = sorted(layer, key=lambda n: layout.positions[n][0])
-            for a, b in zip(row, row[1:]):
+            for a, b in zip(row, row[1:], strict=False):
                 gap = layout.positions[b][0] - layout.positions[a][0]
                 if gap < (widths[a] + widths[b]) / 2 + MIN_CLEARANCE - 1e-9:
                     found.append((a, b))
