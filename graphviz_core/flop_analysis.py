@@ -144,10 +144,18 @@ def flops_per_layer(capture: Capture) -> list[LayerFlops]:
         layer = layer_of(data["module"])
         backward[layer] += data["flops"]
         depth[layer] = max(depth.get(layer, -1), int(node.rpartition(":")[2]))
+    sums = "(gradient sums between nodes)"
     if capture.flops.backward_unattributed:
-        backward["(gradient sums between nodes)"] += capture.flops.backward_unattributed
+        backward[sums] += capture.flops.backward_unattributed
     layers = set(forward) | {k for k, v in backward.items() if v}
-    order = sorted(layers, key=lambda name: (-depth.get(name, -1), _natural(name)))
+
+    def place(name: str) -> tuple:
+        # layers backward reaches, nearest the loss first; then modules with forward FLOPs only (position and mask
+        # bookkeeping, rotary tables: no node of the graph is theirs); then the loss and glue, then the gradient sums
+        group = 3 if name == sums else 2 if name == LOSS_AND_GLUE else 0 if name in depth else 1
+        return group, -depth.get(name, -1), _natural(name)
+
+    order = sorted(layers, key=place)
     return [LayerFlops(name, forward[name], backward[name]) for name in order]
 
 

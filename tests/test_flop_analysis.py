@@ -161,6 +161,12 @@ def test_saved_bytes_per_layer_run_in_forward_order_with_the_flops_tabs_layers()
     assert sum(by_layer.values()) == llama.memory.saved_bytes
     # the same grouping as the FLOPs tab (which has no embedding row: a lookup has no FLOP formula)
     assert set(by_layer) - {"model.embed_tokens"} <= {r.layer for r in fa.flops_per_layer(llama)}
+    # the FLOPs tab runs the other way, nearest the loss first; "model" (its own ops outside the layers: position and
+    # mask bookkeeping, 32 FLOPs) and "model.rotary_emb"
+    # (cos/sin tables) only have forward FLOPs, no node: after the layers, before the loss and the gradient sums
+    assert [r.layer for r in fa.flops_per_layer(llama)] == [
+        "lm_head", "model.norm", "model.layers.1", "model.layers.0", "model", "model.rotary_emb", "(loss and glue)",
+        "(gradient sums between nodes)"]
     gpt2 = saved_bytes_by_layer(captured("gpt2-tiny"))
     assert list(gpt2) == ["wpe", "wte", "blocks.0", "blocks.1", "ln_f", "lm_head", "(loss and glue)"]
     # wte's lookup saves its indices, b*s = 64 int64 = 512 B; wpe's, s = 32 positions int64 = 256 B
