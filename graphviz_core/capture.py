@@ -127,10 +127,9 @@ class TimeSummary:
         """One sentence for a disturbed measurement, None otherwise."""
         if not self.disturbed:
             return None
-        return (f"Timing disturbed: the capturing thread was running for only {self.cpu_share:.0%} of the forward + "
-                f"backward wall time; the rest it waited for a CPU core or for another session's Python on this server. "
-                f"These times mostly measure that wait: FLOPs, bytes and the graph are unaffected; run it again when the "
-                f"server is quieter for a clean time.")
+        return (f"Timing disturbed: the capturing thread ran for only {self.cpu_share:.0%} of the forward + backward "
+                f"wall time, waiting the rest for a CPU core or for other Python on this server, so these times mostly "
+                f"measure the wait (FLOPs, bytes and the graph are unaffected; run it again on a quieter server).")
 
 
 @dataclass(frozen=True)

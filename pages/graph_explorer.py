@@ -9,7 +9,7 @@ from graphviz_core.ui.config_form import config_form
 from graphviz_core.ui.links import VIEW, restore_choice
 from graphviz_core.ui.navigation import run_through_app
 from graphviz_core.ui.state import FLOPS_WIDGETS, MEMORY_WIDGETS, keep_widget_state
-from graphviz_core.ui.summary import show_summary
+from graphviz_core.ui.summary import show_categories, show_summary
 
 # Each tab's panel as module and function, imported when the tab is opened: the graph's page then never waits
 # for the other panels' imports (pandas, Altair), which `make run` does in the background after the first graph
@@ -36,3 +36,6 @@ if capture is not None:
         if tab.open:
             with tab:
                 getattr(importlib.import_module(module), panel)(capture)
+    # Under the open tab: the graph comes first on a laptop's screen.
+    st.markdown("##### Per category: nodes, bytes saved for backward, backward FLOPs")
+    show_categories(capture)

@@ -33,10 +33,10 @@ def _compare_app():
 def test_a_disturbed_time_is_flagged_in_the_summary_and_a_quiet_one_is_not():
     flagged = AppTest.from_function(_summary_app, args=(True,), default_timeout=120).run()
     assert not flagged.exception
-    assert any("Timing disturbed" in w.value and "10%" in w.value for w in flagged.info)
+    assert any("Timing disturbed" in w.value and "10%" in w.value for w in flagged.caption)
     quiet = AppTest.from_function(_summary_app, args=(False,), default_timeout=120).run()
     assert not quiet.exception
-    assert not any("Timing disturbed" in w.value for w in quiet.info)
+    assert not any("Timing disturbed" in w.value for w in quiet.caption)
 
 
 def test_compare_does_not_present_a_disturbed_time_difference_as_the_configs():

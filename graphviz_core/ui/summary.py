@@ -26,7 +26,7 @@ def show_summary(capture: Capture) -> None:
     bottom[2].metric("Backward time", format_seconds(t.backward_s), f"forward {format_seconds(t.forward_s)}", delta_color="off", delta_arrow="off",
                      help="wall time on this device, instrumentation included (the FLOPs and time tab measures it)")
     if t.note():
-        st.info(t.note(), icon=None)
+        st.caption(":material/warning: " + t.note())
     if capture.loss is not None:
         st.caption(f"Loss {capture.loss:.4f} on {capture.device} · {capture.config.dtype} · config: "
                    + (f"preset {capture.config.preset}, " if capture.config.preset else "") + capture.config.describe())
@@ -39,7 +39,6 @@ def show_summary(capture: Capture) -> None:
                 f"float32 (as CUDA does), the CPU kernel in {capture.config.dtype}; so a CPU run saves "
                 f"{format_bytes(extra)} less ({norms} LayerNorms)."
             )
-    show_categories(capture)
 
 
 BAR_MAX_PCT = 70  # of the nodes column: the largest category's bar; its count sits after it
