@@ -97,14 +97,20 @@ def test_chart_units_switch_prefix_at_the_threshold():
     assert format_intensity(5.6889) == "5.69 FLOP/B" and format_intensity(19.69) == "19.7 FLOP/B"
 
 
-def test_a_convolutional_network_is_not_held_to_six_n_tokens():
-    # resnet-tiny applies each conv weight at every pixel: 6·N·tokens (a per-token, per-parameter rule) read
-    # 0.13x there, which says nothing; the page says why it does not apply instead.
+def _flops_tab(preset: str):
+    """The app run once on `preset` with the FLOPs and time tab open, checked for no exception."""
     at = AppTest.from_file(APP, default_timeout=120)
-    at.query_params["preset"] = "resnet-tiny"
+    at.query_params["preset"] = preset
     at.query_params["tab"] = "FLOPs and time"
     at.run()
     assert not at.exception
+    return at
+
+
+def test_a_convolutional_network_is_not_held_to_six_n_tokens():
+    # resnet-tiny applies each conv weight at every pixel: 6·N·tokens (a per-token, per-parameter rule) read
+    # 0.13x there, which says nothing; the page says why it does not apply instead.
+    at = _flops_tab("resnet-tiny")
     assert {m.label: m.value for m in at.metric}["Measured / rule of thumb"] == "n/a"
     assert any("does not apply to a convolutional network" in c.value for c in at.caption)
 
@@ -116,11 +122,7 @@ def test_categories_whose_ops_have_no_flop_formula_read_not_counted_and_bars_tak
 
     # resnet-tiny: BatchNorm (normalization) and ReLU (activation) backward have no FLOP formula in torch's
     # flop_counter nor ours, so those categories count 0; conv, matmul, pooling and loss are counted.
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.query_params["preset"] = "resnet-tiny"
-    at.query_params["tab"] = "FLOPs and time"
-    at.run()
-    assert not at.exception
+    at = _flops_tab("resnet-tiny")
     assert any(c.value.startswith("activation, normalization: not counted") for c in at.caption)
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     by_category = next(s for s in specs if s.get("encoding", {}).get("y", {}).get("field") == "category")

@@ -73,19 +73,11 @@ def parse_config(params: Mapping[str, str], prefix: str = "") -> tuple[ModelConf
     for name, raw in given.items():
         if name == "preset":
             continue
-        kind = type(getattr(ModelConfig, name))
-        if kind is bool:
-            if raw.lower() not in BOOLS:
-                problems.append(f"{name}={raw!r} is not on or off")
-                continue
-            fields[name] = BOOLS[raw.lower()]
-        elif kind is int:
-            try:
-                fields[name] = int(raw)
-            except ValueError:
-                problems.append(f"{name}={raw!r} is not a whole number")
+        value, problem = coerce(name, raw, type(getattr(ModelConfig, name)))
+        if problem:
+            problems.append(problem)
         else:
-            fields[name] = raw
+            fields[name] = value
     preset = given.get("preset")
     if preset is not None and preset not in PRESETS:
         problems.append(f"there is no preset {preset!r}")
@@ -155,6 +147,21 @@ def parse_view(params: Mapping[str, str]) -> tuple[dict[str, object], list[str]]
         else:
             values[key] = raw
     return values, problems
+
+
+def coerce(name: str, raw: str, kind: type) -> tuple[object, str | None]:
+    """A link's text for a field of type `kind` (bool, int, else kept as text): (value, None), or (None, what is
+    wrong with it)."""
+    if kind is bool:
+        if raw.lower() in BOOLS:
+            return BOOLS[raw.lower()], None
+        return None, f"{name}={raw!r} is not on or off"
+    if kind is int:
+        try:
+            return int(raw), None
+        except ValueError:
+            return None, f"{name}={raw!r} is not a whole number"
+    return raw, None
 
 
 def link_url(base: str, params: Mapping[str, str]) -> str:

@@ -15,7 +15,7 @@ from graphviz_core.parallel import PerRank, simulate_parallel
 from graphviz_core.parallel_config import MAX_WORLD, MIXED_PRECISIONS, STRATEGIES, ParallelConfig
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import escape_markdown, format_bytes, format_seconds
-from graphviz_core.ui.links import BOOLS, dismiss_notices, note_problems, show_notices
+from graphviz_core.ui.links import coerce, dismiss_notices, note_problems, show_notices
 
 MAX_CACHED = 8
 DEFAULT = ParallelConfig("fsdp", 8)
@@ -57,18 +57,11 @@ def parse_layout(params: dict[str, str]) -> tuple[ParallelConfig | None, list[st
         return None, []
     fields, problems = DEFAULT.to_dict(), []
     for name, raw in given.items():
-        if isinstance(fields[name], bool):
-            if raw.lower() in BOOLS:
-                fields[name] = BOOLS[raw.lower()]
-            else:
-                problems.append(f"{name}={raw!r} is not on or off")
-        elif isinstance(fields[name], int):
-            try:
-                fields[name] = int(raw)
-            except ValueError:
-                problems.append(f"{name}={raw!r} is not a whole number")
+        value, problem = coerce(name, raw, type(fields[name]))
+        if problem:
+            problems.append(problem)
         else:
-            fields[name] = raw
+            fields[name] = value
     if problems:
         return None, problems
     try:
