@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -36,7 +36,7 @@ from graphviz_core.config import CUSTOM, MODEL_DEFAULTS, ModelConfig
 from graphviz_core.device import device_guard, resolve_device, synchronize
 from graphviz_core.flops import op_info
 from graphviz_core.models import RECOMPUTED, build_model, compute_loss, make_batch
-from graphviz_core.timeline import MemoryTimeline, StorageObserver
+from graphviz_core.timeline import MemoryTimeline, StorageObserver, tensors_in
 
 Progress = Callable[[str], None]
 
@@ -295,13 +295,12 @@ class _FlopCounter(TorchDispatchMode):
             kwargs = {}
         out = func(*args, **kwargs)
         run = self.run
-        if not run.paused:
-            formula, name = op_info(func)
-            if formula is not None:
-                flops = int(formula(*args, out_val=out, **kwargs))
-                if flops:
-                    run.charge(flops, name)
-            run.storages.observe(func, out)  # the memory timeline: one mode for both (see forward(own_mode))
+        formula, name = op_info(func)
+        if formula is not None:
+            flops = int(formula(*args, out_val=out, **kwargs))
+            if flops:
+                run.charge(flops, name)
+        run.storages.observe(func, out)  # the memory timeline: one dispatch mode for both
         return out
 
 
@@ -342,17 +341,6 @@ def _fused_attention_on_meta(cuda: bool) -> Iterator[None]:
             yield
         finally:
             F.scaled_dot_product_attention = original
-
-
-def _tensors(obj: object) -> Iterable[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            yield from _tensors(item)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from _tensors(item)
 
 
 _next_sequence_nr = torch._C._autograd._get_sequence_nr  # the number autograd gives the next node this thread makes
@@ -399,14 +387,11 @@ class _Run:
         # graph walk
         self.collecting: list[int] | None = None
         # backward
-        self.paused = False
         self.current: str | None = None
-        self.recompute_depth = 0
         self.flops_forward = 0
         self.flops_by_node: Counter[str] = Counter()
         self.recompute_by_node: Counter[str] = Counter()
         self.flops_unattributed = 0
-        self.module_stack: list[str] = []  # forward: the modules whose forward is running, innermost last
         self.flops_forward_by_module: Counter[str] = Counter()
         self.flops_by_op: dict[str, Counter[str]] = {"forward": Counter(), "backward": Counter()}
         self.io_bytes: dict[str, int] = {}  # node id -> bytes of the gradients it read and wrote
@@ -420,7 +405,7 @@ class _Run:
         self.node_hooks: list = []
         self.param_names: dict = {}
         self.module_paths: dict = {}
-        self.storages = StorageObserver(device, skip=lambda: self.paused)  # the memory timeline
+        self.storages = StorageObserver(device)  # the memory timeline (fed by this run's mode and hooks)
 
     def release(self) -> None:
         """Drop every reference to autograd nodes, modules and tensors. The node hooks' closures point back
@@ -440,14 +425,15 @@ class _Run:
             self.flops_by_op[self.phase][op] += flops
         if self.phase == "forward":
             self.flops_forward += flops
-            self.flops_forward_by_module[self.module_stack[-1] if self.module_stack else ""] += flops
+            stack = self.storages.module_stack  # the timeline's: the modules whose forward is running, innermost last
+            self.flops_forward_by_module[stack[-1] if stack else ""] += flops
         elif self.current is None:
             self.flops_unattributed += flops
             if self.last_finished is not None:
                 self.sums_after[self.last_finished] += flops
         else:
             self.flops_by_node[self.current] += flops
-            if self.recompute_depth:
+            if self.storages.recompute_depth:  # > 0 while checkpointing re-runs a forward inside backward
                 self.recompute_by_node[self.current] += flops
 
     def pack(self, tensor: torch.Tensor) -> _Packed:
@@ -466,33 +452,25 @@ class _Run:
         self.check()
         path = self.module_paths[module]
         self.storages.module_entered(path)  # the timeline's module, from the same hook
-        if self.phase == "backward":
-            self.recompute_depth += 1
-            return
         if self.phase != "forward":
             return
-        self.module_stack.append(path)
         self.open_calls.append(_next_sequence_nr())
         if getattr(module, RECOMPUTED, False):
-            for t in _tensors((args, kwargs)):
+            for t in tensors_in((args, kwargs)):
                 key, nbytes = _storage_key(t)
                 if key not in self.param_storages:
                     self.checkpoint_held[key] = nbytes
 
     def module_post(self, module, args, kwargs, output):
         self.storages.module_left()
-        if self.phase == "backward":
-            self.recompute_depth -= 1
-            return
         if self.phase != "forward":
             return
-        self.module_stack.pop()
         start = self.open_calls.pop()
         self.calls.append(
             (len(self.open_calls), start, _next_sequence_nr(), self.module_paths[module], getattr(module, RECOMPUTED, False))
         )
 
-    def _label(self, nodes: list) -> None:
+    def _label(self, nodes: list, ops: dict) -> None:
         """Each node's module: the innermost module whose forward call was running when autograd created it.
 
         Autograd numbers the nodes a thread creates in order (`_sequence_nr`); each module call recorded the range
@@ -513,7 +491,7 @@ class _Run:
                 recomputed[start - base:end - base] = b"\x01" * (end - start)
         for node in nodes:
             index = node._sequence_nr() - base
-            if 0 <= index < size and owner[index] is not None and normalise_op(node.name()) != "AccumulateGrad":
+            if 0 <= index < size and owner[index] is not None and ops[node] != "AccumulateGrad":
                 self.labels[node] = owner[index]
                 if recomputed[index]:
                     self.recomputed_nodes.add(node)
@@ -535,12 +513,10 @@ class _Run:
             self.last_finished = node_id
             self.io_bytes[node_id] = sum(g.nbytes for g in (*grad_inputs, *grad_outputs) if g is not None)
             if self.real:
-                self.paused = True
-                # Bookkeeping, not the model's work: skip the capture's own dispatch mode (one guard per node).
+                # Bookkeeping, not the model's work: the capture's own dispatch mode (FLOPs, timeline) never sees it.
                 with torch._C._DisableTorchDispatch():
                     self.norm_parts[node_id] = [self._norm_once(g) for g in (grad_outputs if is_leaf else grad_inputs)
                                                 if g is not None]
-                self.paused = False
 
         return hook
 
@@ -601,7 +577,8 @@ class _Run:
         self.say("running the forward pass")
         self.phase = "forward"
         started, started_cpu = time.perf_counter(), time.thread_time()
-        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack), _FlopCounter(self), self.storages.forward(own_mode=False):
+        self.storages.forward()
+        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack), _FlopCounter(self):
             output = model(*inputs)
             loss = loss_of(output)
         synchronize(device)
@@ -611,20 +588,21 @@ class _Run:
 
         self.say("walking the autograd graph")
         nodes = autograd_nodes(loss.grad_fn)
-        self._label(nodes)
-        ids = {node: f"{normalise_op(node.name())}:{i}" for i, node in enumerate(nodes)}
+        ops = {node: normalise_op(node.name()) for node in nodes}
+        self._label(nodes, ops)
+        ids = {node: f"{ops[node]}:{i}" for i, node in enumerate(nodes)}
         saves_of = self._collect_saves(nodes, ids)
         saved = {self.saves[i].storage_key for found in saves_of.values() for i in found if not self.saves[i].is_parameter}
         self.storages.end_forward(saved, self.checkpoint_held)
         for node in nodes:
-            is_leaf = normalise_op(node.name()) == "AccumulateGrad"
             self.node_hooks.append(node.register_prehook(self.node_pre(ids[node])))
-            self.node_hooks.append(node.register_hook(self.node_post(ids[node], is_leaf)))
+            self.node_hooks.append(node.register_hook(self.node_post(ids[node], ops[node] == "AccumulateGrad")))
 
         self.say("running the backward pass")
         self.phase = "backward"
         started, started_cpu = time.perf_counter(), time.thread_time()
-        with _FlopCounter(self), self.storages.backward(own_mode=False):
+        self.storages.backward()
+        with _FlopCounter(self):
             loss.backward()
         synchronize(device)
         backward_s, backward_cpu_s = time.perf_counter() - started, time.thread_time() - started_cpu
@@ -637,7 +615,7 @@ class _Run:
 
         self.say("annotating the graph")
         cpu = (forward_cpu_s, backward_cpu_s) if device == "cpu" else (None, None)
-        return self._build(model, nodes, ids, saves_of, loss, (forward_s, backward_s, *cpu), peak, baseline)
+        return self._build(model, nodes, ops, ids, saves_of, loss, (forward_s, backward_s, *cpu), peak, baseline)
 
     def _collect_saves(self, nodes: list, ids: dict) -> dict[str, list[int]]:
         """Node id -> indices (into self.saves) of the tensors saved for that node's backward."""
@@ -658,7 +636,7 @@ class _Run:
             saves_of[ids[node]] = sorted(set(found))
         return saves_of
 
-    def _build(self, model, nodes, ids, saves_of, loss, times, peak, baseline) -> Capture:
+    def _build(self, model, nodes, ops, ids, saves_of, loss, times, peak, baseline) -> Capture:
         graph = nx.DiGraph()
         owner: dict[int, str] = {}  # storage key -> node id that the storage's bytes are charged to
         first_save: dict[int, int] = {}
@@ -696,8 +674,7 @@ class _Run:
         norms = self._norm_values()
         records = []
         for node in nodes:
-            node_id = ids[node]
-            op = normalise_op(node.name())
+            node_id, op = ids[node], ops[node]
             param = None
             path = self.labels.get(node)
             module = path or ""

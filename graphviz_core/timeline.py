@@ -1,8 +1,8 @@
 """The memory timeline: bytes live at every step of one forward + backward, by kind, from tracking storages.
 
-`StorageObserver` is a small context-manager-style observer of one run, as PyTorch's own
-`torch.distributed._tools.mem_tracker.MemTracker`: a dispatch mode sees every storage an aten op creates,
-and a weak reference with a callback sees it freed. Steps are the forward's aten ops (named by op and the
+`StorageObserver` is a small observer of one run, as PyTorch's own
+`torch.distributed._tools.mem_tracker.MemTracker`: the capture's dispatch mode shows it every storage an aten op
+creates, and a weak reference with a callback sees it freed. Steps are the forward's aten ops (named by op and the
 innermost module running) and then the backward's autograd nodes in the order the engine ran them. On
 CUDA each step also samples `torch.cuda.memory_allocated()`, the allocator's own count.
 
@@ -20,8 +20,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 KINDS = ("parameters", "gradients", "saved activations", "held for recompute", "recomputed", "temporaries")
 
@@ -93,34 +91,18 @@ class _Record:
 _PARAM, _GRAD, _SAVED, _HELD, _RECOMPUTED, _TEMP = range(len(KINDS))
 
 
-class _Mode(TorchDispatchMode):
-    def __init__(self, observer: StorageObserver) -> None:
-        super().__init__()
-        self.observer = observer
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False  # as capture._FlopCounter: no torch._dynamo import (1-2 s) and no wrapper on every op
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if not self.observer.skip():
-            self.observer.observe(func, out)
-        return out
-
-
 class StorageObserver:
     """Tracks every storage created and freed during one forward + backward; `timeline()` summarises it.
 
-    The capture calls, in order: `track_existing` (parameters, batch), `forward()` as a context around the
-    forward, `end_forward(saved, held)`, `watch_backward(nodes, ids)`, `backward()` around the backward,
-    `end_backward(parameters)`, then `timeline(modules_of)`. `skip` says when the capture's own bookkeeping
-    (gradient norms) is running, whose tensors are not the model's memory.
+    The capture calls, in order: `track_existing` (parameters, batch), `forward()` before the forward,
+    `end_forward(saved, held)`, `backward()` before the backward, `end_backward(parameters)`, then
+    `timeline(modules_of)`; and, from its own dispatch mode and hooks, `observe` after every aten op of the model
+    (not its own bookkeeping), `module_entered`/`module_left` around every module call and `node_started` as each
+    backward node starts.
     """
 
-    def __init__(self, device: str, skip: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, device: str) -> None:
         self.cuda = device == "cuda"
-        self.skip = skip
         self.live: dict[int, _Record] = {}  # storage _cdata -> record; unique among live storages
         self.refs: dict[int, _Record] = {}  # id(weak reference to a tracked storage) -> its record, which keeps the ref
         self.events: list[tuple[int, _Record, int]] = []  # (step, record, +1 alloc / -1 free)
@@ -129,7 +111,6 @@ class StorageObserver:
         self.phase = "start"
         self.recompute_depth = 0
         self.forward_end = 0
-        self.handles: list = []
 
     # ---- storages -------------------------------------------------------------------------------------
 
@@ -158,10 +139,6 @@ class StorageObserver:
         for t in tensors:
             self._track(t, _PARAM if parameters else _TEMP)
 
-    def after_op(self, func, out) -> None:
-        if not self.skip():
-            self.observe(func, out)
-
     def observe(self, func, out) -> None:
         """Record what aten op `func` just returned (the caller's own bookkeeping is never passed here)."""
         if self.phase == "forward":
@@ -170,20 +147,12 @@ class StorageObserver:
         if isinstance(out, torch.Tensor):
             self._track(out, kind)
         else:
-            for t in _tensors(out):
+            for t in tensors_in(out):
                 self._track(t, kind)
         if self.cuda:
             self.steps[-1][3] = torch.cuda.memory_allocated()
 
     # ---- phases ---------------------------------------------------------------------------------------
-
-    def watch_modules(self, model: nn.Module) -> None:
-        """Module hooks name the module running each forward op, and tell recomputation in backward. (A capture
-        calls module_entered/module_left from its own module hooks instead: one set of hooks, not two.)"""
-        paths = {m: name for name, m in model.named_modules()}
-        for module in paths:
-            self.handles.append(module.register_forward_pre_hook(lambda m, args: self.module_entered(paths[m])))
-            self.handles.append(module.register_forward_hook(lambda m, args, out: self.module_left(), always_call=True))
 
     def module_entered(self, path: str) -> None:
         if self.phase == "backward":
@@ -197,10 +166,9 @@ class StorageObserver:
         elif self.module_stack:
             self.module_stack.pop()
 
-    def forward(self, own_mode: bool = True) -> _Phase:
-        """The forward phase. `own_mode=False`: a dispatch mode of the caller's calls `observe` for every op
-        instead (one mode instead of two stacked halves the dispatch cost of every aten call)."""
-        return _Phase(self, "forward", own_mode)
+    def forward(self) -> None:
+        """The forward starts: ops are steps, modules name them."""
+        self.phase = "forward"
 
     def end_forward(self, saved_keys: set[int], held_keys: Iterable[int]) -> None:
         """Storages alive now that autograd saved are saved activations; inputs kept by checkpoints are held."""
@@ -214,17 +182,13 @@ class StorageObserver:
             elif key in held:
                 record.kind = _HELD
 
-    def watch_backward(self, nodes: list, ids: dict) -> None:
-        """A step per backward node as it starts (a capture calls node_started from its own node hooks instead)."""
-        for node in nodes:
-            self.handles.append(node.register_prehook(lambda grad_outputs, node_id=ids[node]: self.node_started(node_id)))
-
     def node_started(self, node_id: str) -> None:
         self.steps.append(["backward", node_id, "", torch.cuda.memory_allocated() if self.cuda else None])
 
-    def backward(self, own_mode: bool = True) -> _Phase:
+    def backward(self) -> None:
+        """The backward starts: nodes are steps; a module called now is checkpointing's recompute."""
         self.steps.append(["backward", "backward starts", "", torch.cuda.memory_allocated() if self.cuda else None])
-        return _Phase(self, "backward", own_mode)
+        self.phase = "backward"
 
     def end_backward(self, parameters: Iterable[torch.Tensor]) -> None:
         """Storages that became a parameter's .grad are gradients from the moment they were made."""
@@ -235,9 +199,6 @@ class StorageObserver:
                     record.kind = _GRAD
 
     def release(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
         self.live.clear()
         self.refs.clear()  # weak references dropped: storages freed later call back nothing
 
@@ -274,31 +235,16 @@ class StorageObserver:
         return MemoryTimeline(steps, peak, peak_step, activation_peak, self.forward_end)
 
 
-class _Phase:
-    """Enters the dispatch mode for one phase of the run."""
-
-    def __init__(self, observer: StorageObserver, phase: str, own_mode: bool) -> None:
-        self.observer = observer
-        self.phase = phase
-        self.mode = _Mode(observer) if own_mode else None
-
-    def __enter__(self) -> StorageObserver:
-        self.observer.phase = self.phase
-        if self.mode is not None:
-            self.mode.__enter__()
-        return self.observer
-
-    def __exit__(self, *exc) -> None:
-        if self.mode is not None:
-            self.mode.__exit__(*exc)
-
-
-def _tensors(obj: object) -> Iterable[torch.Tensor]:
+def tensors_in(obj: object) -> Iterable[torch.Tensor]:
+    """Every tensor in `obj`, through lists, tuples and dict values."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, (list, tuple)):
         for item in obj:
-            yield from _tensors(item)
+            yield from tensors_in(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from tensors_in(item)
 
 
 def sampled_steps(timeline: MemoryTimeline, max_points: int = 1500) -> list[TimelineStep]:
