@@ -153,14 +153,6 @@ def op_info(func: object) -> tuple[Formula | None, str]:
     return info
 
 
-def flops_of(func: object, args: tuple, kwargs: dict, out: object) -> int:
-    """FLOPs of one aten call, 0 when no formula is registered for its overload packet."""
-    formula = op_info(func)[0]
-    if formula is None:
-        return 0
-    return int(formula(*args, out_val=out, **kwargs))
-
-
 def seed004_backward_terms(config: ModelConfig) -> dict[str, int]:
     """Seed 004's backward FLOPs for a GPT-2 stack, term by term (its 'Final Tally').
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils import flop_counter
 
-from graphviz_core.flops import FLOP_FORMULAS, flops_of, op_info
+from graphviz_core.flops import FLOP_FORMULAS, op_info
 
 aten = torch.ops.aten
 
@@ -55,5 +55,4 @@ def test_op_info_is_looked_up_once_per_overload_and_names_the_packet():
     assert op_info(aten.mm.default) is op_info(aten.mm.default)  # the cached tuple itself
     assert op_info(aten.view.default) == (None, "aten.view")
     a, b = torch.ones(3, 5), torch.ones(5, 7)
-    assert flops_of(aten.mm.default, (a, b), {}, a @ b) == 210  # 2*3*5*7
-    assert flops_of(aten.view.default, (a, (15,)), {}, a.view(15)) == 0
+    assert formula(a, b, out_val=a @ b) == 210  # 2*3*5*7, on real tensors as the capture's dispatch mode passes them
