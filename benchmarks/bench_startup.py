@@ -24,11 +24,11 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 from readme_rows import row
+from servers import SERVE, STREAMLIT, wait_healthy
 
 from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS, free_port
 
@@ -62,25 +62,7 @@ def _wait_drawn(page, started: float, timeout_s: float = 120) -> float:
     raise TimeoutError("no graph drawn")
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> None:
-    deadline = time.perf_counter() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                if response.read() == b"ok":
-                    return
-        except OSError:
-            if proc.poll() is not None or time.perf_counter() > deadline:
-                raise RuntimeError("streamlit did not start") from None
-            time.sleep(0.02)
-
-
-# `make run` starts the app through graphviz_core.ui.serve (imports and warm-up in the background while the
-# server starts); plain `streamlit run app.py` is measured beside it, rounds interleaved.
-LAUNCHERS = {
-    "make run (graphviz_core.ui.serve)": ["-m", "graphviz_core.ui.serve"],
-    "streamlit run app.py": ["-m", "streamlit", "run", str(ROOT / "app.py")],
-}
+LAUNCHERS = {"make run (graphviz_core.ui.serve)": SERVE, "streamlit run app.py": STREAMLIT}  # rounds interleaved
 
 
 def server_round(browser, launcher: list[str]) -> tuple[float, float, float, float]:
@@ -91,7 +73,6 @@ def server_round(browser, launcher: list[str]) -> tuple[float, float, float, flo
     started = time.perf_counter()
     proc = subprocess.Popen(
         [
-            sys.executable,
             *launcher,
             "--server.port",
             str(port),
@@ -110,7 +91,7 @@ def server_round(browser, launcher: list[str]) -> tuple[float, float, float, flo
         stderr=subprocess.DEVNULL,
     )
     try:
-        _wait_healthy(url, proc)
+        wait_healthy(url, proc)
         healthy = time.perf_counter() - started
         first = browser.new_context(viewport={"width": 1280, "height": 800})
         page = first.new_page()

@@ -14,17 +14,16 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
+from servers import SERVE, STREAMLIT, wait_healthy
 
 from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCHERS = {"serve": ["-m", "graphviz_core.ui.serve"], "streamlit": ["-m", "streamlit", "run", str(ROOT / "app.py")]}
+LAUNCHERS = {"serve": SERVE, "streamlit": STREAMLIT}
 MARKS = ("graph-html", "vis-parsed", "network-created")
 
 
@@ -33,21 +32,14 @@ def start(launcher: str, env: dict | None = None, options: list[str] = ()) -> tu
     url = f"http://127.0.0.1:{port}"
     started = time.time()
     proc = subprocess.Popen(
-        [sys.executable, *LAUNCHERS[launcher], "--server.port", str(port), "--server.address", "127.0.0.1",
+        [*LAUNCHERS[launcher], "--server.port", str(port), "--server.address", "127.0.0.1",
          "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
          *options],
         cwd=ROOT, env={**os.environ, "GRAPHVIZ_CORE_DEVICE": "cpu", "PYTHONPATH": str(ROOT), **(env or {})},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                if response.read() == b"ok":
-                    return proc, url, started
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError("streamlit did not start") from None
-            time.sleep(0.02)
+    wait_healthy(url, proc)
+    return proc, url, started
 
 
 def tab(browser, url: str, context=None) -> dict[str, float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,18 @@ def page(browser, request):
     yield pg
     context.close()
     assert not errors, "the page logged errors:\n" + "\n".join(errors)
+
+
+EXPLORER = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def explorer_tab(tab: str, timeout: int = 120, **params: str):
+    """The explorer run once under AppTest with `tab` open (only the open tab is drawn; the tab is the ?tab= query
+    parameter) and any other query parameters (`preset="resnet-tiny"`)."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(EXPLORER, default_timeout=timeout)
+    at.query_params["tab"] = tab
+    for name, value in params.items():
+        at.query_params[name] = value
+    return at.run()

@@ -26,7 +26,7 @@ def _selected_and_shown(frame, node: str) -> dict:
 
 
 @pytest.mark.parametrize("page", [(1280, 800), (1920, 1080)], indirect=True)
-def test_a_node_link_opens_that_node_selected_with_its_details_in_a_fresh_browser(page, browser, streamlit_url):
+def test_a_node_link_opens_that_node_selected_with_its_details_in_a_fresh_browser(page, browser, streamlit_url, tmp_path):
     capture = captured("gpt2-tiny", layers=6)  # too tall to fit at a readable scale: the graph opens on the loss
     view = apply_view(capture, focus=None, hide_shape=True, collapse=False, expanded=None)
     # the first block's qkv matmul, the last the backward pass reaches: off screen when the graph opens on the loss
@@ -63,4 +63,4 @@ def test_a_node_link_opens_that_node_selected_with_its_details_in_a_fresh_browse
     assert f"id\t{node}" in shown["details"] and f"module\t{module}" in shown["details"], shown["details"]
     assert page.locator("label").filter(has_text="Hide shape ops").locator("input").is_checked()
     assert not page.locator('[data-testid="stAlert"]').filter(has_text="could not be used").count()
-    page.screenshot(path=f"/tmp/node-link-{page.size}.png")
+    page.screenshot(path=tmp_path / f"node-link-{page.size}.png")

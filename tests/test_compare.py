@@ -84,7 +84,8 @@ def test_two_fields_each_claim_only_their_own_share():
     assert "+43" not in c.explanations[1] and "×" not in c.explanations[1]
     # the byte and FLOP totals are given once, for both changes together
     assert c.explanations[2].startswith("All 2 changes together: parameters 134,912 → 184,896")
-    # parameters: one gpt2-tiny block is 12*h^2 + 13*h = 12*4096 + 832 = 49,984 scalars: 134,912 + 49,984
+    # parameters: one gpt2-tiny block is 12*h^2 + 13*h = 12*4096 + 832 = 49,984 scalars; A (2 blocks) is wte 512*64 +
+    # wpe 32*64 + 2 * 49,984 + ln_f 128 = 134,912, B (3 blocks) 134,912 + 49,984 = 184,896
     assert c.b.summary.parameter_count - c.a.summary.parameter_count == 12 * 64**2 + 13 * 64
     assert len(c.explanations) == 3
 

@@ -78,9 +78,9 @@ def test_config_headers_say_which_attention_and_checkpointing_each_side_runs():
 
 
 @pytest.mark.browser
+@pytest.mark.parametrize("page", [(1280, 800)], indirect=True)
 def test_no_quick_pair_button_is_cut_off_at_1280(page, streamlit_url, tmp_path):
     # four a row cut 'Fused vs spelled-out atten…' and 'No checkpointing vs selec…' at 1280x800
-    page.set_viewport_size({"width": 1280, "height": 800})
     page.goto(f"{streamlit_url}/compare")
     page.locator('[data-testid="stMetricLabel"]', has_text="Nodes per layer").wait_for(timeout=120_000)
     page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)

@@ -1,12 +1,8 @@
 """AppTests of the "FLOPs and time" tab on gpt2-tiny (b=2, s=32, h=64, nh=4, d=16, V=512, L=2)."""
 
-from pathlib import Path
 
-from streamlit.testing.v1 import AppTest
+from tests.conftest import captured, explorer_tab
 
-from tests.conftest import captured
-
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
 B, S, H, NH, D, V, L = 2, 32, 64, 4, 16, 512, 2
 
 
@@ -15,15 +11,8 @@ def _frame(at, column: str):
     return next(d.value for d in at.dataframe if column in d.value.columns)
 
 
-def tab_app(tab: str, timeout: int):
-    """The explorer with `tab` open (only the open tab is drawn; the tab is the ?tab= query parameter)."""
-    at = AppTest.from_file(APP, default_timeout=timeout)
-    at.query_params["tab"] = tab
-    return at.run()
-
-
 def test_flops_tab_shows_totals_ratios_and_the_rule_of_thumb_with_units():
-    at = tab_app("FLOPs and time", 120)
+    at = explorer_tab("FLOPs and time", 120)
     assert not at.exception
     assert "FLOPs and time" in [t.label for t in at.tabs]
     capture = captured("gpt2-tiny")
@@ -51,7 +40,7 @@ def test_flops_tab_shows_totals_ratios_and_the_rule_of_thumb_with_units():
 
 
 def test_flops_tab_times_nodes_on_cpu_and_says_the_overhead_is_subtracted():
-    at = tab_app("FLOPs and time", 120)
+    at = explorer_tab("FLOPs and time", 120)
     captions = " ".join(c.value for c in at.caption)
     assert "includes the instrumentation" in captions and "subtracts that overhead" in captions
     top = _frame(at, "achieved")
@@ -61,14 +50,14 @@ def test_flops_tab_times_nodes_on_cpu_and_says_the_overhead_is_subtracted():
 
 
 def test_highlight_sends_the_node_to_the_graph_search():
-    at = tab_app("FLOPs and time", 120)
+    at = explorer_tab("FLOPs and time", 120)
     next(b for b in at.button if b.label == "Highlight in the graph").click().run()
     assert not at.exception
     assert at.text_input(key="view.search").value == "MmBackward0 lm_head"
 
 
 def test_both_attentions_table_puts_manual_and_fused_side_by_side():
-    at = tab_app("FLOPs and time", 180)
+    at = explorer_tab("FLOPs and time", 180)
     at.toggle(key="flops.both_ways").set_value(True).run()
     assert not at.exception
     table = _frame(at, "manual attention").set_index("op")
@@ -80,7 +69,7 @@ def test_both_attentions_table_puts_manual_and_fused_side_by_side():
 
 
 def test_meta_says_time_is_absent():
-    at = tab_app("FLOPs and time", 120)
+    at = explorer_tab("FLOPs and time", 120)
     at.selectbox(key="config.device").set_value("meta")
     next(b for b in at.button if b.label == "Run backward pass").click().run()
     assert not at.exception
@@ -97,20 +86,11 @@ def test_chart_units_switch_prefix_at_the_threshold():
     assert format_intensity(5.6889) == "5.69 FLOP/B" and format_intensity(19.69) == "19.7 FLOP/B"
 
 
-def _flops_tab(preset: str):
-    """The app run once on `preset` with the FLOPs and time tab open, checked for no exception."""
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.query_params["preset"] = preset
-    at.query_params["tab"] = "FLOPs and time"
-    at.run()
-    assert not at.exception
-    return at
-
-
 def test_a_convolutional_network_is_not_held_to_six_n_tokens():
     # resnet-tiny applies each conv weight at every pixel: 6·N·tokens (a per-token, per-parameter rule) read
     # 0.13x there, which says nothing; the page says why it does not apply instead.
-    at = _flops_tab("resnet-tiny")
+    at = explorer_tab("FLOPs and time", preset="resnet-tiny")
+    assert not at.exception
     assert {m.label: m.value for m in at.metric}["Measured / rule of thumb"] == "n/a"
     assert any("does not apply to a convolutional network" in c.value for c in at.caption)
 
@@ -122,7 +102,8 @@ def test_categories_whose_ops_have_no_flop_formula_read_not_counted_and_bars_tak
 
     # resnet-tiny: BatchNorm (normalization) and ReLU (activation) backward have no FLOP formula in torch's
     # flop_counter nor ours, so those categories count 0; conv, matmul, pooling and loss are counted.
-    at = _flops_tab("resnet-tiny")
+    at = explorer_tab("FLOPs and time", preset="resnet-tiny")
+    assert not at.exception
     assert any(c.value.startswith("activation, normalization: not counted") for c in at.caption)
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     by_category = next(s for s in specs if s.get("encoding", {}).get("y", {}).get("field") == "category")

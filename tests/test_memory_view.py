@@ -3,27 +3,16 @@ and checking it against the CLI's JSON."""
 
 import json
 import re
-from pathlib import Path
 
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from graphviz_core.cli import main
 from graphviz_core.ui.format import format_bytes
-from tests.conftest import captured
-
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
-
-
-def tab_app(tab: str, timeout: int):
-    """The explorer with `tab` open (only the open tab is drawn; the tab is the ?tab= query parameter)."""
-    at = AppTest.from_file(APP, default_timeout=timeout)
-    at.query_params["tab"] = tab
-    return at.run()
+from tests.conftest import captured, explorer_tab
 
 
 def test_memory_tab_shows_the_peak_and_runs_both_actions():
-    at = tab_app("Memory", 180)
+    at = explorer_tab("Memory", 180)
     assert not at.exception
     capture = captured("gpt2-tiny")
     metrics = {m.label: m.value for m in at.metric}

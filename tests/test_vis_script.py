@@ -45,8 +45,6 @@ def test_a_folder_that_cannot_be_written_means_inline(monkeypatch, tmp_path, opt
 
 
 def test_publish_writes_once_and_leaves_a_current_copy_alone(tmp_path, monkeypatch):
-    from graphviz_core.ui import vis_script
-
     monkeypatch.setattr(vis_script, "STATIC", tmp_path / "static")
     digest = vis_script.publish()
     target = tmp_path / "static" / vis_script.VIS_SCRIPT.name
