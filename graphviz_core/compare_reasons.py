@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from graphviz_core.config import ROPE_FAMILIES
+from graphviz_core.device import BYTES_PER
 from graphviz_core.units import format_bytes, format_flops
 
 if TYPE_CHECKING:
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 SIZE_ONLY = ("batch", "seq", "context", "seed")
 # Fields that can add or remove nodes besides the layer count (the rest only resize the same ops' tensors).
 STRUCTURAL = ("attention", "checkpoint", "kv_heads", "experts", "experts_per_token", "tied", "dtype", "device")
-BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def _square_saved_bytes(capture: Capture) -> int:
@@ -178,8 +178,8 @@ def _sentences(c: Comparison) -> Iterator[str]:
                 else "; FLOPs count arithmetic, not bytes, so it changes no FLOP count"
             )
             yield (
-                f"{vb} instead of {va}: {BYTES_PER_ELEMENT[vb]} bytes per element instead of "
-                f"{BYTES_PER_ELEMENT[va]}, for every saved tensor and parameter{measured}; {nodes_of(field)}."
+                f"{vb} instead of {va}: {BYTES_PER[vb]} bytes per element instead of "
+                f"{BYTES_PER[va]}, for every saved tensor and parameter{measured}; {nodes_of(field)}."
             )
         elif field in SIZE_ONLY:
             if field in owners:

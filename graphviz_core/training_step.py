@@ -19,6 +19,7 @@ from graphviz_core.device import BYTES_PER
 # fp32 state tensors the optimizer keeps per parameter
 OPTIMIZER_STATES = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
 OPTIMIZER_NAMES = {"sgd": "SGD", "sgd-momentum": "SGD with momentum", "adam": "Adam", "adamw": "AdamW"}
+DEFAULT_OPTIMIZER = "adamw"
 FP32_BYTES = 4
 
 # Usable memory as nvidia-smi reports it (MiB), for the cards people size jobs against.
@@ -84,7 +85,7 @@ def training_step(
     )
 
 
-def training_step_of(capture: Capture, optimizer: str = "adamw") -> TrainingStep:
+def training_step_of(capture: Capture, optimizer: str = DEFAULT_OPTIMIZER) -> TrainingStep:
     """The training step of a captured model: its parameters and its measured timeline."""
     timeline = capture.timeline
     return training_step(

@@ -45,7 +45,6 @@ def format_seconds(s: float | None) -> str:
     return f"{s:.2f} s"
 
 
-# Every ASCII punctuation mark CommonMark lets a backslash escape, except quotes and commas (never markup).
 def format_ratio(x: float | None) -> str:
     """2.4999 -> "2.50×" (how many times)."""
     return "n/a" if x is None else f"{x:.2f}×"

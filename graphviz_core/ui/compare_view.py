@@ -138,7 +138,7 @@ def get_comparison(a: Capture, b: Capture) -> Comparison:
 
 
 def _value(unit: str, v: float | None) -> str:
-    return "n/a" if v is None else format_in(unit, v, plain="{:,.0f}")
+    return "n/a" if v is None else format_in(unit, v)
 
 
 def _delta(h: Headline) -> str:

@@ -11,7 +11,7 @@ module the model does not have, a config over this server's budget), falls back 
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from urllib.parse import urlencode
 
 import streamlit as st
@@ -58,7 +58,7 @@ def config_params(config: ModelConfig, prefix: str = "") -> dict[str, str]:
     for name in CONFIG_FIELDS:
         value = getattr(config, name)
         if value != getattr(default, name):
-            out[f"{prefix}{name}"] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+            out[f"{prefix}{name}"] = encode(value)
     return out
 
 
@@ -102,7 +102,7 @@ def view_params(state: Mapping) -> dict[str, str]:
     for name, (key, default) in VIEW.items():
         value = state.get(key, default)
         if value != default and value is not None:
-            out[name] = ("1" if value else "0") if isinstance(default, bool) else str(value)
+            out[name] = encode(value)
     if state.get(LINKED_NODE):
         out[NODE] = state[LINKED_NODE][1]
     return out
@@ -147,6 +147,11 @@ def parse_view(params: Mapping[str, str]) -> tuple[dict[str, object], list[str]]
         else:
             values[key] = raw
     return values, problems
+
+
+def encode(value: object) -> str:
+    """A field's value as a link writes it: on/off as 1/0, anything else as text (`coerce` reads it back)."""
+    return ("1" if value else "0") if isinstance(value, bool) else str(value)
 
 
 def coerce(name: str, raw: str, kind: type) -> tuple[object, str | None]:
@@ -272,8 +277,12 @@ def linked_node(config: ModelConfig, graph) -> str | None:
 def sync_view_url() -> None:
     """Write the graph view's settings (and the linked node) into the URL. The view's controls rerun only their
     fragment, so this keeps the URL, which the details panel's node links start from, up to date."""
-    wanted = view_params(st.session_state)
-    for name in (*VIEW, NODE):
+    write_params((*VIEW, NODE), view_params(st.session_state))
+
+
+def write_params(names: Iterable[str], wanted: Mapping[str, str]) -> None:
+    """Make the URL's parameters `names` what `wanted` says: set those given, drop the others."""
+    for name in names:
         value = wanted.get(name)
         if st.query_params.get(name) != value:
             if value is None:

@@ -12,7 +12,14 @@ from graphviz_core.checkpointing import compare_checkpointing
 from graphviz_core.fit import will_it_fit
 from graphviz_core.memory_breakdown import largest_saved_tensors, saved_bytes_by_layer
 from graphviz_core.timeline import KINDS, sampled_steps
-from graphviz_core.training_step import ACCELERATORS, OPTIMIZER_NAMES, accelerator_fits, training_step_of
+from graphviz_core.training_step import (
+    ACCELERATORS,
+    DEFAULT_OPTIMIZER,
+    OPTIMIZER_NAMES,
+    TrainingStep,
+    accelerator_fits,
+    training_step_of,
+)
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import bytes_unit, format_bytes, format_flops
 
@@ -25,7 +32,7 @@ def show_memory(capture: Capture) -> None:
     """A fragment: its widgets (optimizer, budget, the two actions) rerun this panel only, never the capture."""
     timeline = capture.timeline
     # the headline follows the optimizer picked below (AdamW until one is picked)
-    optimizer = st.session_state.setdefault("memory.optimizer", list(OPTIMIZER_NAMES)[3])
+    optimizer = st.session_state.setdefault("memory.optimizer", DEFAULT_OPTIMIZER)
     step = training_step_of(capture, optimizer)
     peak = timeline.peak
     cols = st.columns(4)
@@ -65,7 +72,7 @@ def show_memory(capture: Capture) -> None:
         )
     _timeline_chart(capture)
     _where_the_bytes_are(capture)
-    _training_step(capture)
+    _training_step(capture, step)
     _checkpointing(capture)
     _will_it_fit(capture)
 
@@ -191,10 +198,10 @@ def _where_the_bytes_are(capture: Capture) -> None:
     )
 
 
-def _training_step(capture: Capture) -> None:
+def _training_step(capture: Capture, step: TrainingStep) -> None:
+    """`step`: the training step for the optimizer this run's selectbox holds (show_memory computed it)."""
     st.markdown("##### One training step")
     optimizer = st.selectbox("Optimizer", list(OPTIMIZER_NAMES), format_func=OPTIMIZER_NAMES.get, key="memory.optimizer")
-    step = training_step_of(capture, optimizer)
     parts = [
         ("parameters", step.parameter_bytes, f"{step.parameter_count:,} × {capture.config.dtype}"),
         ("gradients", step.gradient_bytes, "one per parameter, same dtype"),
@@ -268,7 +275,7 @@ def _checkpointing(capture: Capture) -> None:
         key,
         "Compare none / full / selective",
         lambda: compare_checkpointing(
-            config, device=device, optimizer=st.session_state.get("memory.optimizer", "adamw"), step_time_s=step_time
+            config, device=device, optimizer=st.session_state.get("memory.optimizer", DEFAULT_OPTIMIZER), step_time_s=step_time
         ),
     )
     if result is None:
@@ -363,7 +370,7 @@ def _will_it_fit(capture: Capture) -> None:
         disabled=choice != CUSTOM,
     )
     budget = ACCELERATORS[choice] if choice != CUSTOM else int(gib * 2**30)
-    optimizer = st.session_state.get("memory.optimizer", "adamw")
+    optimizer = st.session_state.get("memory.optimizer", DEFAULT_OPTIMIZER)
     config = capture.config
     key = f"memory.fit::{config}::{budget}::{optimizer}"
     result = _run_action(

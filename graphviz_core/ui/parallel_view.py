@@ -15,7 +15,7 @@ from graphviz_core.parallel import PerRank, simulate_parallel
 from graphviz_core.parallel_config import MAX_WORLD, MIXED_PRECISIONS, STRATEGIES, ParallelConfig
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import escape_markdown, format_bytes, format_seconds
-from graphviz_core.ui.links import coerce, dismiss_notices, note_problems, show_notices
+from graphviz_core.ui.links import coerce, dismiss_notices, encode, note_problems, show_notices, write_params
 
 MAX_CACHED = 8
 DEFAULT = ParallelConfig("fsdp", 8)
@@ -74,7 +74,7 @@ def layout_params(parallel: ParallelConfig) -> dict[str, str]:
     """The fields of `parallel` that differ from the page's default, as URL parameters."""
     default = DEFAULT.to_dict()
     return {
-        name: ("1" if value else "0") if isinstance(value, bool) else str(value)
+        name: encode(value)
         for name, value in parallel.to_dict().items()
         if value != default[name]
     }
@@ -87,13 +87,7 @@ def _load(key: str, parallel: ParallelConfig) -> None:
 
 
 def _sync_url(parallel: ParallelConfig) -> None:
-    wanted = layout_params(parallel)
-    for name in DEFAULT.to_dict():
-        if st.query_params.get(name) != wanted.get(name):
-            if name in wanted:
-                st.query_params[name] = wanted[name]
-            else:
-                del st.query_params[name]
+    write_params(DEFAULT.to_dict(), layout_params(parallel))
 
 
 def parallel_form(key: str = "parallel") -> ParallelConfig:
