@@ -210,6 +210,13 @@ class RuleOfThumb:
     rule_flop: int
     measured_flop: int
     gap: tuple[RuleTerm, ...]  # rule + sum(gap) == measured, exactly
+    not_applicable: str | None = None  # why the rule says nothing about this model (a convolutional network)
+
+
+CONV_RULE = (
+    "6·N·tokens does not apply to a convolutional network: a convolution applies each weight at every output "
+    "pixel, so its FLOPs grow with the image, not with the parameter count (the per-layer charts above are measured)."
+)
 
 
 def rule_of_thumb(capture: Capture) -> RuleOfThumb:
@@ -254,7 +261,8 @@ def rule_of_thumb(capture: Capture) -> RuleOfThumb:
         gap.append(
             RuleTerm("linear FLOPs not a whole multiple of 2·tokens (rounding of the parameter count)", remainder)
         )
-    return RuleOfThumb(tokens, n, six_n, attention, six_n + attention, measured, tuple(gap))
+    return RuleOfThumb(tokens, n, six_n, attention, six_n + attention, measured, tuple(gap),
+                       CONV_RULE if config.model == "resnet" else None)
 
 
 @dataclass(frozen=True)

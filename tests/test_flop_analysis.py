@@ -171,3 +171,9 @@ def test_saved_bytes_per_layer_run_in_forward_order_with_the_flops_tabs_layers()
     assert list(gpt2) == ["wpe", "wte", "blocks.0", "blocks.1", "ln_f", "lm_head", "(loss and glue)"]
     # wte's lookup saves its indices, b*s = 64 int64 = 512 B; wpe's, s = 32 positions int64 = 256 B
     assert (gpt2["wte"], gpt2["wpe"]) == (512, 256)
+
+
+def test_the_rule_of_thumb_says_when_it_does_not_apply():
+    # a convolution reuses each weight at every pixel: 6 FLOPs per parameter per token says nothing there
+    assert fa.rule_of_thumb(captured("resnet-tiny")).not_applicable.startswith("6·N·tokens does not apply")
+    assert fa.rule_of_thumb(captured("gpt2-tiny")).not_applicable is None

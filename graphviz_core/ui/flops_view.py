@@ -24,11 +24,6 @@ from graphviz_core.ui.format import (
     format_seconds,
 )
 
-CONV_RULE = (
-    "6·N·tokens does not apply to a convolutional network: a convolution applies each weight at every output "
-    "pixel, so its FLOPs grow with the image, not with the parameter count (the per-layer charts above are measured)."
-)
-
 GRAPH_SEARCH_KEY = "view.search"  # the graph tab's search box: setting it highlights nodes there
 PASS_COLOURS = {"forward": "#4c78a8", "backward": "#e45756"}
 
@@ -55,18 +50,18 @@ def show_flops(capture: Capture) -> None:
         help=f"{', '.join(fa.norm_and_activation_names(capture)) or 'Normalisations and activations'} count no forward "
         "FLOPs (no forward formula), so this overstates a little",
     )
-    convolutional = capture.config.model == "resnet"
+    off = rule.not_applicable
     cols[3].metric(
         "Measured / rule of thumb",
-        "n/a" if convolutional else format_ratio(rule.measured_flop / rule.rule_flop if rule.rule_flop else None),
-        None if convolutional else f"rule {format_flops(rule.rule_flop)}",
+        "n/a" if off else format_ratio(rule.measured_flop / rule.rule_flop if rule.rule_flop else None),
+        None if off else f"rule {format_flops(rule.rule_flop)}",
         delta_color="off", delta_arrow="off",
-        help=CONV_RULE if convolutional else "forward + backward measured, divided by 6·N·tokens + the attention "
+        help=off or "forward + backward measured, divided by 6·N·tokens + the attention "
         "term; the gap is explained term by term below",
     )
     _per_layer(capture)
     _ratios(capture)
-    _rule_of_thumb(rule, capture.config.model)
+    _rule_of_thumb(rule)
     _both_attentions(capture)
     _time_and_roofline(capture)
 
@@ -164,10 +159,10 @@ def _ratios(capture: Capture) -> None:
     )
 
 
-def _rule_of_thumb(rule: fa.RuleOfThumb, model: str) -> None:
+def _rule_of_thumb(rule: fa.RuleOfThumb) -> None:
     st.markdown("##### The total against 6·N·tokens")
-    if model == "resnet":
-        st.caption(CONV_RULE)
+    if rule.not_applicable:
+        st.caption(rule.not_applicable)
         return
     st.caption(
         f"Training costs about 6 FLOPs per parameter per token (2 forward, 4 backward) — here 6 × "
