@@ -112,7 +112,6 @@ def _tally(capture: Capture) -> _Tally:
     seen: Counter[tuple[str, str]] = Counter()
     keys: dict[Key, str] = {}
     modules: Counter[str] = Counter()
-    layer_of_module: dict[str, str] = {}  # an 80-layer model has ~1,000 modules for ~10,000 nodes
     layers: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     for node, d in nodes:
         module, op = d["module"], d["op"]
@@ -120,10 +119,7 @@ def _tally(capture: Capture) -> _Tally:
         keys[(module, op, seen[pair])] = node
         seen[pair] += 1
         modules[module] += 1
-        layer = layer_of_module.get(module)
-        if layer is None:
-            layer = layer_of_module[module] = layer_of(module)
-        row = layers[layer]
+        row = layers[layer_of(module)]
         row[0] += d["saved_bytes"]
         row[1] += d["flops"]
         row[2] += 1
@@ -173,17 +169,18 @@ def _compare(a: Capture, b: Capture) -> Comparison:
     tally_a, tally_b = _tally(a), _tally(b)
     keys_a, keys_b = tally_a.keys, tally_b.keys
     nodes_a, nodes_b = a.graph.nodes, b.graph.nodes
-    only_a = frozenset(node for key, node in keys_a.items() if key not in keys_b)
     only_b = frozenset(node for key, node in keys_b.items() if key not in keys_a)
-    changed = []
+    gone, changed = [], []
     for key, node_a in keys_a.items():  # A's numbering order, one dict look-up per node
         node_b = keys_b.get(key)
         if node_b is None:
+            gone.append(node_a)
             continue
         da, db = nodes_a[node_a], nodes_b[node_b]
-        if da["saved_bytes"] != db["saved_bytes"] or da["flops"] != db["flops"]:
-            fields = tuple(f for f in ("saved_bytes", "flops") if da[f] != db[f])
+        fields = tuple(f for f in ("saved_bytes", "flops") if da[f] != db[f])
+        if fields:
             changed.append(ChangedNode(node_a, node_b, fields))
+    only_a = frozenset(gone)
 
     ops_a, ops_b, mods_a, mods_b = tally_a.ops, tally_b.ops, tally_a.modules, tally_b.modules
     layers_a, layers_b = tally_a.layers, tally_b.layers

@@ -6,6 +6,7 @@ and `graphviz_core.units` turns them into text.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -98,6 +99,7 @@ def family_of(op: str) -> str:
 LOSS_AND_GLUE = "(loss and glue)"
 
 
+@functools.lru_cache(maxsize=65536)  # asked once per node; an 80-layer model has ~1,000 modules for ~10,000 nodes
 def layer_of(module: str) -> str:
     """The layer a module belongs to, the one grouping of the FLOPs, memory and compare panels: its path up to the
     first numeric part ("model.layers.3.mlp" -> "model.layers.3", "resnet.encoder.stages.0.layers.1" ->

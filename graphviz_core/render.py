@@ -382,15 +382,24 @@ def render_html(
     )
 
 
+ATTENTION_WORDS = {"sdpa": "fused", "mha": "nn.MultiheadAttention", "manual": "spelled-out", "eager": "spelled-out"}
+
+
+def kernel_parts(config, explain: bool = False) -> list[str]:
+    """What describe() leaves out, where it applies: the attention kernel ("sdpa attention", `explain`: "(fused)"
+    after it) and the checkpointing."""
+    parts = []
+    if applies("attention", config.model):
+        parts.append(f"{config.attention} attention" + (f" ({ATTENTION_WORDS[config.attention]})" if explain else ""))
+    if config.checkpoint != "none":
+        parts.append(f"checkpoint {config.checkpoint}")
+    return parts
+
+
 def graph_subtitle(config, device: str) -> str:
     """The line under a graph's title: the summary's description of the config (family-aware: a vision model
     shows its image size, no sequence or attention), then attention and checkpointing where they apply."""
-    parts = [config.describe(device=device)]
-    if applies("attention", config.model):
-        parts.append(f"{config.attention} attention")
-    if config.checkpoint != "none":
-        parts.append(f"checkpoint {config.checkpoint}")
-    return " · ".join(parts)
+    return " · ".join([config.describe(device=device), *kernel_parts(config)])
 
 
 def render_standalone_html(capture) -> str:

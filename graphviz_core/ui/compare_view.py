@@ -16,7 +16,7 @@ import streamlit as st
 from graphviz_core.capture import Capture
 from graphviz_core.compare import Comparison, Headline, compare_captures
 from graphviz_core.config import DEFAULT_PRESET, HF_FAMILIES, ModelConfig, applies, config_from_preset
-from graphviz_core.render import render_html
+from graphviz_core.render import kernel_parts, render_html
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.config_form import config_form, set_config
 from graphviz_core.ui.format import (
@@ -69,18 +69,10 @@ QUICK_PAIRS: dict[str, Callable[[ModelConfig], tuple[ModelConfig, ModelConfig]]]
 }
 
 
-ATTENTION_WORDS = {"sdpa": "fused", "mha": "nn.MultiheadAttention", "manual": "spelled-out", "eager": "spelled-out"}
-
-
 def config_summary(config: ModelConfig) -> str:
     """describe() led by what the quick pairs change and describe() leaves out: attention, and checkpointing."""
-    lead = []
-    if applies("attention", config.model):
-        lead.append(f"{config.attention} attention ({ATTENTION_WORDS[config.attention]})")
-    if config.checkpoint != "none":
-        lead.append(f"checkpoint {config.checkpoint}")
     name = [config.preset] if config.preset else []
-    return " · ".join([*lead, *name, config.describe()])
+    return " · ".join([*kernel_parts(config, explain=True), *name, config.describe()])
 
 
 def _load_pair(label: str) -> None:
