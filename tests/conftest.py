@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from pathlib import Path
@@ -77,8 +78,24 @@ def page(browser, request):
     messages let through are Streamlit's path probes (see _STREAMLIT_PROBES); any other error fails the test.
     """
     # the window size: 1500x1000 unless a test parametrizes it (`@pytest.mark.parametrize("page", [(w, h)],
-    # indirect=True)`)
-    width, height = getattr(request, "param", (1500, 1000))
+    # indirect=True)`; SIZES holds the two every layout is checked at)
+    with watched_page(browser, *getattr(request, "param", (1500, 1000))) as pg:
+        yield pg
+
+
+@pytest.fixture
+def second_page(browser):
+    """Another person: a browser context of its own (own cookies, own Streamlit session), errors failing the test."""
+    with watched_page(browser) as pg:
+        yield pg
+
+
+SIZES = ((1280, 800), (1920, 1080))  # a laptop's and a desktop's window
+
+
+@contextlib.contextmanager
+def watched_page(browser, width: int = 1500, height: int = 1000):
+    """A page in a new browser context; on leaving, the context is closed and any page or console error fails."""
     context = browser.new_context(viewport={"width": width, "height": height})
     pg = context.new_page()
     pg.size = f"{width}x{height}"
@@ -88,7 +105,7 @@ def page(browser, request):
     pg.errors = errors  # tests may assert on it mid-way; teardown asserts it stayed empty
     yield pg
     context.close()
-    assert not errors, "the page logged errors:\n" + "\n".join(errors)
+    assert not errors, f"the page ({pg.size}) logged errors:\n" + "\n".join(errors)
 
 
 EXPLORER = str(Path(__file__).resolve().parent.parent / "app.py")

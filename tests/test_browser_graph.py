@@ -3,11 +3,10 @@
 import pytest
 
 from graphviz_core.render import render_html
-from tests.conftest import captured
+from tests.conftest import SIZES, captured
 
 pytestmark = pytest.mark.browser
 
-SIZES = ((1280, 800), (1920, 1080))
 
 
 def open_graph(page, tmp_path, html: str, width: int = 1280, height: int = 800):

@@ -3,10 +3,9 @@
 import pytest
 
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import captured
+from tests.conftest import SIZES, captured
 
 pytestmark = pytest.mark.browser
-SIZES = [(1280, 800), (1920, 1080)]  # a laptop and a desktop window
 
 # Every label, value and note of a visible metric whose text is wider than its box: Streamlit cuts such text
 # with an ellipsis ("28 te…", "677.8 …" at 1280 px when six metrics shared one row), so nobody reads it.

@@ -6,7 +6,7 @@ import pytest
 
 from graphviz_core.ui.graph_view import apply_view
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import _console_error, captured
+from tests.conftest import SIZES, captured
 from tests.test_browser import node_point
 
 pytestmark = pytest.mark.browser
@@ -25,19 +25,17 @@ def _selected_and_shown(frame, node: str) -> dict:
     )
 
 
-@pytest.mark.parametrize("page", [(1280, 800), (1920, 1080)], indirect=True)
-def test_a_node_link_opens_that_node_selected_with_its_details_in_a_fresh_browser(page, browser, streamlit_url, tmp_path):
+@pytest.mark.parametrize("page", SIZES, indirect=True)
+def test_a_node_link_opens_that_node_selected_with_its_details_in_a_fresh_browser(
+    page, second_page, streamlit_url, tmp_path
+):
     capture = captured("gpt2-tiny", layers=6)  # too tall to fit at a readable scale: the graph opens on the loss
     view = apply_view(capture, focus=None, hide_shape=True, collapse=False, expanded=None)
     # the first block's qkv matmul, the last the backward pass reaches: off screen when the graph opens on the loss
     module = "blocks.0.attn.qkv"
     node = next(n for n, d in view.nodes(data=True) if d["category"] == "matmul" and d["module"] == module)
     # someone picks a node in their graph and copies its link
-    source_context = browser.new_context(viewport={"width": 1500, "height": 1000})
-    source = source_context.new_page()
-    errors: list[str] = []
-    source.on("pageerror", lambda error: errors.append(f"page error: {error}"))
-    source.on("console", lambda message: errors.append(line) if (line := _console_error(message)) else None)
+    source = second_page
     source.goto(f"{streamlit_url}/?layers=6")
     graph_frame(source, capture.summary.nodes)
     source.get_by_text("Hide shape ops").click()  # a view setting, changed after the page opened
@@ -49,8 +47,7 @@ def test_a_node_link_opens_that_node_selected_with_its_details_in_a_fresh_browse
     link = frame.locator("#node-link input")
     link.wait_for(timeout=5_000)
     url = link.input_value()
-    source_context.close()
-    assert not errors, errors
+    assert not source.errors, source.errors
     query = parse_qs(urlparse(url).query)
     assert url.startswith(streamlit_url) and query["node"] == [node] and query["hide_shape"] == ["1"], url
     assert query["layers"] == ["6"], url

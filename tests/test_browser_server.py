@@ -25,22 +25,6 @@ def team_url():
         yield url
 
 
-@pytest.fixture
-def second_page(browser):
-    """Another person: a browser context of its own (own cookies, own Streamlit session)."""
-    from tests.conftest import _console_error
-
-    context = browser.new_context(viewport={"width": 1500, "height": 1000})
-    pg = context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda error: errors.append(f"page error: {error}"))
-    pg.on("console", lambda message: errors.append(line) if (line := _console_error(message)) else None)
-    yield pg
-    if not pg.is_closed():
-        context.close()
-    assert not errors, "the second page logged errors:\n" + "\n".join(errors)
-
-
 def _run_config(page, **fields):
     labels = {"layers": "Layers", "batch": "Batch", "seq": "Sequence length", "seed": "Random seed"}
     sidebar = page.locator('[data-testid="stSidebar"]')
@@ -54,7 +38,9 @@ def _waiting_box(page):
     return page.locator('[data-testid="stAlert"]').filter(has_text="ahead of you")
 
 
-def test_a_second_person_sees_the_queue_cancels_and_a_running_capture_stops_at_cancel(page, second_page, team_url):
+def test_a_second_person_sees_the_queue_cancels_and_a_running_capture_stops_at_cancel(
+    page, second_page, team_url, tmp_path
+):
     tiny = captured("gpt2-tiny").summary.nodes  # 101
     for p in (page, second_page):
         p.goto(team_url)
@@ -63,7 +49,7 @@ def test_a_second_person_sees_the_queue_cancels_and_a_running_capture_stops_at_c
     page.get_by_role("button", name="Cancel").wait_for(timeout=30_000)
     _run_config(second_page, **SLOW, seed=2)  # person B: another slow one; both do not fit the budget together
     _waiting_box(second_page).get_by_text("1 ahead of you").wait_for(timeout=30_000)
-    second_page.screenshot(path="/tmp/queue-waiting.png")
+    second_page.screenshot(path=tmp_path / "queue-waiting.png")
     second_page.get_by_role("button", name="Cancel").click()  # B gives up while waiting
     second_page.get_by_text("Capture cancelled.").wait_for(timeout=15_000)
     assert second_page.get_by_role("button", name="Capture again").is_visible()
