@@ -149,17 +149,20 @@ def test_without_level_of_detail_every_arrowhead_is_drawn_zoomed_out(page, tmp_p
     assert arrowheads_drawn(page, edge) == 1
 
 
+# Pixels of the graph's canvas that are not (near) white: what is drawn (transparent where nothing is drawn).
+INK = """(canvas) => {
+    const pixels = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+    let count = 0;
+    for (let i = 0; i < pixels.length; i += 4) {
+        if (pixels[i + 3] > 128 && pixels[i] + pixels[i + 1] + pixels[i + 2] < 720) count += 1;
+    }
+    return count;
+}"""
+
 INK_WHILE = """async (action) => {
     const net = window.network, canvas = document.querySelector('#graph canvas');
     const frame = () => new Promise((done) => requestAnimationFrame(() => done()));
-    const ink = () => {  // pixels that are not (near) white: what is drawn
-        const pixels = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
-        let count = 0;
-        for (let i = 0; i < pixels.length; i += 4) {  // the canvas is transparent where nothing is drawn
-            if (pixels[i + 3] > 128 && pixels[i] + pixels[i + 1] + pixels[i + 2] < 720) count += 1;
-        }
-        return count;
-    };
+    const ink = () => (""" + INK + """)(canvas);
     await frame(); await frame();
     const still = ink();
     const box = canvas.getBoundingClientRect();
@@ -193,10 +196,7 @@ def test_the_overview_stays_drawn_while_zooming_or_dragging(page, tmp_path, acti
 INK_NOW = """async () => {
     const canvas = document.querySelector('#graph canvas');
     await new Promise((done) => { window.network.once('afterDrawing', () => done()); window.network.redraw(); });
-    const pixels = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
-    let count = 0;
-    for (let i = 0; i < pixels.length; i += 4) { if (pixels[i + 3] > 128 && pixels[i] + pixels[i + 1] + pixels[i + 2] < 720) count += 1; }
-    return count;
+    return (""" + INK + """)(canvas);
 }"""
 
 
