@@ -24,6 +24,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120, poll_s: float = 0.02) -> None:
+    """Return once `url` answers Streamlit's health check; RuntimeError (with the end of its stderr, when piped) if
+    the server exits or `timeout_s` passes."""
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                if response.read() == b"ok":
+                    return
+        except OSError:
+            if proc.poll() is not None or time.perf_counter() > deadline:
+                tail = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+                raise RuntimeError("streamlit did not start: " + tail) from None
+            time.sleep(poll_s)
+
+
 @contextlib.contextmanager
 def serve_app(env: dict | None = None, timeout_s: float = 90) -> Iterator[str]:
     """Start the app on 127.0.0.1:<free port>, wait until healthy, yield its URL, stop it afterwards."""
@@ -37,16 +53,7 @@ def serve_app(env: dict | None = None, timeout_s: float = 90) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + timeout_s
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                    if response.read() == b"ok":
-                        break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("streamlit did not start: " + proc.stderr.read().decode()[-2000:]) from None
-                time.sleep(0.3)
+        wait_healthy(url, proc, timeout_s)
         yield url
     finally:
         proc.terminate()
