@@ -297,7 +297,10 @@ def test_every_gradient_norm_matches_an_independent_backward():
         if expected[node_id] is None:
             assert d["grad_norm"] is None
         else:
-            assert d["grad_norm"] == pytest.approx(expected[node_id], rel=1e-6), node_id
+            # The capture reduces in float32 (vector_norm(dtype=float32)), this in float64: the gap is float32
+            # rounding of a sum of up to 32,768 squares (wte, 512 x 64), ~sqrt(32,768) x 6e-8 = 1.1e-5 relative for
+            # independent rounding errors (AVX2 read 1.1e-6 on AccumulateGrad:13; the order of the sum is the CPU's).
+            assert d["grad_norm"] == pytest.approx(expected[node_id], rel=2e-5), node_id
 
 
 def test_gradient_sums_are_placed_where_the_paths_meet():
