@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from graphviz_core.capture import Capture, capture_backward
+from graphviz_core.capture import Capture
 from graphviz_core.config import CHECKPOINTS, ModelConfig
+from graphviz_core.processes import capture_many
 from graphviz_core.training_step import training_step_of
 
 
@@ -84,11 +85,9 @@ def compare_checkpointing(
     step_time_s: float | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> CheckpointComparison:
-    """Capture `config` once per checkpoint policy on `device` (meta by default) and tabulate them."""
-    rows = []
-    for policy in policies_for(config):
-        if progress:
-            progress(f"capturing with checkpoint {policy}")
-        capture = capture_backward(config.replace(checkpoint=policy, device=device))
-        rows.append(policy_memory(capture, optimizer, step_time_s))
+    """Capture `config` once per checkpoint policy on `device` (meta by default) and tabulate them. On meta the
+    policies are captured side by side in other processes where there are some (graphviz_core.processes)."""
+    configs = [config.replace(checkpoint=policy, device=device) for policy in policies_for(config)]
+    captures = capture_many(configs, progress=progress)
+    rows = [policy_memory(capture, optimizer, step_time_s) for capture in captures]
     return CheckpointComparison(config, device, optimizer, tuple(rows))

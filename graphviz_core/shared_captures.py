@@ -2,7 +2,8 @@
 that every session asking for the same config waits on, instead of capturing it again.
 
 A session asks with `request(config, waiter)`: it gets the cached result at once, or the `Job` capturing that
-config (started on a worker thread if none runs yet). A job's ticket goes through graphviz_core.admission like
+config (started on a worker thread if none runs yet; a meta dry run is handed from there to another process,
+graphviz_core.processes, so two of them run at once). A job's ticket goes through graphviz_core.admission like
 every capture; it is cancelled when its last waiter withdraws or when none of its waiters is alive any more.
 Limits come from the environment:
 
@@ -24,9 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from graphviz_core.admission import CaptureCancelled, Ticket
-from graphviz_core.capture import Capture, capture_backward
+from graphviz_core.capture import Capture
 from graphviz_core.config import ModelConfig
 from graphviz_core.device import resolve_device
+from graphviz_core.processes import capture_anywhere
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +127,7 @@ class SharedCaptures:
 
     def __init__(
         self,
-        capture: Callable[..., Capture] = capture_backward,
+        capture: Callable[..., Capture] = capture_anywhere,  # meta dry runs in another process, the rest here
         alive: Callable[[str], bool] = lambda waiter: True,
     ) -> None:
         self._capture = capture

@@ -1,5 +1,6 @@
 """AppTests of the compare page on gpt2-tiny pairs (b=2, s=32, h=64, nh=4, V=512, L=2 layers)."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,36 @@ def test_no_quick_pair_button_is_cut_off_at_1280(page, streamlit_url, tmp_path):
     )
     page.screenshot(path=str(tmp_path / "compare-1280.png"))
     assert cut == [], f"quick-pair buttons cut off at 1280x800: {cut}"
+
+
+def test_a_meta_pair_is_captured_by_two_worker_processes_at_once_and_both_read_measured_now(monkeypatch):
+    """Llama-tiny on meta, sdpa vs eager: the page starts B in the meta worker pool before it waits for A, so both
+    run at once; each side's line says it was measured for this page, not found in the cache."""
+    from graphviz_core import processes
+    from graphviz_core.shared_captures import shared_captures
+
+    assert processes.wait_for_pool(120)
+    store = shared_captures()
+    store.clear()
+    spans = {}
+
+    def timed(config, **kwargs):
+        started = time.perf_counter()
+        capture = processes.capture_anywhere(config, **kwargs)
+        spans[config.attention] = (started, time.perf_counter())
+        return capture
+
+    monkeypatch.setattr(store, "_capture", timed)
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    for key, value in {"a.preset": "llama-tiny", "b.preset": "llama-tiny", "a.device": "meta", "b.device": "meta",
+                       "b.attention": "eager"}.items():
+        at.query_params[key] = value
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    origin = [c.value for c in at.caption if "nodes on meta" in c.value]
+    assert len(origin) == 2 and all(line.startswith("Captured ") and "measured now" in line for line in origin), origin
+    a = captured("llama-tiny", device="meta")
+    b = captured("llama-tiny", device="meta", attention="eager")
+    assert _headline(at).loc["Nodes", "A"] == f"{a.summary.nodes:,}" and _headline(at).loc["Nodes", "B"] == f"{b.summary.nodes:,}"
+    (a_start, a_end), (b_start, b_end) = spans["sdpa"], spans["eager"]
+    assert b_start < a_end and a_start < b_end  # the two waits overlapped: B did not start after A was done

@@ -13,6 +13,7 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 from graphviz_core.admission import CaptureCancelled
 from graphviz_core.capture import Capture
 from graphviz_core.config import ModelConfig
+from graphviz_core.processes import runs_elsewhere
 from graphviz_core.shared_captures import Cached, Job, shared_captures
 from graphviz_core.ui.format import escape_markdown, format_bytes, format_seconds
 from graphviz_core.ui.links import apply_pending_view
@@ -117,6 +118,15 @@ def _show_origin(cached: Cached, measured_now: bool) -> None:
             f"Not kept in the shared cache: this capture alone ({format_bytes(cached.retained_bytes)}) is larger "
             "than the cache's limit (GRAPHVIZ_CORE_CACHE_MAX_BYTES)."
         )
+
+
+def start_capture(config: ModelConfig) -> None:
+    """Start capturing `config` now, without waiting for it, where it runs in another process (a meta dry run): a page
+    that needs two captures then waits for both at once instead of one after the other. Anything else starts when
+    get_capture asks for it (two CPU captures at once would time each other)."""
+    if runs_elsewhere(config) and config not in st.session_state.get("capture.cancelled", {}):
+        if isinstance(shared_captures().request(config, _session_id()), Job):  # measured now, for this page
+            st.session_state.setdefault("capture.measured", {})[config] = None
 
 
 def get_capture(config: ModelConfig) -> Capture | None:

@@ -1,0 +1,124 @@
+"""Meta dry runs in other processes (graphviz_core.processes): the same Capture as in this process, from the fork
+server's pool and from a forked child, a cancelled wait that returns at once, and a dead worker that is replaced."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import networkx as nx
+import pytest
+
+from graphviz_core import processes
+from graphviz_core.admission import CaptureCancelled, Ticket
+from graphviz_core.capture import Capture, capture_backward
+from graphviz_core.config import config_from_preset
+
+POOL_START_S = 120  # the fork server imports torch and every family's transformers modules: ~4 s here, more under load
+
+
+def same(a: Capture, b: Capture) -> None:
+    """Everything a capture reports, field by field; the graph node by node (meta captures have no times)."""
+    assert a.config == b.config and a.device == b.device == "meta"
+    assert (a.summary, a.memory, a.flops, a.time, a.loss) == (b.summary, b.memory, b.flops, b.time, b.loss)
+    assert nx.utils.graphs_equal(a.graph, b.graph)
+    assert a.save_order == b.save_order and a.backward_order == b.backward_order
+    assert a.timeline == b.timeline
+
+
+@pytest.fixture(scope="module")
+def pool():
+    if not processes.wait_for_pool(POOL_START_S):
+        pytest.fail(f"the meta worker processes did not answer within {POOL_START_S} s")
+
+
+def test_meta_runs_go_elsewhere_and_nothing_else(monkeypatch):
+    assert processes.runs_elsewhere(config_from_preset("llama-tiny", device="meta"))
+    monkeypatch.setenv("GRAPHVIZ_CORE_DEVICE", "meta")
+    assert processes.runs_elsewhere(config_from_preset("gpt2-tiny"))  # auto resolves to meta
+    monkeypatch.setenv("GRAPHVIZ_CORE_DEVICE", "cpu")
+    assert not processes.runs_elsewhere(config_from_preset("gpt2-tiny"))  # timed: stays here
+    monkeypatch.setenv(processes.PROCESSES_ENV, "0")
+    assert not processes.runs_elsewhere(config_from_preset("llama-tiny", device="meta"))
+
+
+def test_the_pool_returns_the_same_capture_as_this_process(pool):
+    for preset in ("llama-tiny", "mixtral-tiny", "resnet-tiny"):
+        config = config_from_preset(preset, device="meta")
+        phases = []
+        elsewhere = processes.capture_anywhere(config, progress=phases.append)
+        assert phases == ["capturing in a second process (shapes only)"]  # it did go to the pool
+        same(elsewhere, capture_backward(config))
+
+
+def test_two_meta_captures_run_at_the_same_time(pool):
+    """Each worker reports its own process id: two captures submitted together are taken by two processes, neither
+    of them this one."""
+    config = config_from_preset("llama-tiny", device="meta")
+    executor = processes._POOL.ready()
+    pids = {f.result() for f in [executor.submit(_pid_after_capture, config) for _ in range(2)]}
+    assert len(pids) == 2 and os.getpid() not in pids
+
+
+def _pid_after_capture(config) -> int:
+    capture_backward(config)
+    time.sleep(0.5)  # long enough that the second submission cannot be taken by the same, still busy, worker
+    return os.getpid()
+
+
+def test_a_cancelled_wait_returns_at_once(pool):
+    ticket = Ticket()
+    ticket.cancel("cancelled by the user")
+    started = time.perf_counter()
+    with pytest.raises(CaptureCancelled, match="cancelled by the user"):
+        processes.capture_anywhere(config_from_preset("llama-3.1-8b"), ticket=ticket)
+    assert time.perf_counter() - started < 2.0  # 8B on meta takes ~0.6 s alone; the wait stops at its first poll
+
+
+def test_a_killed_worker_is_replaced_and_the_capture_still_answers(pool):
+    executor = processes._POOL.ready()
+    for pid in list(executor._processes):
+        os.kill(pid, signal.SIGKILL)
+    config = config_from_preset("qwen2-tiny", device="meta")
+    same(processes.capture_anywhere(config), capture_backward(config))  # here, after the broken pool is dropped
+    assert processes.wait_for_pool(POOL_START_S)  # a new pool started behind it
+    assert processes._POOL.ready() is not executor
+
+
+def test_capture_later_forks_a_child_where_no_other_thread_runs(monkeypatch):
+    """The CLI's path: a forked child captures B while this process goes on."""
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    config = config_from_preset("llama-tiny", device="meta", attention="eager")
+    later = processes.capture_later(config)
+    same(later(), capture_backward(config))
+
+
+def test_capture_later_of_a_cpu_config_runs_here_when_asked():
+    config = config_from_preset("mlp", device="cpu")
+    later = processes.capture_later(config)
+    capture = later()
+    assert capture.device == "cpu" and capture.time.forward_s is not None
+
+
+def test_capture_many_keeps_the_order_and_the_results(pool):
+    """The checkpointing table's three meta captures side by side in the pool, a CPU one among them run here."""
+    configs = [config_from_preset("llama-tiny", device="meta", checkpoint=policy) for policy in ("none", "full", "selective")]
+    configs.insert(1, config_from_preset("mlp", device="cpu"))
+    lines = []
+    captures = processes.capture_many(configs, progress=lines.append)
+    assert [c.config for c in captures] == configs
+    for config, capture in zip(configs, captures, strict=True):
+        if config.device == "meta":
+            same(capture, capture_backward(config))
+        else:
+            assert capture.device == "cpu" and capture.time.forward_s is not None  # timed here
+    assert len(lines) == 4 and lines[0].startswith("capturing ")
+
+
+def test_capture_many_forks_children_where_no_other_thread_runs(monkeypatch):
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    configs = [config_from_preset("mistral-tiny", device="meta", checkpoint=p) for p in ("none", "full")]
+    for config, capture in zip(configs, processes.capture_many(configs), strict=True):
+        same(capture, capture_backward(config))
