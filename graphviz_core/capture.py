@@ -93,6 +93,7 @@ class FlopSummary:
     # Where the work went, for flop_analysis: forward FLOPs by innermost module, and both passes by aten op.
     forward_by_module: dict[str, int] = field(default_factory=dict)
     forward_by_op: dict[str, int] = field(default_factory=dict)
+    forward_by_module_op: dict[str, dict[str, int]] = field(default_factory=dict)  # module -> aten op -> FLOPs
     backward_by_op: dict[str, int] = field(default_factory=dict)
 
 
@@ -392,7 +393,7 @@ class _Run:
         self.flops_by_node: Counter[str] = Counter()
         self.recompute_by_node: Counter[str] = Counter()
         self.flops_unattributed = 0
-        self.flops_forward_by_module: Counter[str] = Counter()
+        self.flops_forward_by_module_op: Counter[tuple[str, str]] = Counter()  # (innermost module, aten op)
         self.flops_by_op: dict[str, Counter[str]] = {"forward": Counter(), "backward": Counter()}
         self.io_bytes: dict[str, int] = {}  # node id -> bytes of the gradients it read and wrote
         self.started: dict[str, object] = {}
@@ -426,7 +427,7 @@ class _Run:
         if self.phase == "forward":
             self.flops_forward += flops
             stack = self.storages.module_stack  # the timeline's: the modules whose forward is running, innermost last
-            self.flops_forward_by_module[stack[-1] if stack else ""] += flops
+            self.flops_forward_by_module_op[stack[-1] if stack else "", op] += flops
         elif self.current is None:
             self.flops_unattributed += flops
             if self.last_finished is not None:
@@ -721,6 +722,11 @@ class _Run:
 
         self._place_gradient_sums(graph)
         backward_total = sum(self.flops_by_node.values()) + self.flops_unattributed
+        forward_by_module: Counter[str] = Counter()
+        by_module_op: dict[str, dict[str, int]] = {}
+        for (module_path, op_name), flops in self.flops_forward_by_module_op.items():
+            forward_by_module[module_path] += flops
+            by_module_op.setdefault(module_path, {})[op_name] = flops
         checkpoint_held = sum(b for key, b in self.checkpoint_held.items() if key not in first_save)
         # Outputs a selective-checkpoint policy kept (graphviz_core.families): stored by the checkpoint, not hooks.
         checkpoint_held += getattr(model, "selective_checkpoint_kept_bytes", 0)
@@ -753,9 +759,10 @@ class _Run:
                 backward_by_category={k: v for k, v in sorted(flops_by_category.items()) if v},
                 backward_unattributed=self.flops_unattributed,
                 backward_recompute=sum(self.recompute_by_node.values()),
-                forward_by_module=dict(sorted(self.flops_forward_by_module.items())),
+                forward_by_module=dict(sorted(forward_by_module.items())),
                 forward_by_op=dict(sorted(self.flops_by_op["forward"].items())),
                 backward_by_op=dict(sorted(self.flops_by_op["backward"].items())),
+                forward_by_module_op={m: dict(sorted(ops.items())) for m, ops in sorted(by_module_op.items())},
             ),
             time=TimeSummary(*times) if real else TimeSummary(None, None),
             loss=float(loss.detach()) if real else None,

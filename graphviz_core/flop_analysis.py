@@ -7,6 +7,7 @@ and `graphviz_core.units` turns them into text.
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -14,12 +15,13 @@ from dataclasses import dataclass
 from graphviz_core.capture import Capture
 from graphviz_core.config import ROPE_FAMILIES
 
+BATCHED_MATMUL = "batched matmul (bmm: q·kᵀ and p·v when attention is spelled out; a mixture of experts' experts)"
 # Aten op (as the capture records it, "aten.mm") -> the family whose backward/forward ratio we report.
 FAMILIES: dict[str, str] = {
     "aten.mm": "linear layers (mm, addmm)",
     "aten.addmm": "linear layers (mm, addmm)",
-    "aten.bmm": "batched matmul (bmm: q·kᵀ and p·v when attention is spelled out)",
-    "aten.baddbmm": "batched matmul (bmm: q·kᵀ and p·v when attention is spelled out)",
+    "aten.bmm": BATCHED_MATMUL,
+    "aten.baddbmm": BATCHED_MATMUL,
     "aten.convolution": "convolution",
     "aten.convolution_backward": "convolution",
     "aten.add": "elementwise (add, sub, mul, div)",
@@ -39,7 +41,7 @@ FUSED_ATTENTION = "fused attention (one kernel: q·kᵀ, softmax, p·v)"
 # What each family's backward/forward ratio is expected to be, and why.
 EXPECTED: dict[str, tuple[float | None, str]] = {
     "linear layers (mm, addmm)": (2.0, "y = x·W needs dx = dy·Wᵀ and dW = xᵀ·dy: two matmuls of the forward's size"),
-    "batched matmul (bmm: q·kᵀ and p·v when attention is spelled out)": (
+    BATCHED_MATMUL: (
         2.0,
         "two matmuls per forward matmul, as a linear layer",
     ),
@@ -202,6 +204,17 @@ class RuleTerm:
 
 
 @dataclass(frozen=True)
+class Experts:
+    """A mixture of experts' share of the rule of thumb: its expert weights and what their matmuls measured."""
+
+    count: int  # experts per layer
+    per_token: int  # experts each token is routed to
+    parameters: int  # scalars in every expert's weights
+    idle_parameters: int  # of those, the ones a given token does not use: parameters × (count - per_token) / count
+    flop: int  # the experts' batched matmuls (bmm), forward + backward
+
+
+@dataclass(frozen=True)
 class RuleOfThumb:
     """Measured forward + backward next to 6·N·tokens + the attention term, and the gap term by term."""
 
@@ -213,6 +226,34 @@ class RuleOfThumb:
     measured_flop: int
     gap: tuple[RuleTerm, ...]  # rule + sum(gap) == measured, exactly
     not_applicable: str | None = None  # why the rule says nothing about this model (a convolutional network)
+    experts: Experts | None = None  # a mixture of experts: its idle and active expert weights
+
+
+def _in_experts(name: str) -> bool:
+    return name.endswith(".experts") or ".experts." in name
+
+
+def experts_of(capture: Capture) -> Experts | None:
+    """None for a model without routed experts. Mixtral's experts hold their weights stacked, one (experts, ...)
+    tensor per projection, and run as one bmm over each token's gathered expert weights, so their FLOPs are the bmm's
+    that ran inside an `experts` module: forward from the capture's per-module counts, backward from those nodes."""
+    config = capture.config
+    if not config.experts:
+        return None
+    parameters = sum(
+        math.prod(d["param"]["shape"]) for _, d in capture.graph.nodes(data=True)
+        if d["param"] and _in_experts(d["param"]["name"])
+    )
+    forward = sum(
+        flops for module, ops in capture.flops.forward_by_module_op.items() if _in_experts(module)
+        for op, flops in ops.items() if FAMILIES.get(op) == BATCHED_MATMUL
+    )
+    backward = sum(
+        d["flops"] for _, d in capture.graph.nodes(data=True)
+        if _in_experts(d["module"]) and d["op"] in ("BmmBackward0", "BaddbmmBackward0")
+    )
+    idle = parameters * (config.experts - config.experts_per_token) // config.experts
+    return Experts(config.experts, config.experts_per_token, parameters, idle, forward + backward)
 
 
 CONV_RULE = (
@@ -235,16 +276,32 @@ def rule_of_thumb(capture: Capture) -> RuleOfThumb:
 
     linear = "linear layers (mm, addmm)"
     linear_forward, linear_backward = total(f, linear), total(b, linear)
-    attn_families = (FUSED_ATTENTION, "batched matmul (bmm: q·kᵀ and p·v when attention is spelled out)")
-    attention_measured = sum(total(f, fam) + total(b, fam) for fam in attn_families)
+    experts = experts_of(capture)
+    attention_measured = sum(total(f, fam) + total(b, fam) for fam in (FUSED_ATTENTION, BATCHED_MATMUL))
+    attention_measured -= experts.flop if experts else 0
     matmul_params = linear_forward // (2 * tokens) if tokens else 0
     measured = capture.flops.forward + capture.flops.backward
+    expert_params = experts.parameters if experts else 0
     gap = [
         RuleTerm(
-            f"{n - matmul_params:,} of the {n:,} parameters do no matrix multiply (embedding lookups, biases, "
-            f"norm gains; a tied table counts once): 6 × that × tokens is never spent",
-            -6 * (n - matmul_params) * tokens,
+            f"{n - matmul_params - expert_params:,} of the {n:,} parameters do no matrix multiply (embedding lookups, "
+            f"biases, norm gains; a tied table counts once): 6 × that × tokens is never spent",
+            -6 * (n - matmul_params - expert_params) * tokens,
         ),
+    ]
+    if experts:
+        gap += [
+            RuleTerm(
+                f"{experts.idle_parameters:,} of the {expert_params:,} expert parameters see no given token: each is "
+                f"routed to {experts.per_token} of {experts.count} experts, so 6 × that × tokens is never spent",
+                -6 * experts.idle_parameters * tokens,
+            ),
+            RuleTerm(
+                "the experts' batched matmuls vs 6 × the active expert parameters × tokens",
+                experts.flop - 6 * (expert_params - experts.idle_parameters) * tokens,
+            ),
+        ]
+    gap += [
         RuleTerm(
             "linear layers' backward is not exactly 2× their forward (e.g. no gradient for an input that needs none)",
             linear_backward - 2 * linear_forward,
@@ -254,7 +311,8 @@ def rule_of_thumb(capture: Capture) -> RuleOfThumb:
             attention_measured - attention,
         ),
     ]
-    other = measured - (6 * matmul_params * tokens + (linear_backward - 2 * linear_forward)) - attention_measured
+    other = (measured - (6 * matmul_params * tokens + (linear_backward - 2 * linear_forward)) - attention_measured
+             - (experts.flop if experts else 0))
     ran = ", ".join([*norm_and_activation_names(capture), "loss"])
     gap.append(RuleTerm(f"{ran} and elementwise ops (the rule counts only matmuls)", other))
     # A rounding remainder from matmul_params' integer division keeps the sum exact.
@@ -264,7 +322,7 @@ def rule_of_thumb(capture: Capture) -> RuleOfThumb:
             RuleTerm("linear FLOPs not a whole multiple of 2·tokens (rounding of the parameter count)", remainder)
         )
     return RuleOfThumb(tokens, n, six_n, attention, six_n + attention, measured, tuple(gap),
-                       CONV_RULE if config.model == "resnet" else None)
+                       CONV_RULE if config.model == "resnet" else None, experts)
 
 
 @dataclass(frozen=True)

@@ -177,3 +177,31 @@ def test_the_rule_of_thumb_says_when_it_does_not_apply():
     # a convolution reuses each weight at every pixel: 6 FLOPs per parameter per token says nothing there
     assert fa.rule_of_thumb(captured("resnet-tiny")).not_applicable.startswith("6·N·tokens does not apply")
     assert fa.rule_of_thumb(captured("gpt2-tiny")).not_applicable is None
+
+
+def test_a_mixture_of_experts_takes_out_its_idle_experts_and_counts_its_expert_matmuls_apart_from_attention():
+    """mixtral-tiny: h=64, I=128, 4 experts, 2 per token, L=2, b=2, s=32 (64 tokens), fused attention.
+
+    Expert weights per layer, stacked: gate_up (4, 2·128, 64) = 65,536 + down (4, 64, 128) = 32,768 = 98,304; two
+    layers 196,608, of which (4 − 2)/4 = 98,304 see no given token. Each token runs its 2 experts as one bmm over
+    gathered weights: forward 2 · 64 tokens · 2 · (128·64·2 + 64·128) = 6,291,456 per layer, backward twice that,
+    so 3 × 6,291,456 × 2 layers = 37,748,736 = 6 × 98,304 active × 64 tokens: the experts' row is exactly 0, and
+    the idle row is −6 × 98,304 × 64 = −37,748,736. The attention row is the same as llama-tiny's (same attention),
+    and the expert bmm is no longer counted as attention."""
+    capture = captured("mixtral-tiny")
+    experts = fa.experts_of(capture)
+    assert (experts.count, experts.per_token, experts.parameters, experts.idle_parameters) == (4, 2, 196_608, 98_304)
+    assert experts.flop == 3 * (2 * 64 * 2 * (128 * 64 * 2 + 64 * 128)) * 2 == 37_748_736
+    rule = fa.rule_of_thumb(capture)
+    idle = next(t for t in rule.gap if "expert parameters see no given token" in t.term)
+    assert idle.flop == -6 * 98_304 * 64
+    assert next(t for t in rule.gap if t.term.startswith("the experts' batched matmuls")).flop == 0
+    no_matmul = next(t for t in rule.gap if "do no matrix multiply" in t.term)
+    # 512 × 64 embedding + 5 RMSNorm gains of 64 (2 per layer + the final one) = 33,088; lm_head is untied (a matmul)
+    assert no_matmul.term.startswith("33,088 of the 287,552 parameters") and no_matmul.flop == -6 * 33_088 * 64
+    attention = next(t for t in rule.gap if t.term.startswith("attention measured"))
+    assert attention.flop == next(t for t in fa.rule_of_thumb(captured("llama-tiny")).gap
+                                  if t.term.startswith("attention measured")).flop
+    assert rule.rule_flop + sum(t.flop for t in rule.gap) == rule.measured_flop  # still exact
+    assert rule.experts == experts
+    assert fa.experts_of(captured("llama-tiny")) is None

@@ -168,6 +168,9 @@ def _rule_of_thumb(rule: fa.RuleOfThumb) -> None:
         f"Training costs about 6 FLOPs per parameter per token (2 forward, 4 backward) — here 6 × "
         f"{rule.parameters:,} parameters × {rule.tokens:,} tokens — plus attention's q·kᵀ and p·v, which no "
         "parameter counts (12·L·b·s²·h for forward and backward). The rows below add up exactly to the measurement."
+        + (f" A mixture of experts: each token uses {rule.experts.per_token} of {rule.experts.count} experts per layer, "
+           "so the rule's N overstates the work; the idle experts' share is taken out row by row."
+           if rule.experts else "")
     )
     rows = [
         ("6·N·tokens", rule.six_n_tokens_flop, "the rule of thumb"),
