@@ -284,6 +284,7 @@ class _FlopCounter(TorchDispatchMode):
     def __init__(self, run: _Run) -> None:
         super().__init__()
         self.run = run
+        self.meta = run.device == "meta"
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -294,7 +295,10 @@ class _FlopCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
-        out = func(*args, **kwargs)
+        if func is _GROUPED_MM and self.meta:
+            out = _grouped_mm_on_meta(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
         run = self.run
         formula, name = op_info(func)
         if formula is not None:
@@ -303,6 +307,27 @@ class _FlopCounter(TorchDispatchMode):
                 run.charge(flops, name)
         run.storages.observe(func, out)  # the memory timeline: one dispatch mode for both
         return out
+
+
+_GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
+if _GROUPED_MM is not None:
+    _GROUPED_MM = _GROUPED_MM.default
+
+
+def _grouped_mm_on_meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """`_grouped_mm`'s output on meta for every dtype the CPU kernel takes (a mixture of experts' GEMMs).
+
+    torch's meta kernel repeats CUDA's checks and refuses float32, which the CPU runs; the capture's dispatch mode
+    answers meta calls itself, with the CPU kernel's output shape, so a float32 dry run keeps the same graph (autograd
+    has recorded the call already, above the mode). Shapes: 2-D x 3-D (rows, k) x (groups, k, n) -> (rows, n); 2-D x
+    2-D (the weight gradient, split by offs) -> (groups, m, n); 3-D x 2-D -> (m, n); 3-D x 3-D -> (groups, m, n).
+    """
+    groups = offs.shape[0] if offs is not None else None
+    if mat_a.dim() == 2:
+        shape = (groups, mat_a.shape[0], mat_b.shape[1]) if mat_b.dim() == 2 else (mat_a.shape[0], mat_b.shape[-1])
+    else:
+        shape = (mat_a.shape[1], mat_b.shape[1]) if mat_b.dim() == 2 else (mat_a.shape[0], mat_a.shape[1], mat_b.shape[-1])
+    return torch.empty(shape, dtype=out_dtype or mat_a.dtype, device="meta")
 
 
 # One meta forward at a time may swap F.scaled_dot_product_attention (see _fused_attention_on_meta).

@@ -35,6 +35,7 @@ _BY_STEM = {
         "Mm",
         "Bmm",
         "Baddbmm",
+        "GroupedMm",
         "Addbmm",
         "Matmul",
         "Linear",

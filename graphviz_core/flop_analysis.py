@@ -16,12 +16,14 @@ from graphviz_core.capture import Capture
 from graphviz_core.config import ROPE_FAMILIES
 
 BATCHED_MATMUL = "batched matmul (bmm: q·kᵀ and p·v when attention is spelled out; a mixture of experts' experts)"
+GROUPED_MATMUL = "grouped matmul (a mixture of experts' experts: one GEMM per expert's tokens)"
 # Aten op (as the capture records it, "aten.mm") -> the family whose backward/forward ratio we report.
 FAMILIES: dict[str, str] = {
     "aten.mm": "linear layers (mm, addmm)",
     "aten.addmm": "linear layers (mm, addmm)",
     "aten.bmm": BATCHED_MATMUL,
     "aten.baddbmm": BATCHED_MATMUL,
+    "aten._grouped_mm": GROUPED_MATMUL,
     "aten.convolution": "convolution",
     "aten.convolution_backward": "convolution",
     "aten.add": "elementwise (add, sub, mul, div)",
@@ -41,6 +43,7 @@ FUSED_ATTENTION = "fused attention (one kernel: q·kᵀ, softmax, p·v)"
 # What each family's backward/forward ratio is expected to be, and why.
 EXPECTED: dict[str, tuple[float | None, str]] = {
     "linear layers (mm, addmm)": (2.0, "y = x·W needs dx = dy·Wᵀ and dW = xᵀ·dy: two matmuls of the forward's size"),
+    GROUPED_MATMUL: (2.0, "an input gradient and a weight gradient per expert, each a GEMM of the forward's size"),
     BATCHED_MATMUL: (
         2.0,
         "two matmuls per forward matmul, as a linear layer",
@@ -211,7 +214,7 @@ class Experts:
     per_token: int  # experts each token is routed to
     parameters: int  # scalars in every expert's weights
     idle_parameters: int  # of those, the ones a given token does not use: parameters × (count - per_token) / count
-    flop: int  # the experts' batched matmuls (bmm), forward + backward
+    flop: int  # the experts' matmuls (grouped or batched), forward + backward
 
 
 @dataclass(frozen=True)
@@ -235,8 +238,9 @@ def _in_experts(name: str) -> bool:
 
 def experts_of(capture: Capture) -> Experts | None:
     """None for a model without routed experts. Mixtral's experts hold their weights stacked, one (experts, ...)
-    tensor per projection, and run as one bmm over each token's gathered expert weights, so their FLOPs are the bmm's
-    that ran inside an `experts` module: forward from the capture's per-module counts, backward from those nodes."""
+    tensor per projection, and run as one grouped matmul (or bmm over each token's gathered weights where torch has
+    no grouped matmul), so their FLOPs are those matmuls' inside an `experts` module: forward from the capture's
+    per-module counts, backward from those nodes."""
     config = capture.config
     if not config.experts:
         return None
@@ -246,11 +250,11 @@ def experts_of(capture: Capture) -> Experts | None:
     )
     forward = sum(
         flops for module, ops in capture.flops.forward_by_module_op.items() if _in_experts(module)
-        for op, flops in ops.items() if FAMILIES.get(op) == BATCHED_MATMUL
+        for op, flops in ops.items() if FAMILIES.get(op) in (BATCHED_MATMUL, GROUPED_MATMUL)
     )
     backward = sum(
         d["flops"] for _, d in capture.graph.nodes(data=True)
-        if _in_experts(d["module"]) and d["op"] in ("BmmBackward0", "BaddbmmBackward0")
+        if _in_experts(d["module"]) and d["op"] in ("BmmBackward0", "BaddbmmBackward0", "GroupedMmBackward0")
     )
     idle = parameters * (config.experts - config.experts_per_token) // config.experts
     return Experts(config.experts, config.experts_per_token, parameters, idle, forward + backward)
@@ -278,7 +282,7 @@ def rule_of_thumb(capture: Capture) -> RuleOfThumb:
     linear_forward, linear_backward = total(f, linear), total(b, linear)
     experts = experts_of(capture)
     attention_measured = sum(total(f, fam) + total(b, fam) for fam in (FUSED_ATTENTION, BATCHED_MATMUL))
-    attention_measured -= experts.flop if experts else 0
+    attention_measured -= experts.flop - total(f, GROUPED_MATMUL) - total(b, GROUPED_MATMUL) if experts else 0
     matmul_params = linear_forward // (2 * tokens) if tokens else 0
     measured = capture.flops.forward + capture.flops.backward
     expert_params = experts.parameters if experts else 0
@@ -297,7 +301,7 @@ def rule_of_thumb(capture: Capture) -> RuleOfThumb:
                 -6 * experts.idle_parameters * tokens,
             ),
             RuleTerm(
-                "the experts' batched matmuls vs 6 × the active expert parameters × tokens",
+                "the experts' matmuls vs 6 × the active expert parameters × tokens",
                 experts.flop - 6 * (expert_params - experts.idle_parameters) * tokens,
             ),
         ]

@@ -60,6 +60,19 @@ def matmul_plus_flops(bias, a, b, *args, out_val=None, **kwargs) -> int:
     return matmul_flops(a, b)
 
 
+def grouped_mm_flops(a, b, *args, out_val=None, **kwargs) -> int:
+    """`_grouped_mm` (a mixture of experts' expert GEMMs): every row of the token side meets one expert's matrix, so
+    2·rows·k·n over all groups. Forward and input gradient: a (rows, k) with b (experts, k, n). Weight gradient: a
+    (k, rows)ᵀ with b (rows, n), out (experts, k, n): 2·k·rows·n. Both 3-D (one group per batch entry): as bmm."""
+    if len(a) == 3 and len(b) == 3:
+        return _bmm(a[0], a[1], a[2], b[2])
+    if len(a) == 2 and len(b) == 2:
+        return 2 * a[0] * a[1] * b[1]
+    if len(a) == 2:
+        return 2 * a[0] * a[1] * b[-1]
+    return 2 * math.prod(a[:-1]) * a[-1] * b[-1]  # a 3-D, b 2-D: each of a's rows with b
+
+
 def sdpa_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
     """Fused attention forward (any kernel): q@kᵀ and p@v, 2 GEMMs = 4·b·nh·s²·d (dense count), as flop_counter's
     sdpa_flop_count; grouped key/value heads are broadcast to the query's heads."""
@@ -105,6 +118,7 @@ _EXTRA: dict[object, Formula] = {
     aten.mm: matmul_flops,
     aten.bmm: matmul_flops,
     aten.addmm: matmul_plus_flops,
+    **({aten._grouped_mm: grouped_mm_flops} if hasattr(aten, "_grouped_mm") else {}),
     aten.baddbmm: matmul_plus_flops,
     **{op: sdpa_flops for op in (aten._scaled_dot_product_flash_attention_for_cpu,
                                  aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_flash_attention,

@@ -36,9 +36,10 @@ MIXTRAL_LAYER = (
     - 17  # no dense SwiGLU MLP: 3 x 4 projection nodes, Silu, Mul, 3 leaves
     + 2  # the sparse MoE block's two Views (flatten tokens, back)
     + 8  # router: leaf, View, T, Mm, Softmax, Topk, Sum, Div (top-k weights renormalised)
-    + 22  # experts (batched mm): 2 leaves, 2 Index (gather each token's expert weights), Split, 2 Bmm, Silu, 2 Mul,
-    # Sum (over the k experts), Clone, Expand, 4 Unsqueeze, 2 Squeeze, 3 View
-)  # = 92
+    + 17  # experts (grouped mm): 2 leaves, 2 Transpose (the stacked weights as (experts, in, out)), 3 Index (tokens
+    # sorted by expert, their routing weights, back to token order), 2 GroupedMm, Split (gate | up), Silu, 2 Mul
+    # (gate x up, x routing weight), Unsqueeze, 2 View, Sum (over the k experts)
+)  # = 87
 GPT2_HF_LAYER = (
     12  # leaves: weight and bias of ln_1, ln_2, c_attn, attn c_proj, c_fc, mlp c_proj
     + 2  # two LayerNorms
@@ -355,3 +356,22 @@ def test_rule_of_thumb_counts_vit_patches_as_tokens():
     assert vit.tokens == 2 * 5
     assert vit.measured_flop == vit.rule_flop + sum(t.flop for t in vit.gap)
     assert rule_of_thumb(captured("resnet-tiny")).attention_flop == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mixtral_experts_keep_token_rows_not_copies_of_their_weights(dtype):
+    """The experts run as grouped matmuls (torch._grouped_mm), as training does: each GroupedMm node keeps the routed
+    token rows (64 tokens x 2 experts each = 128 rows) and the stacked weight itself, a parameter, never counted. The
+    batched-matmul form this replaced kept every token's gathered weight copies: 25.1 MiB saved on mixtral-tiny, and
+    2.7 TiB per layer on Mixtral-8x7B at s=4096. A float32 dry run answers the grouped matmul itself (the meta kernel
+    refuses float32), so meta still counts what the CPU runs."""
+    cpu = captured("mixtral-tiny", dtype=dtype)
+    dry = meta("mixtral-tiny", dtype=dtype)
+    grouped = [d for _, d in cpu.graph.nodes(data=True) if d["op"] == "GroupedMmBackward0"]
+    assert len(grouped) == 2 * 2 and {d["category"] for d in grouped} == {"matmul"}  # gate|up and down, 2 layers
+    for d in grouped:
+        rows = [s for s in d["saved"] if not s["parameter"] and len(s["shape"]) == 2]
+        assert rows and all(s["shape"][0] == 64 * 2 for s in rows)
+        assert [s["shape"] for s in d["saved"] if s["parameter"]] in ([[4, 64, 256]], [[4, 128, 64]])
+    assert cpu.memory.saved_bytes == dry.memory.saved_bytes < 2 * 2**20
+    assert cpu.summary.by_op == dry.summary.by_op

@@ -183,11 +183,12 @@ def test_a_mixture_of_experts_takes_out_its_idle_experts_and_counts_its_expert_m
     """mixtral-tiny: h=64, I=128, 4 experts, 2 per token, L=2, b=2, s=32 (64 tokens), fused attention.
 
     Expert weights per layer, stacked: gate_up (4, 2·128, 64) = 65,536 + down (4, 64, 128) = 32,768 = 98,304; two
-    layers 196,608, of which (4 − 2)/4 = 98,304 see no given token. Each token runs its 2 experts as one bmm over
-    gathered weights: forward 2 · 64 tokens · 2 · (128·64·2 + 64·128) = 6,291,456 per layer, backward twice that,
+    layers 196,608, of which (4 − 2)/4 = 98,304 see no given token. The experts run as grouped matmuls over the 64 × 2
+    routed rows: forward 2 · 64 tokens · 2 · (128·64·2 + 64·128) = 6,291,456 per layer, backward twice that (input
+    and weight gradients),
     so 3 × 6,291,456 × 2 layers = 37,748,736 = 6 × 98,304 active × 64 tokens: the experts' row is exactly 0, and
     the idle row is −6 × 98,304 × 64 = −37,748,736. The attention row is the same as llama-tiny's (same attention),
-    and the expert bmm is no longer counted as attention."""
+    and no expert matmul is counted as attention."""
     capture = captured("mixtral-tiny")
     experts = fa.experts_of(capture)
     assert (experts.count, experts.per_token, experts.parameters, experts.idle_parameters) == (4, 2, 196_608, 98_304)
@@ -195,7 +196,7 @@ def test_a_mixture_of_experts_takes_out_its_idle_experts_and_counts_its_expert_m
     rule = fa.rule_of_thumb(capture)
     idle = next(t for t in rule.gap if "expert parameters see no given token" in t.term)
     assert idle.flop == -6 * 98_304 * 64
-    assert next(t for t in rule.gap if t.term.startswith("the experts' batched matmuls")).flop == 0
+    assert next(t for t in rule.gap if t.term.startswith("the experts' matmuls")).flop == 0
     no_matmul = next(t for t in rule.gap if "do no matrix multiply" in t.term)
     # 512 × 64 embedding + 5 RMSNorm gains of 64 (2 per layer + the final one) = 33,088; lm_head is untied (a matmul)
     assert no_matmul.term.startswith("33,088 of the 287,552 parameters") and no_matmul.flop == -6 * 33_088 * 64
