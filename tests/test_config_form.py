@@ -103,3 +103,20 @@ def test_a_refused_family_config_keeps_the_result():
     run(at)
     assert [e for e in at.sidebar.error if "not divisible by 3 key-value heads" in e.value.replace("\\", "")]
     assert at.metric[0].value == nodes
+
+
+def test_the_form_keeps_its_model_from_the_explorer_to_beyond_one_gpu():
+    """A walkthrough opened ?preset=gpt2-tiny in the explorer, then Beyond one GPU from the sidebar: the family read
+    MLP and hidden, layers, batch and seq 0 (Streamlit drops a widget's value after a run that did not draw it; both
+    pages draw the same form), and its button refused 'hidden must be positive, got 0'. gpt2-tiny: h=64, 2 layers."""
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["preset"] = "gpt2-tiny"
+    at.run()
+    at.switch_page("pages/parallel.py").run()
+    assert not at.exception
+    assert at.selectbox(key="config.preset").value == "gpt2-tiny"
+    assert at.selectbox(key="config.model").value == "gpt2"
+    assert (at.number_input(key="config.hidden").value, at.number_input(key="config.layers").value) == (64, 2)
+    assert not [w.value for w in at.sidebar.warning]  # the form is the model applied: nothing stale to flag
+    at.switch_page("pages/graph_explorer.py").run()  # and back
+    assert at.number_input(key="config.hidden").value == 64 and not at.exception

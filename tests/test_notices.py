@@ -50,7 +50,8 @@ def test_the_stale_form_notice_names_the_fields_by_their_labels(family, labels):
     at = AppTest.from_file(APP, default_timeout=120).run()
     at.selectbox(key="config.model").set_value(family).run()
     stale = [plain(w.value) for w in at.sidebar.warning]
-    assert stale == [f"The form differs from the result shown ({', '.join(labels)}); press Run to capture it."]
+    assert stale == [f"The form differs from the result shown ({', '.join(labels)}); press “Run backward pass” to "
+                     "apply it."]
 
 
 def test_a_bad_compare_link_is_said_at_the_top_of_the_page():

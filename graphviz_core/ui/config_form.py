@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import streamlit as st
 import torch
 
@@ -27,6 +29,7 @@ from graphviz_core.config import (
 from graphviz_core.device import check_budget, resolve_device
 from graphviz_core.ui.format import escape_markdown
 from graphviz_core.ui.links import copy_link, dismiss_notices, restore_from_link, show_notices, sync_url
+from graphviz_core.ui.state import keep_widget_state
 from graphviz_core.user_model import trusted_factories
 
 SIZE_FIELDS = ("hidden", "heads", "layers", "vocab", "batch", "seq")
@@ -171,6 +174,9 @@ def set_config(key: str, config: ModelConfig) -> None:
     st.session_state.pop(f"{key}.error", None)
 
 
+FORM_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "preset")
+
+
 def config_form(key: str = "config", where=None, submit_label: str = "Run backward pass") -> ModelConfig | None:
     """Draw the form in the sidebar (or in `where`, a container); return the config last applied (the default
     preset at first). `key` prefixes every widget key, so a page may draw two forms (A and B).
@@ -178,6 +184,9 @@ def config_form(key: str = "config", where=None, submit_label: str = "Run backwa
     A config that cannot run (invalid field, cuda missing, over the memory budget) is refused here with one
     message, and the config applied before stays, so the page keeps showing its result.
     """
+    # The fields are widgets, whose values Streamlit drops after a run that did not draw them: on another page (the
+    # explorer's form, then Beyond one GPU's) the family read MLP and the sizes 0 beside the preset still named.
+    keep_widget_state(f"{key}.{name}" for name in (*FORM_FIELDS, "preset", "custom"))
     if f"{key}.preset" not in st.session_state:
         st.session_state[f"{key}.preset"] = DEFAULT_PRESET
         _load_preset(key)
@@ -278,7 +287,8 @@ def config_form(key: str = "config", where=None, submit_label: str = "Run backwa
             if getattr(applied, name) != value
         ]
         if changed:
-            notice.warning(f"The form differs from the result shown ({', '.join(changed)}); press Run to capture it.")
+            notice.warning(f"The form differs from the result shown ({', '.join(changed)}); press “{submit_label}” to "
+                           "apply it.")
     show_notices(key, where)  # what a link asked for and could not have, until the next Run
     sync_url(key, applied)
     copy_link(key, applied, sidebar)
