@@ -48,16 +48,22 @@ def module_group(module: str, depth: int) -> str:
     return ".".join(parts[:depth])
 
 
-def collapse_modules(graph: nx.DiGraph, depth: int = 2, expanded: str | None = None) -> nx.DiGraph:
+def collapse_modules(
+    graph: nx.DiGraph, depth: int = 2, expanded: str | None = None, within: str | None = None
+) -> nx.DiGraph:
     """Merge each module (its path cut to `depth` parts) into one node carrying its totals.
 
     Nodes outside every module (the loss, ops in the top-level forward) stay as they are, and so do the
-    nodes of the `expanded` module, so a user can open one module at a time.
+    nodes of the `expanded` module, so a user can open one module at a time. With `within` (a focused module), the
+    modules inside it are merged at `depth` = its own parts + 1, and its own ops (a layer's residual adds) stay.
     """
+    if within:
+        depth = len(within.split(".")) + 1
     group_of = {}
     for node, data in graph.nodes(data=True):
         group = module_group(data["module"], depth)
-        group_of[node] = node if not group or group == expanded else f"module:{group}"
+        own = group == expanded or (within is not None and data["module"] == within)
+        group_of[node] = node if not group or own else f"module:{group}"
     view = nx.DiGraph()
     members: dict[str, list[str]] = {}
     for node, group in group_of.items():

@@ -53,3 +53,19 @@ def test_one_member_module_label_is_singular():
     view = collapse_modules(graph, depth=1)
     assert view.nodes["module:solo"]["op"] == "solo (1 node)"
     assert all(not d["op"].endswith("(1 nodes)") for _, d in view.nodes(data=True))
+
+
+def test_collapsing_inside_a_focused_module_keeps_its_parts_apart():
+    """Focus on blocks.1 with Collapse modules on used to merge the focused block itself into one node ("Showing 1 of
+    101 nodes"). Now its parts are one node each and its own ops stay: gpt2-tiny's block is ln_1, attn, ln_2, mlp
+    plus its two residual adds (module "blocks.1") = 6 nodes, once shape ops are hidden."""
+    from graphviz_core.ui.graph_view import apply_view
+
+    capture = captured("gpt2-tiny")
+    view = apply_view(capture, focus="blocks.1", hide_shape=True, collapse=True, expanded=None)
+    groups = sorted(d["module"] for _, d in view.nodes(data=True) if d["category"] == "module")
+    assert groups == ["blocks.1.attn", "blocks.1.ln_1", "blocks.1.ln_2", "blocks.1.mlp"]
+    assert sorted(d["op"] for _, d in view.nodes(data=True) if d["category"] != "module") == ["AddBackward0"] * 2
+    assert sum(d["category"] == "module" for _, d in view.nodes(data=True)) + 2 == view.number_of_nodes() == 6
+    whole = apply_view(capture, focus=None, hide_shape=True, collapse=True, expanded=None)
+    assert "module:blocks.1" in whole  # without a focus, blocks stay one node each

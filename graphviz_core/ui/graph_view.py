@@ -27,8 +27,8 @@ def apply_view(capture: Capture, *, focus: str | None, hide_shape: bool, collaps
         graph = focus_module(graph, focus)
     if hide_shape:
         graph = hide_categories(graph, {"shape"})
-    if collapse:
-        graph = collapse_modules(graph, depth=2, expanded=expanded)
+    if collapse:  # focused: the focused module's parts, each one node (collapsing the module itself left one node)
+        graph = collapse_modules(graph, depth=2, expanded=expanded, within=focus or None)
     return graph
 
 
