@@ -226,7 +226,7 @@ class ModelConfig:
             return f"custom module {self.preset} · b={self.batch} · {self.dtype} · {device}"
         parts = [
             self.model,
-            f"{self.layers} layers" if self.model != "resnet" else f"depth {self.layers}",
+            f"{self.layers} layer{'' if self.layers == 1 else 's'}" if self.model != "resnet" else f"depth {self.layers}",
             f"h={self.hidden}",
         ]
         if applies("heads", self.model):

@@ -375,10 +375,12 @@ def render_html(
         legend=legend,
         hint=hint,
         scale=colour_scale(graph, colour_by) if colour_by else None,
-        metric_note=(f"colour: {METRICS[colour_by]}" if colour_by else "") + (f"  size: {METRICS[size_by]}" if size_by else ""),
+        metric_note=" · ".join(([f"colour: {METRICS[colour_by]}"] if colour_by else [])
+                               + ([f"size: {METRICS[size_by]}"] if size_by else [])),
         height_px=height_px,
         node_count=f"{len(nodes):,}",  # 6,500 nodes, not 6500
-        edge_count=f"{len(edges):,}",
+        nodes_word="node" if len(nodes) == 1 else "nodes",
+        edge_count=f"{len(edges):,} edge{'' if len(edges) == 1 else 's'}",
     )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from graphviz_core.capture import Capture
 from graphviz_core.config import ROPE_FAMILIES
+from graphviz_core.device import BYTES_PER
 from graphviz_core.flops import seed004_backward_terms, seed004_backward_total
 from graphviz_core.memory import (
     korthikanti_layer_bytes,
@@ -89,7 +90,9 @@ def memory_per_layer(capture: Capture) -> list[Comparison]:
                    "34sbh" + (" + 5as²b" if config.attention == "manual" else "") + " assumes 2-byte activations and "
                    "dropout after attention and MLP; these blocks have no dropout."),
         Comparison("34·s·b·h × bytes per element (a common slip)", seed002_as_written_bytes(config), measured,
-                   "34sbh is already in bytes; multiplying by bytes/elem again doubles it at 16 bits."),
+                   f"34sbh is already in bytes (2-byte activations); multiplying by bytes/elem again counts every "
+                   f"activation twice: {34 * BYTES_PER[config.dtype]}sbh at {config.dtype}, where "
+                   f"{17 * BYTES_PER[config.dtype]}sbh is that formula at this width."),
         Comparison("Korthikanti without dropout, at this dtype", no_dropout, measured,
                    "32sbh" + (" + 2as²b (scores kept by manual attention)" if config.attention == "manual" else
                               " (fused attention keeps no s×s scores)") + "; the measured remainder is per-token "

@@ -64,7 +64,7 @@ def test_an_edited_preset_is_named_by_its_fields():
     at.number_input(key="config.layers").set_value(1)
     run(at)
     caption = next(c.value for c in at.caption if c.value.startswith("Loss"))
-    assert "preset" not in caption and "gpt2 · 1 layers · h=64" in caption
+    assert "preset" not in caption and "gpt2 · 1 layer · h=64" in caption
 
 
 FACTORY = """

@@ -212,3 +212,18 @@ def test_the_view_svg_and_dot_downloads_carry_the_subtitle_under_the_title():
     assert f'<B>autograd graph: mlp</B></TD></TR><TR><TD ALIGN="LEFT">{subtitle}</TD></TR>' in dot
     assert f'<FONT COLOR="{CATEGORY_COLOURS["loss"]}" POINT-SIZE="16">■</FONT> loss' in dot  # a swatch per category
     assert "&lt;b&gt;" in to_dot(capture.graph, title="t", subtitle="<b>")
+
+
+def test_counts_and_metric_notes_read_as_words():
+    """A one-node view says '1 node · 0 edges' (a collapsed focus read '1 nodes'), colour and size notes are
+    separated ('colour: … · size: …', which read 'colour: FLOPs size: time'), and a one-layer config says
+    '1 layer'."""
+    from graphviz_core.config import config_from_preset
+    from graphviz_core.render import METRICS, render_html
+
+    graph = captured("gpt2-tiny").graph
+    one = graph.subgraph([next(iter(graph))]).copy()
+    html = render_html(one, colour_by="flops", size_by="time_s")
+    assert ">1</span> node · 0 edges" in html
+    assert f"colour: {METRICS['flops']} · size: {METRICS['time_s']}" in html
+    assert "1 layer ·" in config_from_preset("gpt2-tiny", layers=1).describe()
