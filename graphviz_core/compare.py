@@ -13,9 +13,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 
 from graphviz_core.capture import Capture
-from graphviz_core.flop_analysis import layer_of
+from graphviz_core.flop_analysis import LOSS_AND_GLUE, layer_of, layers_in_forward_order
 
 Key = tuple[str, str, int]
 
@@ -68,7 +69,7 @@ class Comparison:
     headline: tuple[Headline, ...]
     by_op: tuple[CountDelta, ...]  # only ops whose count differs
     by_module: tuple[CountDelta, ...]  # only modules whose count differs
-    per_layer: tuple[LayerPair, ...]
+    per_layer: tuple[LayerPair, ...]  # in forward order: embeddings, layers 0..N-1, final norm, head, the loss last
     only_a: frozenset[str]
     only_b: frozenset[str]
     changed: tuple[ChangedNode, ...]
@@ -145,6 +146,25 @@ def _layer_order(name: str) -> tuple:
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in name.split("."))
 
 
+def _forward_order(a: Capture, b: Capture, names: set[str]) -> list[str]:
+    """`names` (the layers of A and B) in the order the forward ran them, as the Memory and FLOPs tabs list one
+    capture's layers. A's and B's orders are merged: a layer both have keeps its place, a run of layers only one side
+    has (8B's 32 layers against 70B's 80: model.layers.32-79) sits where that side ran it, and where each side has a
+    run of its own at the same place (GPT-2's blocks against Llama's layers) A's run comes first. Layers with forward
+    FLOPs and no node of the graph (rotary tables, mask bookkeeping) come after the others and before the loss, as
+    the FLOPs tab places them."""
+    order_a, order_b = layers_in_forward_order(a), layers_in_forward_order(b)
+    merged: list[str] = []
+    matcher = SequenceMatcher(None, order_a, order_b, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        merged += order_a[i1:i2]
+        if tag != "equal":
+            merged += order_b[j1:j2]
+    ran = [name for name in dict.fromkeys(merged) if name in names and name != LOSS_AND_GLUE]
+    forward_only = sorted(names - set(ran) - {LOSS_AND_GLUE}, key=_layer_order)
+    return ran + forward_only + ([LOSS_AND_GLUE] if LOSS_AND_GLUE in names else [])
+
+
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """Pause Python's cycle collector while the diff builds its short-lived, acyclic tables. Two 70B captures keep
@@ -189,7 +209,7 @@ def _compare(a: Capture, b: Capture) -> Comparison:
         LayerPair(
             name, *(x for pair in zip(layers_a.get(name, zero), layers_b.get(name, zero), strict=True) for x in pair)
         )
-        for name in sorted(set(layers_a) | set(layers_b), key=_layer_order)
+        for name in _forward_order(a, b, set(layers_a) | set(layers_b))
     )
     numbered = [p for p in per_layer if any(part.isdigit() for part in p.layer.split("."))]
     deltas = {p.b_nodes - p.a_nodes for p in numbered if p.a_nodes and p.b_nodes}

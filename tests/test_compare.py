@@ -142,3 +142,45 @@ def test_two_fields_that_both_change_the_graph_share_one_node_sentence():
     )
     assert "layer count" not in joint  # the layer count did not change
     assert totals.startswith("All 2 changes together: ")
+
+
+def test_per_layer_rows_run_in_forward_order_and_keep_both_models_layers():
+    """Llama 3.1 8B (32 layers) against 70B (80 layers) on meta: the rows run as the forward does, as the Memory tab
+    lists them (flop_analysis.layers_in_forward_order), not sorted by name (which put '(loss and glue)' and lm_head
+    first and model.norm last). 70B's model.layers.32-79 follow the 32 layers both have."""
+    c = compare_captures(captured("llama-3.1-8b"), captured("llama-3.1-70b"))
+    assert [p.layer for p in c.per_layer] == [
+        "model.embed_tokens",
+        *(f"model.layers.{i}" for i in range(80)),
+        "model.norm",
+        "lm_head",
+        # forward FLOPs and no node of the graph (the model's own mask bookkeeping, the rotary tables): after the
+        # layers backward reaches, before the loss, where the FLOPs tab puts them
+        "model",
+        "model.rotary_emb",
+        "(loss and glue)",
+    ]
+    # 1 + 80 + 2 + 2 + 1 = 86 rows; each Llama decoder layer has 81 nodes: A has them in layers 0-31 only
+    assert [p.a_nodes for p in c.per_layer[1:81]] == [81] * 32 + [0] * 48
+    assert [p.b_nodes for p in c.per_layer[1:81]] == [81] * 80
+
+
+def test_two_architectures_rows_keep_each_forward_order_a_first():
+    """gpt2-tiny against llama-tiny share only lm_head and the loss: A's embeddings, blocks and final LayerNorm run
+    first, then B's, then the head both have, then B's forward-only rows, the loss last."""
+    c = compare_captures(captured("gpt2-tiny"), captured("llama-tiny"))
+    rows = [p.layer for p in c.per_layer]
+    assert set(rows[:2]) == {"wte", "wpe"}  # token and position embeddings, summed: which backward reaches first
+    assert rows[2:] == [
+        "blocks.0",
+        "blocks.1",
+        "ln_f",
+        "model.embed_tokens",
+        "model.layers.0",
+        "model.layers.1",
+        "model.norm",
+        "lm_head",
+        "model",
+        "model.rotary_emb",
+        "(loss and glue)",
+    ]

@@ -1,5 +1,6 @@
 """AppTests of the compare page on gpt2-tiny pairs (b=2, s=32, h=64, nh=4, V=512, L=2 layers)."""
 
+import json
 import time
 from pathlib import Path
 
@@ -129,3 +130,40 @@ def test_a_meta_pair_is_captured_by_two_worker_processes_at_once_and_both_read_m
     assert _headline(at).loc["Nodes", "A"] == f"{a.summary.nodes:,}" and _headline(at).loc["Nodes", "B"] == f"{b.summary.nodes:,}"
     (a_start, a_end), (b_start, b_end) = spans["sdpa"], spans["eager"]
     assert b_start < a_end and a_start < b_end  # the two waits overlapped: B did not start after A was done
+
+
+def _layer_rows(at) -> list[list[str]]:
+    """The rows (y domain) of each per-layer chart, top to bottom."""
+    specs = [json.loads(chart.proto.spec) for chart in at.get("vega_lite_chart")]
+    return [s["encoding"]["y"]["scale"]["domain"] for s in specs if s["encoding"]["y"]["field"] == "layer"]
+
+
+def test_llama_8b_vs_70b_rows_run_in_forward_order_with_a_marked_gap():
+    """86 rows (embeddings, 80 layers, final norm, head, the model's and the rotary table's forward-only rows, the
+    loss) are too many: the first 20 and the last 20 are drawn, and one row stands for the 86 - 40 = 46 between them,
+    model.layers.19 - 64 (the first 20 are the embeddings and layers 0-18; the last 20 are layers 65-79 and the 5 rows
+    after them). 13 of them are 8B's (layers 19-31), all 46 are 70B's."""
+    at = AppTest.from_file(PAGE, default_timeout=300).run()
+    at.button(key="compare.pair.Llama 3.1 8B vs 70B (meta)").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    gap = "… 46 not drawn: model.layers.19 – 64 …"
+    expected = [
+        "model.embed_tokens",
+        *(f"model.layers.{i}" for i in range(19)),
+        gap,
+        *(f"model.layers.{i}" for i in range(65, 80)),
+        "model.norm",
+        "lm_head",
+        "model",
+        "model.rotary_emb",
+        "(loss and glue)",
+    ]
+    assert _layer_rows(at) == [expected, expected]  # saved bytes and FLOPs, the same rows
+    captions = [c.value.replace("\\", "") for c in at.caption]
+    gap_line = (
+        "the row “… 46 not drawn …” stands for the 46 between them (model.layers.19 – model.layers.64): "
+        "13 of A's and 46 of B's."
+    )
+    assert any(
+        c.startswith("86 rows (layers, embeddings, head, loss) in forward order") and gap_line in c for c in captions
+    ), captions

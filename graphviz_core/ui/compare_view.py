@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from graphviz_core.capture import Capture
-from graphviz_core.compare import Comparison, Headline, compare_captures
+from graphviz_core.compare import Comparison, Headline, LayerPair, compare_captures
 from graphviz_core.config import DEFAULT_PRESET, HF_FAMILIES, ModelConfig, applies, config_from_preset
 from graphviz_core.render import kernel_parts, render_html
 from graphviz_core.ui.charts import show_chart
@@ -240,7 +240,8 @@ def _paired(data: pd.DataFrame, unit: str, order: list[str], title: str) -> alt.
         .mark_bar()
         .encode(
             x=alt.X(f"{unit}:Q", title=f"{title} ({unit})"),
-            y=alt.Y("layer:N", sort=order, title=None, axis=alt.Axis(labelLimit=240)),
+            # the domain sets the rows and their order: a gap row, which has no bar, is drawn empty with its label
+            y=alt.Y("layer:N", scale=alt.Scale(domain=order), title=None, axis=alt.Axis(labelLimit=300)),
             yOffset=alt.YOffset("config:N", sort=["A", "B"]),
             color=alt.Color(
                 "config:N",
@@ -253,13 +254,45 @@ def _paired(data: pd.DataFrame, unit: str, order: list[str], title: str) -> alt.
     )
 
 
+DRAW_ENDS = 20  # rows drawn at each end when there are more than twice as many (an 80-layer model)
+
+
+def _span(first: str, last: str) -> str:
+    """'model.layers.19 – 64' for two layers of one stack, else 'first – last'."""
+    head_first, _, tail_first = first.rpartition(".")
+    head_last, _, tail_last = last.rpartition(".")
+    if head_first and head_first == head_last and tail_first.isdigit() and tail_last.isdigit():
+        return f"{first} – {tail_last}"
+    return f"{first} – {last}"
+
+
+def layer_rows(c: Comparison) -> tuple[list[LayerPair], list[str], str]:
+    """The per-layer rows to draw, the y axis's order (with a gap row where rows are left out) and the caption.
+
+    Rows run in forward order (`Comparison.per_layer`). Past 2 × DRAW_ENDS rows the repeated layers read the same, so
+    the first and the last DRAW_ENDS are drawn and one labelled row between them stands for the rest."""
+    rows = list(c.per_layer)
+    order = [p.layer for p in rows]
+    if len(rows) <= 2 * DRAW_ENDS:
+        return rows, order, "In forward order: the embeddings first, then each layer, the head, the loss last."
+    left_out = rows[DRAW_ENDS:-DRAW_ENDS]
+    span = _span(left_out[0].layer, left_out[-1].layer)
+    gap = f"… {len(left_out)} not drawn: {span} …"
+    in_a = sum(1 for p in left_out if p.a_nodes or p.a_saved_bytes or p.a_flop)
+    in_b = sum(1 for p in left_out if p.b_nodes or p.b_saved_bytes or p.b_flop)
+    caption = (
+        f"{len(rows)} rows (layers, embeddings, head, loss) in forward order, too many to draw: the first {DRAW_ENDS} "
+        f"and the last {DRAW_ENDS} are drawn, and the row “… {len(left_out)} not drawn …” stands for the "
+        f"{len(left_out)} between them ({left_out[0].layer} – {left_out[-1].layer}): {in_a} of A's and {in_b} of B's."
+    )
+    drawn = rows[:DRAW_ENDS] + rows[-DRAW_ENDS:]
+    return drawn, [*order[:DRAW_ENDS], gap, *order[-DRAW_ENDS:]], caption
+
+
 def _per_layer_bars(c: Comparison) -> None:
     st.markdown("##### Memory and FLOPs per layer, A next to B")
-    layers = list(c.per_layer)
-    if len(layers) > 40:  # 80-layer models: the repeated layers read the same; show the ends and say so
-        st.caption(f"{len(layers)} layers: the first 20 and the last 20 are drawn.")
-        layers = layers[:20] + layers[-20:]
-    order = [p.layer for p in layers]
+    layers, order, caption = layer_rows(c)
+    st.caption(escape_markdown(caption))
     byte_unit, byte_div = bytes_unit(max([1, *(max(p.a_saved_bytes, p.b_saved_bytes) for p in layers)]))
     flop_unit, flop_div = flops_unit(max([1, *(max(p.a_flop, p.b_flop) for p in layers)]))
     memory = pd.DataFrame(
