@@ -3,16 +3,19 @@
 Node counts are split the way the graph allows: a layer-count change owns (layers B − layers A) × nodes per layer;
 the rest (nodes per layer that changed, and nodes outside the layers) belongs to the one field that can change the
 graph's structure, or to the changed fields together when more than one could. Totals of bytes and FLOPs go in the
-field's own sentence when it is the only change, else in one sentence for all the changes at once.
+field's own sentence when it is the only change, else in one sentence for all the changes at once. When the model
+changes, the fields its presets set differently come with it (one sentence); a field set apart from its side's preset
+(seq 16 on bert-tiny) keeps a sentence of its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from graphviz_core.config import ROPE_FAMILIES
+from graphviz_core.config import MODEL_DEFAULTS, PRESETS, ROPE_FAMILIES, ModelConfig
 from graphviz_core.device import BYTES_PER
 from graphviz_core.units import format_bytes, format_flops
 
@@ -92,6 +95,37 @@ def explain(c: Comparison) -> list[str]:
     return list(_sentences(c))
 
 
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name != "preset"}
+
+
+def starting_point(config: ModelConfig) -> dict | None:
+    """Every field of the preset `config` started from: its own preset while it still names one of its family, else
+    (a field was changed after the preset was picked, and the form dropped the name) the preset of its family it
+    differs from in the fewest fields, the family's defaults first on a tie; None for a model with no presets."""
+
+    def full(fields: dict) -> dict:
+        return {**_FIELD_DEFAULTS, **fields}
+
+    preset = PRESETS.get(config.preset)
+    if preset is not None and full(preset.fields)["model"] == config.model:
+        return full(preset.fields)
+    if config.model not in MODEL_DEFAULTS:
+        return None
+    given = config.to_dict()
+    candidates = [full(MODEL_DEFAULTS[config.model])]
+    candidates += [full(p.fields) for p in PRESETS.values() if full(p.fields)["model"] == config.model]
+    return min(candidates, key=lambda fields: sum(fields[k] != given[k] for k in fields))
+
+
+def came_with_model(fa: ModelConfig, fb: ModelConfig, field: str) -> bool:
+    """Whether `field` differs only because the model changed: each side holds the value of the preset it started
+    from. A value set away from its own side's preset (seq 16 on bert-tiny, whose seq is 32) is a change of its own."""
+    start_a, start_b = starting_point(fa), starting_point(fb)
+    return all(
+        start is None or start[field] == getattr(config, field) for start, config in ((start_a, fa), (start_b, fb))
+    )
+
+
 def _changes(fa, fb, fields: list[str]) -> str:
     return ", ".join(f"{f} {getattr(fa, f)} → {getattr(fb, f)}" for f in fields)
 
@@ -109,23 +143,35 @@ def _sentences(c: Comparison) -> Iterator[str]:
         f"({_ratio(a.memory.saved_bytes, b.memory.saved_bytes)}), backward FLOPs {format_flops(a.flops.backward)} → "
         f"{format_flops(b.flops.backward)} ({_ratio(a.flops.backward, b.flops.backward)})"
     )
-    if "model" in fields:
+    model_changed = "model" in fields
+    if model_changed:
         others = [f for f in fields if f != "model"]
+        with_model = [f for f in others if came_with_model(fa, fb, f)]
+        fields = [f for f in others if f not in with_model]  # set apart from the presets: each has its own sentence
         yield (
             f"model {fa.model} → {fb.model}: a different architecture, so every number differs at once: "
             f"{b.summary.nodes - a.summary.nodes:+d} nodes ({_op_summary(c)}); {totals}."
             + (
-                f" Also changed: {_changes(fa, fb, others)}; these come with the other architecture, and the "
+                f" Also changed: {_changes(fa, fb, with_model)}; these come with the other architecture, and the "
                 "totals above are not split among them."
-                if others
+                if with_model
+                else ""
+            )
+            + (
+                f" Not from the architecture: {_changes(fa, fb, fields)}, set apart from the presets' values"
+                + (" (each has its own sentence below)" if len(fields) > 1 else " (its own sentence follows)")
+                + "; the totals above include "
+                + ("them." if len(fields) > 1 else "it.")
+                if fields
                 else ""
             )
         )
-        return
+        if not fields:
+            return
     split = split_nodes(c)
-    alone = len(fields) == 1
+    alone = len(fields) == 1 and not model_changed  # else the totals are stated once, not in one field's sentence
     layer_free = [f for f in fields if f != "layers"]
-    if split.rest:
+    if split.rest and not model_changed:  # the architecture owns every node when it changed
         owners = [f for f in layer_free if f in STRUCTURAL] or layer_free
     else:
         owners = []
@@ -134,6 +180,8 @@ def _sentences(c: Comparison) -> Iterator[str]:
         """What this field did to the node count, claiming only its own share."""
         if field in owners:
             return split.rest_text(fb.layers) if len(owners) == 1 else "part of the node change below"
+        if model_changed and field in STRUCTURAL:
+            return "its nodes are not split from the architecture's change above"
         return "no node added or removed"
 
     family = fb.model
@@ -211,6 +259,12 @@ def _sentences(c: Comparison) -> Iterator[str]:
                     else "the same ops, timed on different hardware."
                 )
             )
+        elif field == "layers" and model_changed:
+            yield (
+                f"{vb} layers instead of {va}: each of {family}'s layers repeats the same ops, but they are not "
+                f"{fa.model}'s layers, so the node change is not split per layer (the architecture's sentence above "
+                "has it)."
+            )
         elif field == "layers":
             delta = vb - va
             if split.from_layers is None:
@@ -246,7 +300,7 @@ def _sentences(c: Comparison) -> Iterator[str]:
             + " come from "
             f"{_changes(fa, fb, owners)} together; one pair of graphs cannot split them between these fields."
         )
-    if not alone:
+    if not alone and not model_changed:  # a model change gave the totals in its own sentence
         yield f"All {len(fields)} changes together: {totals}."
 
 

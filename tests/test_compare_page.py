@@ -167,3 +167,18 @@ def test_llama_8b_vs_70b_rows_run_in_forward_order_with_a_marked_gap():
     assert any(
         c.startswith("86 rows (layers, embeddings, head, loss) in forward order") and gap_line in c for c in captions
     ), captions
+
+
+def test_a_seq_set_on_a_picked_preset_is_the_users_change_not_the_architectures():
+    """The tester's path: Config B, preset bert-tiny, sequence length 16, Use as B (A stays gpt2-tiny). bert-tiny's
+    seq is 32 like gpt2-tiny's, so only context 0 -> 64 and intermediate 0 -> 256 come with BERT; seq 32 -> 16 is
+    the user's and gets seq's own sentence."""
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    at.selectbox(key="compare.b.preset").set_value("bert-tiny").run()
+    at.number_input(key="compare.b.seq").set_value(16)
+    next(b for b in at.button if b.label == "Use as B").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    model, seq = _sentences(at)
+    assert "Also changed: context 0 → 64, intermediate 0 → 256; these come with the other architecture" in model
+    assert "seq 32 → 16" not in model.partition("Not from the architecture")[0]
+    assert seq.startswith("- seq 32 → 16: no node added or removed — the graph's shape does not depend on seq")
