@@ -1,7 +1,7 @@
 """Capture overhead: a full instrumented capture vs a bare forward + backward of the same model (issue 13, goal 3).
 
 For each config, each round runs one bare step, one capture and one floor step (the capture's hooks and dispatch
-mode installed and doing nothing: benchmarks/floor.py), the order rotating round by round, so all three see the same
+mode installed and doing nothing: benchmarks/steps.py), the order rotating round by round, so all three see the same
 machine load; the figures are the medians of the per-round ratios to the bare step. Both steps build the model, run forward, loss and backward, and free
 what they allocated. Goals: gpt2-small <= 1.1x, 4 layers h=512 b=8 s=256 <= 1.1x, gpt2-tiny <= 2x.
 
@@ -15,8 +15,8 @@ import statistics
 import time
 
 import torch
-from floor import floor_step
 from readme_rows import row
+from steps import floor_step
 
 from graphviz_core.capture import capture_backward
 from graphviz_core.config import ModelConfig, config_from_preset
@@ -73,7 +73,7 @@ def where_it_goes(captured: list[float]) -> str:
 
 
 def paired(config: ModelConfig, rounds: int) -> tuple[list[float], list[float], list[float], list[float]]:
-    """Per round: a bare step, a capture and the floor (benchmarks/floor.py), in an order that rotates round by
+    """Per round: a bare step, a capture and the floor (benchmarks/steps.py), in an order that rotates round by
     round. Returns the bare and capture seconds, the capture/bare ratios and the floor/bare ratios."""
     bare_step(config)  # warm-up: allocator, kernels, lazy imports (the first capture of a process pays them)
     captured_step(config)
@@ -109,7 +109,7 @@ def main() -> None:
               f"capture median {statistics.median(captured) * 1000:.1f} ms; "
               f"paired ratio median {ratio:.2f}x (rounds {', '.join(f'{r:.2f}' for r in ratios)}); "
               f"goal <= {goal}x: {'met' if ratio <= goal else 'NOT met'}; the mechanism alone (empty dispatch mode "
-              f"and hooks, benchmarks/floor.py) {floor:.2f}x")
+              f"and hooks, benchmarks/steps.py) {floor:.2f}x")
         print(f"  where the capture's time goes: {where_it_goes(captured)}")
         if name == "gpt2-tiny":  # the goal not met: the fixed cost of instrumenting every aten op and every node
             row("gpt2-tiny capture, where the time goes", where_it_goes(captured), "-")

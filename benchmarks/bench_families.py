@@ -11,11 +11,11 @@ Each meta run is a fresh process, so its peak RSS (ru_maxrss) is its own, import
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
 import sys
-import time
 
 from readme_rows import row
 
@@ -50,36 +50,20 @@ def meta_run(preset: str) -> dict:
 
 
 def tiny_llama_ratio(repeats: int) -> None:
-    """Paired rounds of a bare step, a capture and the floor (benchmarks/floor.py: the capture's hooks and dispatch
+    """Paired rounds of a bare step, a capture and the floor (benchmarks/steps.py: the capture's hooks and dispatch
     mode doing nothing), the order rotating, for the llama-tiny preset and a small Llama ten times its work."""
     import torch
-    from floor import floor_step
+    from steps import bare_step, captured_step, floor_step
 
-    from graphviz_core.capture import capture_backward
     from graphviz_core.config import ModelConfig, config_from_preset
-    from graphviz_core.models import build_model, compute_loss, make_batch
 
     small = ModelConfig(model="llama", hidden=256, intermediate=688, layers=4, heads=8, kv_heads=2, vocab=512, batch=4,
                         seq=128, device="cpu")
     for label, config in (("llama-tiny", config_from_preset("llama-tiny", device="cpu")),
                           ("a small Llama (h=256, 4 layers, b=4, s=128)", small)):
 
-        def bare(config=config) -> float:
-            # Build, forward, loss, backward: what the capture does, with no instrumentation.
-            started = time.perf_counter()
-            model = build_model(config)
-            batch = make_batch(config, "cpu")
-            compute_loss(config, model(batch.inputs), batch.targets).backward()
-            del model, batch
-            return time.perf_counter() - started
-
-        def captured(config=config) -> float:
-            started = time.perf_counter()
-            capture = capture_backward(config)
-            del capture
-            return time.perf_counter() - started
-
-        steps = (("bare", bare), ("capture", captured), ("floor", lambda config=config: floor_step(config)))
+        steps = tuple((name, functools.partial(step, config))
+                      for name, step in (("bare", bare_step), ("capture", captured_step), ("floor", floor_step)))
         for _, step in steps:  # warm-up: imports, allocator, kernels
             step()
         rounds = []

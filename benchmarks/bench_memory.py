@@ -19,31 +19,14 @@ import time
 
 import torch
 from readme_rows import row
+from steps import bare_step, captured_step
 
 from graphviz_core import timeline as timeline_module
-from graphviz_core.capture import capture_backward
 from graphviz_core.checkpointing import compare_checkpointing
 from graphviz_core.config import config_from_preset
 from graphviz_core.fit import will_it_fit
-from graphviz_core.models import build_model, compute_loss, make_batch
 from graphviz_core.training_step import ACCELERATORS
 from graphviz_core.ui.format import format_bytes
-
-
-def bare_step(config) -> float:
-    started = time.perf_counter()
-    model = build_model(config)
-    batch = make_batch(config, "cpu")
-    compute_loss(config, model(batch.inputs), batch.targets).backward()
-    del model, batch
-    return time.perf_counter() - started
-
-
-def captured_step(config) -> float:
-    started = time.perf_counter()
-    capture = capture_backward(config)
-    del capture
-    return time.perf_counter() - started
 
 
 @contextlib.contextmanager

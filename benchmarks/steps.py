@@ -1,4 +1,8 @@
-"""The least a capture built like graphviz_core.capture can cost: its mechanism installed, recording nothing.
+"""The steps the overhead benchmarks time against each other: a bare step, a capture, and the floor.
+
+`bare_step` builds the model and runs forward, loss and backward with no instrumentation; `captured_step` runs
+graphviz_core.capture on the same config. The floor is the least a capture built like graphviz_core.capture can
+cost: its mechanism installed, recording nothing.
 
 The capture sees every aten op through a Python dispatch mode, every module call through forward pre/post hooks,
 every saved tensor through saved-tensor hooks and every autograd node through pre/post hooks. `floor_step` installs
@@ -14,7 +18,7 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from graphviz_core.capture import autograd_nodes
+from graphviz_core.capture import autograd_nodes, capture_backward
 from graphviz_core.config import ModelConfig
 from graphviz_core.models import build_model, compute_loss, make_batch
 
@@ -55,3 +59,21 @@ def floor_step(config: ModelConfig) -> float:
     took = time.perf_counter() - started
     del model, batch, loss
     return took
+
+
+def bare_step(config: ModelConfig) -> float:
+    """Seconds of build + forward + loss + backward with no instrumentation: what the capture does."""
+    started = time.perf_counter()
+    model = build_model(config)
+    batch = make_batch(config, "cpu")
+    compute_loss(config, model(batch.inputs), batch.targets).backward()
+    del model, batch
+    return time.perf_counter() - started
+
+
+def captured_step(config: ModelConfig) -> float:
+    """Seconds of one full capture (it builds the model itself)."""
+    started = time.perf_counter()
+    capture = capture_backward(config)
+    del capture
+    return time.perf_counter() - started
