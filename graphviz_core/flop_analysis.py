@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from graphviz_core.capture import Capture
+from graphviz_core.categories import category_of
 from graphviz_core.config import ROPE_FAMILIES
 
 BATCHED_MATMUL = "batched matmul (bmm: q·kᵀ and p·v when attention is spelled out; a mixture of experts' experts)"
@@ -70,6 +71,9 @@ FOLKLORE_RATIO = 2.0
 # ran have no FLOP formula (torch's flop_counter registers none for silu, relu, batch norm, embedding backward...).
 NO_ARITHMETIC = frozenset({"shape", "conversion", "accumulate_grad", "residual_add"})
 NOT_COUNTED_NOTE = "not counted: these ops have no FLOP formula in torch's flop_counter or ours"
+# Op families whose backward op has a FLOP formula but whose forward op has none (torch's flop_counter registers
+# none for gelu, native_layer_norm, softmax, log_softmax): their backward is counted, their forward is not.
+FORWARD_NOT_COUNTED = frozenset({"GELU", "LayerNorm", "softmax", "log-softmax (loss)"})
 
 
 def uncounted_categories(capture: Capture) -> list[str]:
@@ -173,11 +177,16 @@ def _natural(name: str) -> tuple:
 @dataclass(frozen=True)
 class FamilyRatio:
     family: str
-    forward_flop: int
+    forward_flop: int | None  # None where the forward ran ops with no FLOP formula ("not counted", not 0)
     backward_flop: int
     ratio: float | None  # backward / forward; None where the forward is not counted
     expected_ratio: float | None
     why: str
+
+
+def _forward_counted(family: str, forward_flop: int) -> bool:
+    # an unknown family ("other (aten.x)") with no forward op counted: its forward, if any, had no formula
+    return family not in FORWARD_NOT_COUNTED and (bool(forward_flop) or not family.startswith("other ("))
 
 
 def ratios_by_family(capture: Capture) -> list[FamilyRatio]:
@@ -191,13 +200,39 @@ def ratios_by_family(capture: Capture) -> list[FamilyRatio]:
     rows = []
     for family in sorted(set(forward) | set(backward), key=lambda f: -(forward[f] + backward[f])):
         expected, why = EXPECTED.get(family, (None, "no stated expectation"))
-        ratio = backward[family] / forward[family] if forward[family] else None
-        rows.append(FamilyRatio(family, forward[family], backward[family], ratio, expected, why))
+        counted = _forward_counted(family, forward[family])
+        ratio = backward[family] / forward[family] if counted and forward[family] else None
+        rows.append(FamilyRatio(family, forward[family] if counted else None, backward[family], ratio, expected, why))
     return rows
 
 
-def overall_ratio(capture: Capture) -> float | None:
-    return capture.flops.backward / capture.flops.forward if capture.flops.forward else None
+@dataclass(frozen=True)
+class OverallRatio:
+    """Backward / forward over the op families counted both ways, and what that leaves out."""
+
+    forward_flop: int  # every forward op counted (ops with no forward formula add nothing here)
+    backward_flop: int  # every backward op counted, less the left-out families'
+    ratio: float | None  # backward_flop / forward_flop
+    left_out_families: tuple[str, ...]  # backward counted, forward not (no forward formula), largest first
+    left_out_backward_flop: int
+    all_ops_ratio: float | None  # every counted backward / every counted forward: overstated by the left-out ops
+
+
+def overall_ratio(capture: Capture) -> OverallRatio:
+    """Dividing every counted backward by every counted forward puts GELU's, LayerNorm's and the loss's backward
+    over a forward that leaves them out; this ratio takes them out of the backward too, and says which."""
+    rows = ratios_by_family(capture)
+    left_out = [r for r in rows if r.forward_flop is None and r.backward_flop]
+    left_out_backward = sum(r.backward_flop for r in left_out)
+    forward, backward = capture.flops.forward, capture.flops.backward
+    return OverallRatio(
+        forward,
+        backward - left_out_backward,
+        (backward - left_out_backward) / forward if forward else None,
+        tuple(r.family for r in left_out),
+        left_out_backward,
+        backward / forward if forward else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -335,7 +370,7 @@ class NodeCost:
     op: str
     module: str
     category: str
-    flop: int
+    flop: int | None  # None where its ops have no FLOP formula ("not counted"); 0 only where it does no arithmetic
     time_s: float | None  # as measured, instrumentation included
     net_time_s: float | None  # time_s minus the per-node instrumentation overhead, floored at 0
     flop_per_s: float | None  # flop / net_time_s; None when the node ran within the overhead (net time 0)
@@ -352,6 +387,13 @@ def instrumentation_overhead_s(capture: Capture) -> float | None:
     return statistics.median(times) if times else None
 
 
+def flop_counted(category: str, op: str, flop: int) -> bool:
+    """Whether a node's FLOP count means what it says: any FLOPs were counted, or it does no arithmetic (its
+    category, or its op alone, is in NO_ARITHMETIC: a view, a copy, an AddBackward0 handing one gradient to both
+    inputs). A 0 elsewhere (EmbeddingBackward0, SiluBackward0) means its ops have no FLOP formula."""
+    return bool(flop) or category in NO_ARITHMETIC or category_of(op) in NO_ARITHMETIC
+
+
 def node_costs(capture: Capture) -> list[NodeCost]:
     overhead = instrumentation_overhead_s(capture) or 0.0
     rows = []
@@ -365,7 +407,7 @@ def node_costs(capture: Capture) -> list[NodeCost]:
                 d["op"],
                 d["module"],
                 d["category"],
-                d["flops"],
+                d["flops"] if flop_counted(d["category"], d["op"], d["flops"]) else None,
                 time_s,
                 net,
                 d["flops"] / net if net and d["flops"] else None,

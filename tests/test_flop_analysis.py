@@ -206,3 +206,40 @@ def test_a_mixture_of_experts_takes_out_its_idle_experts_and_counts_its_expert_m
     assert rule.rule_flop + sum(t.flop for t in rule.gap) == rule.measured_flop  # still exact
     assert rule.experts == experts
     assert fa.experts_of(captured("llama-tiny")) is None
+
+
+def test_families_whose_forward_has_no_flop_formula_have_no_forward_and_the_overall_ratio_leaves_them_out():
+    capture = captured("gpt2-tiny")
+    rows = {r.family: r for r in fa.ratios_by_family(capture)}
+    # backward by the textbook's per-element formulas; the forward ops (gelu, layer_norm, log_softmax) have none
+    assert rows["GELU"].backward_flop == 19 * L * B * S * 4 * H == 622_592
+    assert rows["LayerNorm"].backward_flop == 11 * (2 * L + 1) * B * S * H == 225_280  # 2 per block + ln_f
+    assert rows["log-softmax (loss)"].backward_flop == 4 * B * S * V == 131_072
+    for family in ("GELU", "LayerNorm", "log-softmax (loss)"):
+        assert (rows[family].forward_flop, rows[family].ratio) == (None, None), family  # not counted, not 0
+    # counted both ways: the forward's adds, 4 residual + token/position = 5 × b·s·h = 20_480
+    assert rows["elementwise (add, sub, mul, div)"].forward_flop == 5 * B * S * H == 20_480
+    overall = fa.overall_ratio(capture)
+    assert overall.left_out_families == ("GELU", "LayerNorm", "log-softmax (loss)")
+    assert overall.left_out_backward_flop == 622_592 + 225_280 + 131_072 == 978_944
+    assert overall.forward_flop == 16_777_216 + 1_048_576 + 20_480 == 17_846_272  # linear + fused attention + adds
+    # backward: linear 2 × 16_777_216; fused attention 10·b·nh·s²·d × L = 2_621_440; the engine's gradient sums,
+    # 4 residual branch points × b·s·h + the tied wte/lm_head weight's second gradient V·h = 16_384 + 32_768
+    assert overall.backward_flop == 2 * 16_777_216 + 2_621_440 + 4 * B * S * H + V * H == 36_225_024
+    assert overall.ratio == 36_225_024 / 17_846_272  # 2.03, where every counted backward over it read 2.08
+    assert overall.all_ops_ratio == (36_225_024 + 978_944) / 17_846_272
+    # llama-tiny: RMSNorm is spelled out (counted both ways), SiLU counts nothing either way: only the loss is left out
+    assert fa.overall_ratio(captured("llama-tiny")).left_out_families == ("log-softmax (loss)",)
+
+
+def test_a_node_whose_ops_have_no_flop_formula_is_not_counted_and_one_with_no_arithmetic_is_zero():
+    assert fa.flop_counted("matmul", "MmBackward0", 8_388_608)
+    assert not fa.flop_counted("embedding", "EmbeddingBackward0", 0)  # a scatter-add, no formula
+    assert not fa.flop_counted("activation", "SiluBackward0", 0)
+    assert fa.flop_counted("shape", "ViewBackward0", 0)  # no arithmetic: a true 0
+    assert fa.flop_counted("embedding", "AddBackward0", 0)  # wte + wpe: hands the same gradient to both inputs
+    costs = fa.node_costs(captured("gpt2-tiny"))
+    assert {r.op for r in costs if r.flop is None} == {"EmbeddingBackward0", "NllLossBackward0"}
+    assert {r.flop for r in costs if r.category in fa.NO_ARITHMETIC} == {0}
+    # a node not counted never ranks among the top nodes by FLOPs
+    assert all(r.flop for r in fa.top_nodes(captured("gpt2-tiny"), "flop", 50))

@@ -1,5 +1,6 @@
 """AppTests of the "FLOPs and time" tab on gpt2-tiny (b=2, s=32, h=64, nh=4, d=16, V=512, L=2)."""
 
+import json
 
 from tests.conftest import captured, explorer_tab
 
@@ -7,8 +8,8 @@ B, S, H, NH, D, V, L = 2, 32, 64, 4, 16, 512, 2
 
 
 def _frame(at, column: str):
-    """The first dataframe on the page with this column."""
-    return next(d.value for d in at.dataframe if column in d.value.columns)
+    """The first table on the page with this column: a dataframe, or an st.table (the tables of explanations)."""
+    return next(d.value for d in [*at.dataframe, *at.table] if column in d.value.columns)
 
 
 def test_flops_tab_shows_totals_ratios_and_the_rule_of_thumb_with_units():
@@ -32,11 +33,11 @@ def test_flops_tab_shows_totals_ratios_and_the_rule_of_thumb_with_units():
     assert rule.loc["6·N·tokens", "FLOPs"] == "51.8 MFLOP"
     # attention 12·L·b·s²·h = 12*2*2*1024*64 = 3_145_728 -> "3.1 MFLOP"
     assert rule.loc["+ attention term 12·L·b·s²·h", "FLOPs"] == "3.1 MFLOP"
-    # every FLOP cell carries its unit
-    for frame in at.dataframe:
+    # every FLOP cell carries its unit, or says its ops have no FLOP formula
+    for frame in [*at.dataframe, *at.table]:
         for column in ("FLOPs", "forward", "backward"):
             if column in frame.value.columns:
-                assert all(v.endswith("FLOP") for v in frame.value[column]), column
+                assert all(v.endswith("FLOP") or v == "not counted" for v in frame.value[column]), column
 
 
 def test_flops_tab_times_nodes_on_cpu_and_says_the_overhead_is_subtracted():
@@ -112,3 +113,81 @@ def test_categories_whose_ops_have_no_flop_formula_read_not_counted_and_bars_tak
     assert dict(zip(scale["domain"], scale["range"], strict=True)) == {c: CATEGORY_COLOURS[c] for c in scale["domain"]}
     assert set(scale["domain"]) == {"conv", "matmul", "pooling", "loss"}
     assert len(set(scale["range"])) == 4
+
+
+def test_a_forward_with_no_flop_formula_reads_not_counted_and_the_headline_ratio_leaves_its_backward_out():
+    at = explorer_tab("FLOPs and time", 120)
+    assert not at.exception
+    ratios = _frame(at, "op family").set_index("op family")
+    # backward counted by the textbook's per-element formulas, forward ops (gelu, layer_norm, log_softmax) have none:
+    # GELU 19 FLOP/element × b·s·4h = 2·32·256 = 16_384 elements × 2 layers = 622_592
+    # LayerNorm 11 FLOP/element × b·s·h = 4_096 elements × 5 norms (2 per block + ln_f) = 225_280
+    # log-softmax 4 FLOP/element × b·s·V = 64·512 = 32_768 elements = 131_072
+    for family, backward in (("GELU", "622.6 kFLOP"), ("LayerNorm", "225.3 kFLOP"), ("log-softmax (loss)", "131.1 kFLOP")):
+        assert ratios.loc[family, ["forward", "backward", "measured backward / forward"]].tolist() == [
+            "not counted", backward, "n/a"], family
+    metrics = {m.label: m.value for m in at.metric}
+    # over the families counted both ways: backward linear 2 × 16_777_216 + fused attention 2_621_440 + elementwise
+    # 49_152 = 36_225_024, forward 17_846_272: 2.0298 -> "2.03×"; with the 978_944 left out it read 2.08×
+    assert metrics["Backward / forward"] == "2.03×"
+    note = next(c.value for c in at.caption if c.value.startswith("Backward / forward = "))
+    assert note.startswith("Backward / forward = 36.2 MFLOP / 17.8 MFLOP, over the ops counted both ways")
+    assert "GELU, LayerNorm and log-softmax (loss)" in note and "978.9 kFLOP" in note and "2.08×" in note
+
+
+def test_a_node_whose_ops_have_no_flop_formula_reads_not_counted_and_a_view_reads_0_flop():
+    at = explorer_tab("FLOPs and time", 120)
+    every = _frame_all_nodes(at)
+    assert len(every) == captured("gpt2-tiny").summary.nodes  # 101: the expander's table of every node
+    flops = dict(zip(every["node"], every["FLOPs"], strict=True))
+
+    def cells(*ops):
+        return {v for node, v in flops.items() if node.rpartition(":")[0] in ops}
+
+    # wte's and wpe's lookups (backward: a scatter-add into the table) and NLL's backward have no FLOP formula
+    assert cells("EmbeddingBackward0", "NllLossBackward0") == {"not counted"}
+    # views and transposes, gradient stores, and the add of token and position embeddings (its backward hands the
+    # same gradient to both) do no arithmetic: a true 0
+    assert cells("ViewBackward0", "TBackward0", "AccumulateGrad", "AddBackward0") == {"0 FLOP"}
+
+
+def _frame_all_nodes(at):
+    return next(d.value for d in reversed(at.dataframe) if "bytes moved" in d.value.columns)
+
+
+def test_the_roofline_colours_each_category_as_the_graph_does():
+    from graphviz_core.export import CATEGORY_COLOURS
+
+    at = explorer_tab("FLOPs and time", 120)
+    assert not at.exception
+    specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+    roofline = next(s for s in specs if "layer" in s)  # the roof (a line) and the nodes (dots, by category)
+    scale = roofline["layer"][1]["encoding"]["color"]["scale"]
+    # its own palette drew activation dark blue and matmul pink; the graph draws matmul blue, attention red...
+    assert dict(zip(scale["domain"], scale["range"], strict=True)) == {c: CATEGORY_COLOURS[c] for c in scale["domain"]}
+    assert {"matmul", "attention"} <= set(scale["domain"])
+
+
+def test_tables_of_explanations_wrap_and_the_node_tables_fit_their_headers():
+    at = explorer_tab("FLOPs and time", 120)
+    # st.dataframe cuts a cell at its column's width ("…(embe…"); st.table wraps it, so the whole text shows
+    wrapped = {c for t in at.table for c in t.value.columns}
+    assert {"op family", "term", "why"} <= wrapped
+    assert not [d for d in at.dataframe if "why" in d.value.columns]
+    rule = _frame(at, "term")
+    assert rule["why"].str.contains("(embedding lookups, biases, norm gains; a tied table counts once)", regex=False).any()
+    # "bytes moved" is 11 characters: at about 7 px each plus the header's sort and menu icons it needs ~100 px;
+    # auto width fitted the values ("425.9 KiB") and cut it to "bytes move…"
+    for frame in (d for d in at.dataframe if "bytes moved" in d.value.columns):
+        assert json.loads(frame.proto.columns)["bytes moved"]["width"] >= 100
+
+
+def test_the_roofline_caption_counts_one_node_in_the_singular():
+    from graphviz_core.ui.flops_view import roofline_summary
+
+    assert " 1 node sits above the roof" in roofline_summary(3, 19, 0.08, 1)  # read "1 nodes sit"
+    assert " 2 nodes sit above the roof" in roofline_summary(3, 19, 0.08, 2)
+    assert roofline_summary(1, 19, 0.08, 0).startswith("1 of these 19 nodes sits left of the ridge")
+    assert roofline_summary(3, 19, 0.08, 0).startswith("3 of these 19 nodes sit left of the ridge")
+    assert roofline_summary(1, 1, 0.5, 0).startswith("The one node sits left of the ridge")
+    assert "above the roof" not in roofline_summary(3, 19, 0.08, 0)

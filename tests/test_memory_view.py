@@ -30,6 +30,17 @@ def test_memory_tab_shows_the_peak_and_runs_both_actions():
     assert len(fit) == 3
 
 
+def test_the_training_step_table_wraps_so_every_why_reads_whole():
+    at = explorer_tab("Memory", 180)
+    assert not at.exception
+    # st.dataframe cut this to "measured forward + backward peak + master weights + optir…" at 1280 px
+    step = next(t.value for t in at.table if "why" in t.value.columns).set_index("part")
+    assert step.loc["step peak", "why"] == "measured forward + backward peak + master weights + optimizer state"
+    # gpt2-tiny in float32: 134,912 parameters × 4 B = 539,648 B = 527.0 KiB
+    assert step.loc["parameters", ["bytes", "why"]].tolist() == ["527.0 KiB", "134,912 × float32"]
+    assert not [d for d in at.dataframe if "why" in d.value.columns]
+
+
 @pytest.mark.browser
 def test_the_panels_peak_in_a_browser_equals_the_cli_json(page, streamlit_url, tmp_path):
     out = tmp_path / "graph.json"

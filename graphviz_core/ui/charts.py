@@ -1,11 +1,22 @@
-"""Charts at the height they were drawn for."""
+"""Charts at the height they were drawn for, in the graph's colours."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import altair as alt
 import streamlit as st
 
+from graphviz_core.export import CATEGORY_COLOURS
+
 AXES_PX = 80  # axis titles, tick labels and a legend row below the plot
+
+
+def category_scale(categories: Iterable[str]) -> alt.Scale:
+    """A colour scale giving each category the graph's fill colour for it (export.CATEGORY_COLOURS), so a chart's
+    "matmul" is the same blue as the graph's matmul nodes. Categories keep their order, once each."""
+    domain = list(dict.fromkeys(categories))
+    return alt.Scale(domain=domain, range=[CATEGORY_COLOURS.get(c, "#000000") for c in domain])
 
 
 def show_chart(chart: alt.TopLevelMixin, where=None) -> None:

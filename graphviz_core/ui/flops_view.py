@@ -11,9 +11,8 @@ import streamlit as st
 from graphviz_core import flop_analysis as fa
 from graphviz_core.capture import Capture
 from graphviz_core.device_peak import DevicePeak, measure_peak
-from graphviz_core.export import CATEGORY_COLOURS
 from graphviz_core.flop_terms import terms_both_ways
-from graphviz_core.ui.charts import show_chart
+from graphviz_core.ui.charts import category_scale, show_chart
 from graphviz_core.ui.format import (
     escape_markdown,
     flops_unit,
@@ -26,6 +25,23 @@ from graphviz_core.ui.format import (
 
 GRAPH_SEARCH_KEY = "view.search"  # the graph tab's search box: setting it highlights nodes there
 PASS_COLOURS = {"forward": "#4c78a8", "backward": "#e45756"}
+NOT_COUNTED = "not counted"  # a FLOP cell whose ops have no FLOP formula (flop_analysis.NOT_COUNTED_NOTE), not 0
+# The per-node tables' narrow columns, each as wide as its header (auto width fitted the values and cut
+# "bytes moved" to "bytes move…" at 1280 px); node and module keep their auto width, which fits their values.
+NODE_COLUMNS = {
+    "category": st.column_config.TextColumn(width=105),
+    "FLOPs": st.column_config.TextColumn(width=90, help="FLOPs of the aten ops that ran in this node's backward"),
+    "time": st.column_config.TextColumn(width=75, help="measured, instrumentation included"),
+    "achieved": st.column_config.TextColumn(width=110, help="FLOPs / (time − the instrumentation's overhead)"),
+    "bytes moved": st.column_config.TextColumn(
+        width=100, help="gradients read and written + tensors saved for it, parameters included"
+    ),
+    "intensity": st.column_config.TextColumn(width=95, help="FLOPs / bytes moved"),
+}
+
+
+def _flop_cell(flop: int | None) -> str:
+    return NOT_COUNTED if flop is None else format_flops(flop)
 
 
 @st.fragment
@@ -42,13 +58,15 @@ def show_flops(capture: Capture) -> None:
         help="every aten op that ran while backward ran, including gradient sums between nodes"
         + (" and checkpointing's recompute" if f.backward_recompute else ""),
     )
+    left_out = ", ".join(ratio.left_out_families)
     cols[2].metric(
         "Backward / forward",
-        format_ratio(ratio),
+        format_ratio(ratio.ratio),
         "folklore says 2.00×",
         delta_color="off", delta_arrow="off",
-        help=f"{', '.join(fa.norm_and_activation_names(capture)) or 'Normalisations and activations'} count no forward "
-        "FLOPs (no forward formula), so this overstates a little",
+        help="backward FLOPs over forward FLOPs, both counting only the ops counted both ways"
+        + (f": {left_out} have a backward FLOP formula but no forward one, so their backward is left out too "
+           f"(with it the ratio would read {format_ratio(ratio.all_ops_ratio)}, overstated)" if left_out else ""),
     )
     off = rule.not_applicable
     cols[3].metric(
@@ -59,6 +77,15 @@ def show_flops(capture: Capture) -> None:
         help=off or "forward + backward measured, divided by 6·N·tokens + the attention "
         "term; the gap is explained term by term below",
     )
+    if ratio.left_out_families:
+        *rest, last = ratio.left_out_families
+        names = f"{', '.join(rest)} and {last}" if rest else last
+        st.caption(
+            f"Backward / forward = {format_flops(ratio.backward_flop)} / {format_flops(ratio.forward_flop)}, over the "
+            f"ops counted both ways: {names} have a backward FLOP formula but no forward one (forward "
+            f"{NOT_COUNTED}), so their {format_flops(ratio.left_out_backward_flop)} of backward is left out. Every "
+            f"counted backward over the forward would read {format_ratio(ratio.all_ops_ratio)}, overstated."
+        )
     _per_layer(capture)
     _ratios(capture)
     _rule_of_thumb(rule)
@@ -115,11 +142,7 @@ def _per_layer(capture: Capture) -> None:
             .encode(
                 x=alt.X(f"{unit}:Q", title=f"backward ({unit})"),
                 y=alt.Y("category:N", sort="-x", title=None),
-                color=alt.Color(
-                    "category:N",
-                    scale=alt.Scale(domain=list(by_category), range=[CATEGORY_COLOURS.get(c, "#000000") for c in by_category]),
-                    legend=None,
-                ),
+                color=alt.Color("category:N", scale=category_scale(by_category), legend=None),
                 tooltip=["category:N", "FLOPs:N"],
             )
             .properties(height=alt.Step(26)),
@@ -139,12 +162,12 @@ def _ratios(capture: Capture) -> None:
         "true for matmuls, not for a fused attention kernel (it recomputes q·kᵀ) nor for elementwise ops."
     )
     rows = fa.ratios_by_family(capture)
-    st.dataframe(
+    st.table(  # st.table wraps long cells; st.dataframe cut "why" off at 1280 px
         pd.DataFrame(
             [
                 {
                     "op family": r.family,
-                    "forward": format_flops(r.forward_flop),
+                    "forward": _flop_cell(r.forward_flop),
                     "backward": format_flops(r.backward_flop),
                     "measured backward / forward": format_ratio(r.ratio),
                     "expected": format_ratio(r.expected_ratio) if r.expected_ratio else "—",
@@ -155,7 +178,6 @@ def _ratios(capture: Capture) -> None:
             ]
         ),
         hide_index=True,
-        width="stretch",
     )
 
 
@@ -179,7 +201,7 @@ def _rule_of_thumb(rule: fa.RuleOfThumb) -> None:
         *(("gap: " + t.term.split(":")[0].split(" (")[0], t.flop, t.term) for t in rule.gap),
         ("= measured forward + backward", rule.measured_flop, "every aten op counted by shape"),
     ]
-    st.dataframe(
+    st.table(
         pd.DataFrame(
             [
                 {
@@ -191,7 +213,6 @@ def _rule_of_thumb(rule: fa.RuleOfThumb) -> None:
             ]
         ),
         hide_index=True,
-        width="stretch",
     )
 
 
@@ -228,7 +249,7 @@ def _both_attentions(capture: Capture) -> None:
     def cell(v: int | None) -> str:
         return "—" if v is None else format_flops(v)
 
-    st.dataframe(
+    st.table(
         pd.DataFrame(
             [
                 {
@@ -243,7 +264,6 @@ def _both_attentions(capture: Capture) -> None:
             ]
         ),
         hide_index=True,
-        width="stretch",
     )
 
 
@@ -260,7 +280,7 @@ def _node_table(rows: list[fa.NodeCost]) -> pd.DataFrame:
                 "node": r.node,
                 "module": r.module or "—",
                 "category": r.category,
-                "FLOPs": format_flops(r.flop),
+                "FLOPs": _flop_cell(r.flop),
                 "time": format_seconds(r.time_s),
                 "achieved": format_flops(r.flop_per_s, "FLOP/s"),
                 "bytes moved": format_bytes(r.bytes_moved),
@@ -269,6 +289,10 @@ def _node_table(rows: list[fa.NodeCost]) -> pd.DataFrame:
             for r in rows
         ]
     )
+
+
+def _show_nodes(rows: list[fa.NodeCost]) -> None:
+    st.dataframe(_node_table(rows), hide_index=True, width="stretch", column_config=NODE_COLUMNS)
 
 
 def _time_and_roofline(capture: Capture) -> None:
@@ -292,18 +316,18 @@ def _time_and_roofline(capture: Capture) -> None:
     n = st.select_slider("Nodes to list", [5, 10, 20, 50], key="flops.top_n")
     by_flop = fa.top_nodes(capture, "flop", n)
     st.caption(f"Top {n} nodes by backward FLOPs")
-    st.dataframe(_node_table(by_flop), hide_index=True, width="stretch")
+    _show_nodes(by_flop)
     by_time = fa.top_nodes(capture, "time_s", n) if timed else []
     st.caption(f"Top {n} nodes by time" + ("" if timed else " — not measured on meta"))
     if by_time:
-        st.dataframe(_node_table(by_time), hide_index=True, width="stretch")
+        _show_nodes(by_time)
     choices = list(dict.fromkeys([*by_flop, *by_time]))
     if choices:
         row = st.columns([3, 1])
         picked = row[0].selectbox(
             "Find a node in the graph",
             choices,
-            format_func=lambda r: f"{r.op} · {r.module or '(no module)'} · {format_flops(r.flop)}",
+            format_func=lambda r: f"{r.op} · {r.module or '(no module)'} · {_flop_cell(r.flop)}",
             key="flops.find",
         )
         if row[1].button(
@@ -320,7 +344,7 @@ def _time_and_roofline(capture: Capture) -> None:
             "Bytes moved: the gradients the node reads and writes plus the tensors saved for it (read back in "
             "backward), parameters included. Intensity = FLOPs / bytes moved."
         )
-        st.dataframe(_node_table(fa.node_costs(capture)), hide_index=True, width="stretch")
+        _show_nodes(fa.node_costs(capture))
 
 
 def _roofline(capture: Capture) -> None:
@@ -375,7 +399,10 @@ def _roofline(capture: Capture) -> None:
         .encode(
             x=x,
             y=y,
-            color=alt.Color("category:N", legend=alt.Legend(orient="bottom", columns=4)),
+            color=alt.Color(
+                "category:N", scale=category_scale(sorted(points["category"])),
+                legend=alt.Legend(orient="bottom", columns=4),
+            ),
             tooltip=[
                 "node:N",
                 "module:N",
@@ -390,13 +417,24 @@ def _roofline(capture: Capture) -> None:
     slow = sum(1 for r in nodes if r.intensity_flop_per_byte < peak.ridge_flop_per_byte)
     above = sum(1 for r in nodes if r.flop_per_s > min(peak.flop_per_s, peak.bytes_per_s * r.intensity_flop_per_byte))
     best = max(r.flop_per_s for r in nodes) / peak.flop_per_s
-    st.caption(
-        f"{slow} of these {len(nodes)} nodes sit left of the ridge (memory-bound); the best reached {best:.0%} of "
-        "the matmul peak. Small shapes run far below the roof: per-call overhead dominates kernels this short."
+    st.caption(roofline_summary(slow, len(nodes), best, above))
+
+
+def roofline_summary(left_of_ridge: int, nodes: int, best_of_peak: float, above_roof: int) -> str:
+    """The sentence under the roofline: how many of its `nodes` dots are memory-bound, the best share of the peak,
+    and how many sit above the roof (the peak was measured while the machine was busier)."""
+    if nodes == 1:
+        where = "The one node sits " + ("left of the ridge (memory-bound)" if left_of_ridge else "right of the ridge")
+    else:
+        verb = "sits" if left_of_ridge == 1 else "sit"
+        where = f"{left_of_ridge} of these {nodes} nodes {verb} left of the ridge (memory-bound)"
+    return (
+        f"{where}; the best reached {best_of_peak:.0%} of the matmul peak. Small shapes run far below the "
+        "roof: per-call overhead dominates kernels this short."
         + (
-            f" {above} nodes sit above the roof: the microbenchmark ran while this machine was busier than during the "
-            "capture, so read the roof as a lower bound, or measure it again."
-            if above
+            f" {above_roof} {'node sits' if above_roof == 1 else 'nodes sit'} above the roof: the microbenchmark ran while this machine was "
+            "busier than during the capture, so read the roof as a lower bound, or measure it again."
+            if above_roof
             else ""
         )
     )

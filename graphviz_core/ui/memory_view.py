@@ -225,10 +225,9 @@ def _training_step(capture: Capture, step: TrainingStep) -> None:
         ("sum of the parts", step.sum_of_parts_bytes, "as if all were live at once"),
         ("step peak", step.step_peak_bytes, "measured forward + backward peak + master weights + optimizer state"),
     ]
-    st.dataframe(
+    st.table(  # st.table wraps long cells; st.dataframe cut "why" off at 1280 px
         pd.DataFrame([{"part": p, "bytes": format_bytes(b), "why": w} for p, b, w in parts]),
         hide_index=True,
-        width="stretch",
     )
     st.dataframe(
         pd.DataFrame(
