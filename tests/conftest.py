@@ -19,6 +19,26 @@ def captured(preset: str, **overrides) -> Capture:
     return capture_backward(config_from_preset(preset, **overrides))
 
 
+def plain(markdown: str) -> str:
+    """What the reader sees of escaped Markdown (text is backslash-escaped before it is shown)."""
+    return re.sub(r"\\(.)", r"\1", markdown).replace("\u2060", "")
+
+
+def tables(at) -> list:
+    """The page's st.table frames as the reader sees them: their cells are escaped (graphviz_core.ui.format.literal_cells),
+    since st.table renders Markdown."""
+    def shown(value):
+        return plain(value) if isinstance(value, str) else value
+
+    frames = []
+    for table in at.table:
+        frame = table.value.map(shown)
+        frame.index = frame.index.map(shown)
+        frame.columns = frame.columns.map(shown)
+        frames.append(frame)
+    return frames
+
+
 @pytest.fixture(autouse=True)
 def _cpu_unless_asked(monkeypatch):
     # 'auto' means CPU in tests unless a test says otherwise (a GPU box runs the same numbers).

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from tests.conftest import captured
+from tests.conftest import captured, tables
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
@@ -94,7 +94,7 @@ def test_graph_explorer_shows_the_textbook_comparison_with_real_numbers():
     at.query_params["tab"] = "Measured vs textbook"  # only the open tab is drawn
     at.run()
     assert [h.value for h in at.subheader] == ["Measured vs textbook"]
-    flops = at.table[1].value
+    flops = tables(at)[1]
     # gpt2-tiny: lm_head backward 4*b*s*h*V = 4*2*32*64*512 = 8_388_608 -> "8.4 MFLOP", measured = textbook
     assert flops.loc["lm_head (4bshV)", "measured"] == "8.4 MFLOP"
     assert flops.loc["lm_head (4bshV)", "measured / textbook"] == "1.000"

@@ -2,14 +2,14 @@
 
 import json
 
-from tests.conftest import captured, explorer_tab
+from tests.conftest import captured, explorer_tab, tables
 
 B, S, H, NH, D, V, L = 2, 32, 64, 4, 16, 512, 2
 
 
 def _frame(at, column: str):
     """The first table on the page with this column: a dataframe, or an st.table (the tables of explanations)."""
-    return next(d.value for d in [*at.dataframe, *at.table] if column in d.value.columns)
+    return next(frame for frame in [*(d.value for d in at.dataframe), *tables(at)] if column in frame.columns)
 
 
 def test_flops_tab_shows_totals_ratios_and_the_rule_of_thumb_with_units():
@@ -34,10 +34,10 @@ def test_flops_tab_shows_totals_ratios_and_the_rule_of_thumb_with_units():
     # attention 12·L·b·s²·h = 12*2*2*1024*64 = 3_145_728 -> "3.1 MFLOP"
     assert rule.loc["+ attention term 12·L·b·s²·h", "FLOPs"] == "3.1 MFLOP"
     # every FLOP cell carries its unit, or says its ops have no FLOP formula
-    for frame in [*at.dataframe, *at.table]:
+    for frame in [*(d.value for d in at.dataframe), *tables(at)]:
         for column in ("FLOPs", "forward", "backward"):
-            if column in frame.value.columns:
-                assert all(v.endswith("FLOP") or v == "not counted" for v in frame.value[column]), column
+            if column in frame.columns:
+                assert all(v.endswith("FLOP") or v == "not counted" for v in frame[column]), column
 
 
 def test_flops_tab_times_nodes_on_cpu_and_says_the_overhead_is_subtracted():
@@ -171,7 +171,7 @@ def test_the_roofline_colours_each_category_as_the_graph_does():
 def test_tables_of_explanations_wrap_and_the_node_tables_fit_their_headers():
     at = explorer_tab("FLOPs and time", 120)
     # st.dataframe cuts a cell at its column's width ("…(embe…"); st.table wraps it, so the whole text shows
-    wrapped = {c for t in at.table for c in t.value.columns}
+    wrapped = {c for t in tables(at) for c in t.columns}
     assert {"op family", "term", "why"} <= wrapped
     assert not [d for d in at.dataframe if "why" in d.value.columns]
     rule = _frame(at, "term")

@@ -51,3 +51,17 @@ def test_seconds_at_thresholds(s, text):
 
 def test_missing_values_say_so():
     assert format_bytes(None) == format_flops(None) == format_seconds(None) == "n/a"
+
+
+def test_table_cells_are_shown_as_written():
+    """st.table renders its cells as Markdown: the FLOPs tab's '+ attention term 12·L·b·s²·h' row became a bullet
+    ('• attention term …'). literal_cells escapes text cells, the index and the headers; numbers stay numbers."""
+    import pandas as pd
+
+    from graphviz_core.ui.format import escape_markdown, literal_cells
+
+    frame = pd.DataFrame([{"term": "+ attention term 12·L·b·s²·h", "why": "a __init__ module", "n": 3}]).set_index("term")
+    shown = literal_cells(frame)
+    assert list(shown.index) == [escape_markdown("+ attention term 12·L·b·s²·h")] and shown.index[0].startswith("\\+")
+    assert shown.loc[shown.index[0], "why"] == "a \\_\\_init\\_\\_ module" and shown.loc[shown.index[0], "n"] == 3
+    assert frame.index[0] == "+ attention term 12·L·b·s²·h"  # the frame given is left as it was

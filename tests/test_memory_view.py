@@ -8,7 +8,7 @@ import pytest
 
 from graphviz_core.cli import main
 from graphviz_core.ui.format import format_bytes
-from tests.conftest import captured, explorer_tab
+from tests.conftest import captured, explorer_tab, tables
 
 
 def test_memory_tab_shows_the_peak_and_runs_both_actions():
@@ -34,7 +34,7 @@ def test_the_training_step_table_wraps_so_every_why_reads_whole():
     at = explorer_tab("Memory", 180)
     assert not at.exception
     # st.dataframe cut this to "measured forward + backward peak + master weights + optir…" at 1280 px
-    step = next(t.value for t in at.table if "why" in t.value.columns).set_index("part")
+    step = next(t for t in tables(at) if "why" in t.columns).set_index("part")
     assert step.loc["step peak", "why"] == "measured forward + backward peak + master weights + optimizer state"
     # gpt2-tiny in float32: 134,912 parameters × 4 B = 539,648 B = 527.0 KiB
     assert step.loc["parameters", ["bytes", "why"]].tolist() == ["527.0 KiB", "134,912 × float32"]

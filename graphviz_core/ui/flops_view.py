@@ -21,6 +21,7 @@ from graphviz_core.ui.format import (
     format_intensity,
     format_ratio,
     format_seconds,
+    literal_cells,
 )
 
 GRAPH_SEARCH_KEY = "view.search"  # the graph tab's search box: setting it highlights nodes there
@@ -163,7 +164,7 @@ def _ratios(capture: Capture) -> None:
     )
     rows = fa.ratios_by_family(capture)
     st.table(  # st.table wraps long cells; st.dataframe cut "why" off at 1280 px
-        pd.DataFrame(
+        literal_cells(pd.DataFrame(
             [
                 {
                     "op family": r.family,
@@ -176,7 +177,7 @@ def _ratios(capture: Capture) -> None:
                 }
                 for r in rows
             ]
-        ),
+        )),
         hide_index=True,
     )
 
@@ -202,7 +203,7 @@ def _rule_of_thumb(rule: fa.RuleOfThumb) -> None:
         ("= measured forward + backward", rule.measured_flop, "every aten op counted by shape"),
     ]
     st.table(
-        pd.DataFrame(
+        literal_cells(pd.DataFrame(
             [
                 {
                     "term": term,
@@ -211,7 +212,7 @@ def _rule_of_thumb(rule: fa.RuleOfThumb) -> None:
                 }
                 for term, flop, why in rows
             ]
-        ),
+        )),
         hide_index=True,
     )
 
@@ -250,7 +251,7 @@ def _both_attentions(capture: Capture) -> None:
         return "—" if v is None else format_flops(v)
 
     st.table(
-        pd.DataFrame(
+        literal_cells(pd.DataFrame(
             [
                 {
                     "op": r.term,
@@ -262,7 +263,7 @@ def _both_attentions(capture: Capture) -> None:
                 }
                 for r in rows
             ]
-        ),
+        )),
         hide_index=True,
     )
 

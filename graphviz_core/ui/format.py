@@ -32,3 +32,15 @@ def escape_markdown(text: object) -> str:
     escaped = _AUTOLINK.sub(lambda m: m.group(1) + WORD_JOINER + m.group(2) if m.group(1) else m.group(3) + WORD_JOINER,
                             escaped)
     return escaped.replace("\n", "  \n")
+
+
+def literal_cells(frame):
+    """A copy of the pandas DataFrame `frame` whose text cells, index and headers st.table shows as written: st.table
+    renders them as Markdown, so '+ attention term' became a bullet and a module's `__init__` would turn bold."""
+    def cell(value: object) -> object:
+        return escape_markdown(value) if isinstance(value, str) else value
+
+    shown = frame.map(cell)
+    shown.index = shown.index.map(cell)
+    shown.columns = shown.columns.map(cell)
+    return shown

@@ -21,7 +21,7 @@ from graphviz_core.training_step import (
     training_step_of,
 )
 from graphviz_core.ui.charts import show_chart
-from graphviz_core.ui.format import bytes_unit, format_bytes, format_flops
+from graphviz_core.ui.format import bytes_unit, format_bytes, format_flops, literal_cells
 
 KIND_COLOURS = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e", "#c7c7c7"]  # same order as KINDS
 CUSTOM = "Custom (GiB)"
@@ -226,7 +226,7 @@ def _training_step(capture: Capture, step: TrainingStep) -> None:
         ("step peak", step.step_peak_bytes, "measured forward + backward peak + master weights + optimizer state"),
     ]
     st.table(  # st.table wraps long cells; st.dataframe cut "why" off at 1280 px
-        pd.DataFrame([{"part": p, "bytes": format_bytes(b), "why": w} for p, b, w in parts]),
+        literal_cells(pd.DataFrame([{"part": p, "bytes": format_bytes(b), "why": w} for p, b, w in parts])),
         hide_index=True,
     )
     st.dataframe(

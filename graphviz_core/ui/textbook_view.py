@@ -7,7 +7,7 @@ import streamlit as st
 
 from graphviz_core.capture import Capture
 from graphviz_core.textbook import Comparison, backward_flops, memory_per_layer
-from graphviz_core.ui.format import format_bytes, format_flops
+from graphviz_core.ui.format import format_bytes, format_flops, literal_cells
 
 
 def _table(rows: list[Comparison], fmt) -> pd.DataFrame:
@@ -34,7 +34,7 @@ def show_textbook_comparison(capture: Capture) -> None:
     if memory:
         st.markdown("**Activation memory of one layer** (saved for backward, mean over the layers), against the "
                     "published per-layer formula")
-        st.table(_table(memory, format_bytes).set_index("term"))
+        st.table(literal_cells(_table(memory, format_bytes).set_index("term")))
     if flops:
         st.markdown("**Backward FLOPs**, term by term against the per-op derivation for GPT-2")
-        st.table(_table(flops, format_flops).set_index("term"))
+        st.table(literal_cells(_table(flops, format_flops).set_index("term")))
