@@ -13,8 +13,11 @@ from tests.conftest import captured
 pytestmark = pytest.mark.browser
 
 # A capture slow enough to queue behind (gpt2-tiny at 16 layers, b=4, s=256: 703 nodes, 10-20 s on 2 cores).
-SLOW = dict(layers=16, batch=4, seq=256)
-SLOW_BYTES = estimate_peak_bytes(config_from_preset("gpt2-tiny", device="cpu", **SLOW))  # ~80 MiB
+# Slow enough that Cancel, which takes effect at the page's next rerun (its waiting line polls every 0.3 s), lands
+# while the capture still runs: 0.7 s alone here, 3-4 s in a server drawing two pages (16 layers took 0.2 s alone and
+# 1.2 s in the server, and on a quiet machine finished before the click).
+SLOW = dict(layers=64, batch=4, seq=256)
+SLOW_BYTES = estimate_peak_bytes(config_from_preset("gpt2-tiny", device="cpu", **SLOW))  # ~300 MiB
 # Room for one slow capture beside the default gpt2-tiny (~2 MiB), not for two slow ones: the second one queues.
 BUDGET = int(SLOW_BYTES * 1.25)
 
