@@ -475,17 +475,18 @@ class _Run:
         return packed.tensor
 
     def module_pre(self, module, args, kwargs):
-        self.check()
         path = self.module_paths[module]
         self.storages.module_entered(path)  # the timeline's module, from the same hook
-        if self.phase != "forward":
-            return
-        self.open_calls.append(_next_sequence_nr())
-        if getattr(module, RECOMPUTED, False):
-            for t in tensors_in((args, kwargs)):
-                key, nbytes = _storage_key(t)
-                if key not in self.param_storages:
-                    self.checkpoint_held[key] = nbytes
+        if self.phase == "forward":
+            self.open_calls.append(_next_sequence_nr())
+            if getattr(module, RECOMPUTED, False):
+                for t in tensors_in((args, kwargs)):
+                    key, nbytes = _storage_key(t)
+                    if key not in self.param_storages:
+                        self.checkpoint_held[key] = nbytes
+        # Last: a cancel raised here still meets this module's post hook (always_call), which pops what was pushed
+        # above ("pop from empty list" in the server's log when it was checked first).
+        self.check()
 
     def module_post(self, module, args, kwargs, output):
         self.storages.module_left()

@@ -260,7 +260,8 @@ def build_network(
     level_of_detail: bool = True,
 ) -> Network:
     """The pyvis Network for `graph`: server-side positions, physics off, one entry per node and edge."""
-    layout = layout or layered_layout(graph, widths=node_widths(graph))
+    widths = node_widths(graph)
+    layout = layout or layered_layout(graph, widths=widths)
     column = _columns(layout)
     net = Network(directed=True)
     net.node_ids = _IdList()
@@ -293,11 +294,20 @@ def build_network(
             options["borderWidth"] = 5
             options["color"]["border"] = "#e6007e"
         net.add_node(node, **options)
+    depth = {node: d for d, layer in enumerate(layout.layers) for node in layer}
     for u, v, edge in graph.edges(data=True):
         if edge.get("label"):
             net.add_edge(u, v, label=edge["label"], font={"size": 14, "color": "#b00020", "strokeWidth": 3})
         elif column[u] != column[v]:  # runs from the foot of one folded column to the head of the next
             net.add_edge(u, v, dashes=True, color={"color": "#c8c8c8"})
+        elif abs(depth[u] - depth[v]) > 1 and abs(layout.positions[u][0] - layout.positions[v][0]) < 1:
+            # Straight down it would run behind the nodes between (a residual skip in a one-column view): bowed out to
+            # the side. vis-network's curve peaks about roundness x span / 2 off the line; clear their widest half.
+            x, span = layout.positions[u][0], abs(layout.positions[u][1] - layout.positions[v][1])
+            between = [n for d in range(min(depth[u], depth[v]) + 1, max(depth[u], depth[v]))
+                       for n in layout.layers[d] if abs(layout.positions[n][0] - x) < 1]
+            clear = max((widths[n] / 2 for n in between), default=0) + 24
+            net.add_edge(u, v, smooth={"enabled": True, "type": "curvedCW", "roundness": min(1.0, 2 * clear / span)})
         else:
             net.add_edge(u, v)
     net.set_options(json.dumps({  # pyvis parses this into a plain dict on net.options

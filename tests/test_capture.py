@@ -417,3 +417,20 @@ def test_time_shared_with_another_python_thread_is_flagged_and_a_quiet_share_is_
     assert busy.time.disturbed
     meta = capture_backward(dataclasses.replace(config_from_preset("gpt2-tiny"), device="meta"))
     assert meta.time.forward_cpu_s is None and not meta.time.disturbed
+
+
+def test_a_cancel_inside_the_forward_leaves_no_hook_error(recwarn):
+    """Cancel lands in a module's pre hook; torch still calls that module's post hook (always_call), which used to pop
+    an entry its pre hook had not pushed yet: 'module forward hook with always_call=True raised an exception … pop
+    from empty list' in the server's log each time a tab closed mid-forward."""
+    from graphviz_core.admission import CaptureCancelled, Ticket
+
+    ticket = Ticket()
+
+    def progress(phase: str) -> None:
+        if phase == "running the forward pass":
+            ticket.cancel("cancelled by the user")
+
+    with pytest.raises(CaptureCancelled, match="cancelled by the user"):
+        capture_backward(config_from_preset("gpt2-tiny", device="cpu"), progress=progress, ticket=ticket)
+    assert not [w for w in recwarn if "always_call" in str(w.message)], [str(w.message) for w in recwarn]

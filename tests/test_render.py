@@ -227,3 +227,23 @@ def test_counts_and_metric_notes_read_as_words():
     assert ">1</span> node · 0 edges" in html
     assert f"colour: {METRICS['flops']} · size: {METRICS['time_s']}" in html
     assert "1 layer ·" in config_from_preset("gpt2-tiny", layers=1).describe()
+
+
+def test_a_skip_edge_in_one_column_bows_round_the_nodes_between():
+    """Focus on blocks.1 with modules collapsed lays the block out in one column (Add, mlp, ln_2, Add, attn, ln_1): the
+    residual edge from the upper Add to the lower one ran straight behind mlp and ln_2 and could not be seen. It is
+    curved now, far enough to clear the widest node between (vis-network's curve peaks about roundness x span / 2
+    off the line); edges between neighbouring layers stay straight."""
+    from graphviz_core.layout import layered_layout
+    from graphviz_core.render import build_network, node_widths
+    from graphviz_core.ui.graph_view import apply_view
+
+    view = apply_view(captured("gpt2-tiny"), focus="blocks.1", hide_shape=True, collapse=True, expanded=None)
+    widths = node_widths(view)
+    layout = layered_layout(view, widths=widths)
+    curved = [e for e in build_network(view, layout=layout).edges if e.get("smooth")]
+    assert len(curved) == 1 and {view.nodes[curved[0]["from"]]["op"], view.nodes[curved[0]["to"]]["op"]} == {"AddBackward0"}
+    u, v = curved[0]["from"], curved[0]["to"]
+    span = abs(layout.positions[u][1] - layout.positions[v][1])
+    between = max(widths[n] for n in view if view.nodes[n]["module"] in ("blocks.1.mlp", "blocks.1.ln_2"))
+    assert curved[0]["smooth"]["roundness"] * span / 2 >= between / 2  # the curve's peak clears the widest box

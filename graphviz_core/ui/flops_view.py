@@ -66,8 +66,9 @@ def show_flops(capture: Capture) -> None:
         "folklore says 2.00×",
         delta_color="off", delta_arrow="off",
         help="backward FLOPs over forward FLOPs, both counting only the ops counted both ways"
-        + (f": {left_out} have a backward FLOP formula but no forward one, so their backward is left out too "
-           f"(with it the ratio would read {format_ratio(ratio.all_ops_ratio)}, overstated)" if left_out else ""),
+        + (f": {left_out} have a backward FLOP formula but no forward one, so their backward is left out too"
+           + (f" (with it the ratio would read {format_ratio(ratio.all_ops_ratio)}, overstated)"
+              if format_ratio(ratio.all_ops_ratio) != format_ratio(ratio.ratio) else "") if left_out else ""),
     )
     off = rule.not_applicable
     cols[3].metric(
@@ -84,8 +85,10 @@ def show_flops(capture: Capture) -> None:
         st.caption(
             f"Backward / forward = {format_flops(ratio.backward_flop)} / {format_flops(ratio.forward_flop)}, over the "
             f"ops counted both ways: {names} have a backward FLOP formula but no forward one (forward "
-            f"{NOT_COUNTED}), so their {format_flops(ratio.left_out_backward_flop)} of backward is left out. Every "
-            f"counted backward over the forward would read {format_ratio(ratio.all_ops_ratio)}, overstated."
+            f"{NOT_COUNTED}), so their {format_flops(ratio.left_out_backward_flop)} of backward is left out."
+            + (f" Every counted backward over the forward would read {format_ratio(ratio.all_ops_ratio)}, overstated."
+               if format_ratio(ratio.all_ops_ratio) != format_ratio(ratio.ratio) else
+               " That backward is too small to move the ratio at this precision.")
         )
     _per_layer(capture)
     _ratios(capture)
