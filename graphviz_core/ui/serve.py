@@ -39,10 +39,29 @@ def _import(names: tuple[str, ...]) -> None:
         importlib.import_module(name)
 
 
+SERVER_UP_WAIT_S = 5.0  # the longest the imports wait for the server to answer first
+
+
+def _server_up() -> None:
+    """Until Streamlit's server is listening (at most SERVER_UP_WAIT_S): its start and these imports are both Python
+    and take turns on the interpreter lock, so importing torch meanwhile held the server's first answer back (1.09 s
+    to health, cold start 3.4 s); the browser's ~1 s of script then runs while torch imports. main() imports
+    streamlit before this thread starts: importing it here while the main thread does broke the server's start."""
+    from streamlit.runtime import Runtime, RuntimeState
+
+    deadline = time.monotonic() + SERVER_UP_WAIT_S
+    while time.monotonic() < deadline:
+        if Runtime.exists() and Runtime.instance().state != RuntimeState.INITIAL:
+            return
+        time.sleep(0.02)
+
+
 def preload() -> None:
-    """Import the first graph's modules, warm the capture path on the device `auto` picks, then import the other
-    panels once the first capture is in (errors are left for the page to meet and report: this only saves time)."""
+    """Once the server listens, import the first graph's modules, warm the capture path on the device `auto` picks,
+    then import the other panels once the first capture is in (errors are left for the page to meet and report:
+    this only saves time)."""
     try:
+        _server_up()
         from graphviz_core.capture import warm_up
         from graphviz_core.device import resolve_device
 
@@ -63,8 +82,10 @@ def preload() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    threading.Thread(target=preload, name="preload", daemon=True).start()
+    from streamlit.runtime import Runtime  # noqa: F401 - imported here, before the preload thread needs it
     from streamlit.web import cli
+
+    threading.Thread(target=preload, name="preload", daemon=True).start()
 
     cli.main(["run", str(APP), *(sys.argv[1:] if argv is None else argv)], prog_name="streamlit")
 
