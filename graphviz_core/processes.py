@@ -87,12 +87,15 @@ class _Pool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._executor: ProcessPoolExecutor | None = None
-        self._ready = threading.Event()
+        self._ready = threading.Event()  # the workers answered
+        self._settled = threading.Event()  # the last start ended, answered or not
+        self._given_up = False  # a start failed (no fork server here): meta captures stay in this process
 
     def ready(self) -> ProcessPoolExecutor | None:
         """The pool once its workers have answered; None until then (the first call starts it in the background)."""
         with self._lock:
-            if self._executor is None and pool_size() > 0:
+            if self._executor is None and pool_size() > 0 and not self._given_up:
+                self._settled.clear()
                 context = multiprocessing.get_context("forkserver")
                 context.set_forkserver_preload(PRELOAD)
                 self._executor = ProcessPoolExecutor(max_workers=pool_size(), mp_context=context)
@@ -100,17 +103,20 @@ class _Pool:
             return self._executor if self._ready.is_set() else None
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        self.ready()
-        return self._ready.wait(timeout)
+        if self.ready() is None and not self._given_up:
+            self._settled.wait(timeout)
+        return self._ready.is_set()
 
     def _start(self, executor: ProcessPoolExecutor) -> None:
         try:  # one call per worker starts them all (each submit spawns one while there are fewer than the maximum)
             for future in [executor.submit(os.getpid) for _ in range(pool_size())]:
                 future.result()
-        except Exception:  # noqa: BLE001 - no pool: meta captures keep running here
+            self._ready.set()
+        except Exception:  # noqa: BLE001 - no pool: meta captures keep running here, and no start is tried again
+            self._given_up = True
             self.broken(executor)
-            return
-        self._ready.set()
+        finally:
+            self._settled.set()
 
     def broken(self, executor: ProcessPoolExecutor) -> None:
         """Drop a pool whose worker died; the next meta capture starts a new one."""
