@@ -175,6 +175,8 @@ def capture_backward(
     meta_kernels = contextlib.nullcontext()
     if device == "meta":
         meta_kernels = _fused_attention_on_meta(resolve_device("auto") == "cuda")
+        if _META_SDPA_LOCK.locked():  # the page's line said "waiting for its turn", as if queued behind real runs
+            say("waiting for the dry run before it (dry runs in one process take turns)")
     with admit(config, device, ticket) as admitted:  # waits its turn; reserves the estimated bytes
         run = _Run(config, device, say, admitted.check, source)
         try:

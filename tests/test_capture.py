@@ -434,3 +434,21 @@ def test_a_cancel_inside_the_forward_leaves_no_hook_error(recwarn):
     with pytest.raises(CaptureCancelled, match="cancelled by the user"):
         capture_backward(config_from_preset("gpt2-tiny", device="cpu"), progress=progress, ticket=ticket)
     assert not [w for w in recwarn if "always_call" in str(w.message)], [str(w.message) for w in recwarn]
+
+
+def test_a_dry_run_behind_another_in_this_process_says_what_it_waits_for():
+    """Meta runs in one process take turns (they swap F.scaled_dot_product_attention); before the worker processes
+    are up the compare page showed B 'Waiting for its turn… 3 s' with nothing queued. It says what it waits for."""
+    import threading
+
+    from graphviz_core import capture as capture_module
+
+    phases = []
+    with capture_module._META_SDPA_LOCK:  # another dry run holds it
+        worker = threading.Thread(target=lambda: capture_backward(config_from_preset("mlp", device="meta"),
+                                                                  progress=phases.append))
+        worker.start()
+        worker.join(timeout=0.5)
+        assert worker.is_alive() and phases == ["waiting for the dry run before it (dry runs in one process take turns)"]
+    worker.join(timeout=60)
+    assert phases[-1] == "annotating the graph"
