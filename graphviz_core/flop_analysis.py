@@ -316,8 +316,9 @@ def rule_of_thumb(capture: Capture) -> RuleOfThumb:
     linear = "linear layers (mm, addmm)"
     linear_forward, linear_backward = total(f, linear), total(b, linear)
     experts = experts_of(capture)
-    attention_measured = sum(total(f, fam) + total(b, fam) for fam in (FUSED_ATTENTION, BATCHED_MATMUL))
-    attention_measured -= experts.flop - total(f, GROUPED_MATMUL) - total(b, GROUPED_MATMUL) if experts else 0
+    # bmm is attention's q·kᵀ and p·v, except where experts run as bmm (torch without grouped matmuls)
+    experts_bmm = experts.flop - total(f, GROUPED_MATMUL) - total(b, GROUPED_MATMUL) if experts else 0
+    attention_measured = sum(total(f, fam) + total(b, fam) for fam in (FUSED_ATTENTION, BATCHED_MATMUL)) - experts_bmm
     matmul_params = linear_forward // (2 * tokens) if tokens else 0
     measured = capture.flops.forward + capture.flops.backward
     expert_params = experts.parameters if experts else 0

@@ -61,16 +61,15 @@ def matmul_plus_flops(bias, a, b, *args, out_val=None, **kwargs) -> int:
 
 
 def grouped_mm_flops(a, b, *args, out_val=None, **kwargs) -> int:
-    """`_grouped_mm` (a mixture of experts' expert GEMMs): every row of the token side meets one expert's matrix, so
-    2·rows·k·n over all groups. Forward and input gradient: a (rows, k) with b (experts, k, n). Weight gradient: a
-    (k, rows)ᵀ with b (rows, n), out (experts, k, n): 2·k·rows·n. Both 3-D (one group per batch entry): as bmm."""
-    if len(a) == 3 and len(b) == 3:
-        return _bmm(a[0], a[1], a[2], b[2])
-    if len(a) == 2 and len(b) == 2:
-        return 2 * a[0] * a[1] * b[1]
-    if len(a) == 2:
-        return 2 * a[0] * a[1] * b[-1]
-    return 2 * math.prod(a[:-1]) * a[-1] * b[-1]  # a 3-D, b 2-D: each of a's rows with b
+    """`_grouped_mm` (a mixture of experts' expert GEMMs), by its layouts (offs splits the 2-D side into groups):
+    - a (rows, k), b (groups, k, n): each row meets one group's matrix: 2·rows·k·n (forward, input gradient);
+    - a (m, k), b (k, n), k split by offs, out (groups, m, n): each group sums its share of k: 2·m·k·n (the weight
+      gradient: m, n the weight's dims, k the routed rows);
+    - a (groups, m, k), b (k, n), n split by offs, out (m, n): 2·m·k·n;
+    - a (groups, m, k), b (groups, k, n): a bmm, 2·groups·m·k·n."""
+    if len(a) == 3:
+        return _bmm(a[0], a[1], a[2], b[2]) if len(b) == 3 else 2 * a[1] * a[2] * b[1]
+    return 2 * a[0] * a[1] * b[-1]
 
 
 def sdpa_flops(query, key, value, *args, out_val=None, **kwargs) -> int:

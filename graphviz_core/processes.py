@@ -153,10 +153,19 @@ def capture_anywhere(config: ModelConfig, progress: Progress | None = None, tick
         return capture_backward(config, progress, ticket)
     if progress is not None:
         progress("capturing in a second process (shapes only)")
+    return _answer(executor.submit(_capture_here, config), config, executor, owned=False, progress=progress,
+                   ticket=ticket)
+
+
+def _answer(future: Future, config: ModelConfig, executor: ProcessPoolExecutor, owned: bool,
+            progress: Progress | None = None, ticket: Ticket | None = None) -> Capture:
+    """The capture `future` brings back; if its worker died (killed, out of memory), the server's pool is dropped
+    (`owned`: the caller's own forked children, shut down by the caller) and `config` is captured here instead."""
     try:
-        return _wait(executor.submit(_capture_here, config), ticket)
+        return _wait(future, ticket)
     except BrokenProcessPool:
-        _POOL.broken(executor)
+        if not owned:
+            _POOL.broken(executor)
         return capture_backward(config, progress, ticket)
 
 
@@ -193,12 +202,7 @@ def capture_many(configs: list[ModelConfig], progress: Progress | None = None) -
         for i, config in enumerate(configs):
             if progress is not None:
                 progress(f"capturing {config.describe()}")
-            try:
-                captures.append(_loaded(futures[i].result()) if i in futures else capture_backward(config))
-            except BrokenProcessPool:
-                if not owned:
-                    _POOL.broken(executor)
-                captures.append(capture_backward(config))
+            captures.append(_answer(futures[i], config, executor, owned) if i in futures else capture_backward(config))
         return captures
     finally:
         if owned:  # its children have answered (or died): wait for its manager thread, so this process is as it was
@@ -220,11 +224,7 @@ def capture_later(config: ModelConfig) -> Callable[[], Capture]:
 
     def result() -> Capture:
         try:
-            return _loaded(future.result())
-        except BrokenProcessPool:  # the worker died (killed, out of memory): capture it here
-            if not owned:
-                _POOL.broken(executor)
-            return capture_backward(config)
+            return _answer(future, config, executor, owned)
         finally:
             if owned:
                 executor.shutdown(wait=True)

@@ -56,3 +56,27 @@ def test_op_info_is_looked_up_once_per_overload_and_names_the_packet():
     assert op_info(aten.view.default) == (None, "aten.view")
     a, b = torch.ones(3, 5), torch.ones(5, 7)
     assert formula(a, b, out_val=a @ b) == 210  # 2*3*5*7, on real tensors as the capture's dispatch mode passes them
+
+
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no grouped matmul")
+def test_grouped_matmul_flops_are_the_sum_of_its_groups_gemms():
+    """Each layout of torch._grouped_mm run for real on CPU (offs = [4, 12]: groups of 4 and 8 along the split
+    dimension; every dimension a multiple of 4 floats, the kernel's 16-byte strides), its FLOPs counted as the sum of
+    the per-group GEMMs it stands for (2·m·k·n each), against the formula the capture uses, which sees only shapes."""
+    from graphviz_core.flops import grouped_mm_flops
+
+    offs = torch.tensor([4, 12], dtype=torch.int32)
+    sizes = [4, 8]  # group sizes along the split dimension
+    r = torch.randn
+    layouts = {
+        # (a, b): per-group GEMMs
+        "rows x (groups, k, n)": (r(12, 4), r(2, 4, 8), sum(2 * g * 4 * 8 for g in sizes)),
+        "(m, k) x (k, n), k split": (r(4, 12), r(12, 8), sum(2 * 4 * g * 8 for g in sizes)),
+        "(groups, m, k) x (k, n), n split": (r(2, 4, 8), r(8, 12), sum(2 * 4 * 8 * g for g in sizes)),
+    }
+    for name, (a, b, per_group) in layouts.items():
+        out = torch._grouped_mm(a, b, offs=offs)
+        assert grouped_mm_flops(tuple(a.shape), tuple(b.shape), out_val=tuple(out.shape)) == per_group, name
+    a, b = r(2, 4, 8), r(2, 8, 12)  # both 3-D: one GEMM per group, as bmm
+    out = torch._grouped_mm(a, b)
+    assert grouped_mm_flops(tuple(a.shape), tuple(b.shape), out_val=tuple(out.shape)) == 2 * (2 * 4 * 8 * 12)
