@@ -8,8 +8,8 @@ import threading
 
 import streamlit as st
 
-from graphviz_core.capture import warm_up
-from graphviz_core.device import resolve_device
+from graphviz_core.capture.device import resolve_device
+from graphviz_core.capture.engine import warm_up
 
 st.set_page_config(page_title="Backprop, visible", layout="wide")
 

@@ -18,9 +18,9 @@ import torch
 from readme_rows import row
 from steps import floor_step
 
-from graphviz_core.capture import capture_backward
+from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import ModelConfig, config_from_preset
-from graphviz_core.models import build_model, compute_loss, make_batch
+from graphviz_core.models.registry import build_model, compute_loss, make_batch
 
 CONFIGS: dict[str, tuple[ModelConfig, float]] = {
     "gpt2-tiny": (config_from_preset("gpt2-tiny", device="cpu"), 2.0),

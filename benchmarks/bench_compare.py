@@ -9,7 +9,7 @@ configs on meta compared in <= 2x one capture.
 - Llama-3.1-70B on meta, two pairs (sdpa vs eager attention, none vs full checkpointing): captures A and B timed
   separately in this process, the diff alone (and with the CLI's JSON), then the compare page opened on the pair's
   link with nothing cached (what a user waits for: the page starts B in the meta worker processes before it waits for
-  A, graphviz_core.processes, so the two run at once) and again with both cached (everything it does beyond them).
+  A, graphviz_core.capture.workers, so the two run at once) and again with both cached (everything it does beyond them).
   B is the bigger capture in both pairs (eager keeps +25 nodes per layer, full checkpointing recomputes the forward
   in backward), so one after the other the compare could never be under 2x one capture of A. Like a server that has
   run a meta capture before, the worker processes are up and the page's imports done before the clock starts; the
@@ -49,9 +49,9 @@ def page_click_s() -> tuple[float, float]:
 
 
 def core_pair_s(a, b) -> float:
-    from graphviz_core.capture import capture_backward
-    from graphviz_core.compare import compare_captures
-    from graphviz_core.render import render_html
+    from graphviz_core.analysis.compare import compare_captures
+    from graphviz_core.capture.engine import capture_backward
+    from graphviz_core.export.render import render_html
 
     started = time.perf_counter()
     ca, cb = capture_backward(a), capture_backward(b)
@@ -68,7 +68,7 @@ def page_pair_s(params: dict[str, str]) -> tuple[float, float]:
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
-    from graphviz_core.shared_captures import shared_captures
+    from graphviz_core.serve.shared_captures import shared_captures
     from graphviz_core.ui import compare_view
 
     shared_captures().clear()
@@ -91,9 +91,9 @@ def page_pair_s(params: dict[str, str]) -> tuple[float, float]:
 def llama_70b(repeats: int) -> None:
     import json
 
-    from graphviz_core import processes
-    from graphviz_core.capture import capture_backward
-    from graphviz_core.compare import compare_captures
+    from graphviz_core.analysis.compare import compare_captures
+    from graphviz_core.capture import workers as processes
+    from graphviz_core.capture.engine import capture_backward
     from graphviz_core.config import config_from_preset
 
     def timed(config):

@@ -24,9 +24,9 @@ META_GOALS = {"llama-3.1-8b": (10.0, None), "llama-3.1-70b": (60.0, 4.0), "llama
 CHILD = """
 import json, resource, sys, time
 started = time.perf_counter()
-from graphviz_core.capture import capture_backward
+from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import config_from_preset
-from graphviz_core.families import transformers_for
+from graphviz_core.models.hf import transformers_for
 config = config_from_preset(sys.argv[1])
 imported = time.perf_counter()
 transformers_for(config.model)  # transformers' own imports for the family (torch._dynamo, DTensor): once a process

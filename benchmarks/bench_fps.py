@@ -30,9 +30,9 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 from readme_rows import row
 
-from graphviz_core.capture import capture_backward
+from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import ModelConfig, config_from_preset
-from graphviz_core.render import render_html
+from graphviz_core.export.render import render_html
 from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS
 
 SIZES = {

@@ -27,10 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-from graphviz_core.capture import capture_backward
+from graphviz_core.capture.device import estimate_peak_bytes
+from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import ModelConfig, config_from_preset
-from graphviz_core.device import estimate_peak_bytes
-from graphviz_core.graph import hide_categories
+from graphviz_core.graph.views import hide_categories
 from graphviz_core.ui.links import config_params, link_url
 from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS, graph_frame, serve_app
 

@@ -13,7 +13,6 @@ largest presets on meta, and a will-it-fit search. Prints each figure next to it
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
 
@@ -21,27 +20,12 @@ import torch
 from readme_rows import row
 from steps import bare_step, captured_step
 
-from graphviz_core import timeline as timeline_module
-from graphviz_core.checkpointing import compare_checkpointing
+from graphviz_core.analysis.checkpointing import compare_checkpointing
+from graphviz_core.analysis.fit import will_it_fit
+from graphviz_core.analysis.training_step import ACCELERATORS
+from graphviz_core.capture.engine import INSTRUMENTS
 from graphviz_core.config import config_from_preset
-from graphviz_core.fit import will_it_fit
-from graphviz_core.training_step import ACCELERATORS
 from graphviz_core.ui.format import format_bytes
-
-
-@contextlib.contextmanager
-def observer_off():
-    """The storage observer's per-op and per-hook work becomes no-ops (the rest of the capture is unchanged)."""
-    cls = timeline_module.StorageObserver
-    names = ("observe", "module_entered", "module_left", "node_started")
-    saved = {name: getattr(cls, name) for name in names}
-    for name in names:
-        setattr(cls, name, lambda self, *args: None)
-    try:
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(cls, name, method)
 
 
 def bench_timeline(repeats: int) -> None:
@@ -56,8 +40,7 @@ def bench_timeline(repeats: int) -> None:
     for _ in range(repeats):
         bare.append(bare_step(config))
         captured.append(captured_step(config))
-        with observer_off():
-            without.append(captured_step(config))
+        without.append(captured_step(config, instruments=[name for name in INSTRUMENTS if name != "timeline"]))
     for name, runs in (
         ("bare build + fwd + bwd", bare),
         ("capture with timeline", captured),

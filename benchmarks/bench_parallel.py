@@ -17,8 +17,8 @@ import time
 from readme_rows import row
 
 from graphviz_core.config import config_from_preset
-from graphviz_core.parallel import simulate_parallel
-from graphviz_core.parallel_config import ParallelConfig
+from graphviz_core.parallel.settings import ParallelConfig
+from graphviz_core.parallel.simulate import simulate_parallel
 from graphviz_core.ui.format import format_bytes, format_seconds
 
 GOAL_S = 60.0

@@ -18,10 +18,10 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 from readme_rows import row
 
-from graphviz_core.capture import capture_backward
+from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import ModelConfig
-from graphviz_core.layout import layered_layout
-from graphviz_core.render import render_html
+from graphviz_core.export.render import render_html
+from graphviz_core.graph.layout import layered_layout
 from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS
 
 SIZES = {"~2,700 nodes": dict(layers=48, attention="manual"), "~10,000 nodes": dict(layers=160, attention="manual")}

@@ -37,7 +37,7 @@ GOALS_S = {"cold start -> first graph": 3.0, "warm revisit -> graph": 1.0, "new 
            "CLI graph --format json": 3.0}
 FIRST_FORWARD = (
     "import time\n"
-    "from graphviz_core.capture import capture_backward\n"
+    "from graphviz_core.capture.engine import capture_backward\n"
     "from graphviz_core.config import config_from_preset\n"
     "c = [capture_backward(config_from_preset('gpt2-tiny', device='cpu')) for _ in range(2)]\n"
     "print(c[0].time.forward_s, c[1].time.forward_s)\n"

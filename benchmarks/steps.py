@@ -1,7 +1,7 @@
 """The steps the overhead benchmarks time against each other: a bare step, a capture, and the floor.
 
 `bare_step` builds the model and runs forward, loss and backward with no instrumentation; `captured_step` runs
-graphviz_core.capture on the same config. The floor is the least a capture built like graphviz_core.capture can
+graphviz_core.capture.engine on the same config. The floor is the least a capture built like graphviz_core.capture.engine can
 cost: its mechanism installed, recording nothing.
 
 The capture sees every aten op through a Python dispatch mode, every module call through forward pre/post hooks,
@@ -18,9 +18,10 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from graphviz_core.capture import autograd_nodes, capture_backward
+from graphviz_core.capture.engine import capture_backward
+from graphviz_core.capture.walk import autograd_nodes
 from graphviz_core.config import ModelConfig
-from graphviz_core.models import build_model, compute_loss, make_batch
+from graphviz_core.models.registry import build_model, compute_loss, make_batch
 
 
 class _Passthrough(TorchDispatchMode):
@@ -71,9 +72,9 @@ def bare_step(config: ModelConfig) -> float:
     return time.perf_counter() - started
 
 
-def captured_step(config: ModelConfig) -> float:
-    """Seconds of one full capture (it builds the model itself)."""
+def captured_step(config: ModelConfig, instruments=None) -> float:
+    """Seconds of one capture (it builds the model itself); `instruments` as capture_backward takes them (None: all)."""
     started = time.perf_counter()
-    capture = capture_backward(config)
+    capture = capture_backward(config, instruments=instruments)
     del capture
     return time.perf_counter() - started

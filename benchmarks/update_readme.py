@@ -1,7 +1,8 @@
-"""Run the benchmarks and rewrite README.md's "Measured speed" table from the rows they print.
+"""Run the benchmarks and rewrite the speed table in docs/measurements.md from the rows they print.
 
 Every figure in that table comes from a `README-ROW` line (benchmarks/readme_rows.py) printed in this run; the
-table says when, on how many cores and at what load it was measured. `make bench` runs this.
+table says on which day, on what machine (cores, memory, torch) and at what load it was measured. `make bench` runs
+this. The table sits between the two speed-table markers in docs/measurements.md; the rest of that page is left alone.
 
     python benchmarks/update_readme.py [--only bench_capture.py ...] [--dry-run]
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -21,6 +23,7 @@ from pathlib import Path
 from readme_rows import MARK
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "measurements.md"
 START, END = "<!-- speed-table: start (benchmarks/update_readme.py) -->", "<!-- speed-table: end -->"
 # Each benchmark with the options that keep `make bench` to a few minutes per script on a small machine
 BENCHMARKS = {
@@ -39,8 +42,13 @@ BENCHMARKS = {
 def run(script: str, options: list[str]) -> list[tuple[str, str, str]]:
     """The rows `script` printed (its whole output is echoed as it runs)."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'benchmarks'}", "GRAPHVIZ_CORE_DEVICE": "cpu"}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / script), *options], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "benchmarks" / script), *options],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     rows = []
     for line in proc.stdout:
         sys.stdout.write(line)
@@ -53,11 +61,17 @@ def run(script: str, options: list[str]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def machine() -> str:
+    """The machine in a few words: cores, memory, torch's version (`2 CPU cores, 23.5 GiB memory, torch 2.13.0+cpu`)."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return f"{os.cpu_count()} CPU cores, {memory / 2**30:.1f} GiB memory, torch {importlib.metadata.version('torch')}"
+
+
 def table(rows: list[tuple[str, str, str]], when: str) -> str:
     lines = [
         START,
-        f"Measured {when} on this machine ({os.cpu_count()} CPU cores; load average at the end "
-        f"{os.getloadavg()[0]:.1f}) by `make bench`; every figure below is printed by the benchmark named.",
+        f"Measured on {when} by `make bench` on {machine()} (load average at the end {os.getloadavg()[0]:.1f}); "
+        f"every figure below is printed by the benchmark named.",
         "",
         "| what | measured | goal |",
         "| --- | --- | --- |",
@@ -70,17 +84,17 @@ def table(rows: list[tuple[str, str, str]], when: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", choices=list(BENCHMARKS))
-    parser.add_argument("--dry-run", action="store_true", help="print the table, leave README.md alone")
+    parser.add_argument("--dry-run", action="store_true", help="print the table, leave docs/measurements.md alone")
     args = parser.parse_args()
     rows = []
     for script, options in BENCHMARKS.items():
         if not args.only or script in args.only:
             print(f"== {script} {' '.join(options)}", flush=True)
             rows += [(f"{w} (`{script}`)" if "`" not in w else w, m, g) for w, m, g in run(script, options)]
-    readme = (ROOT / "README.md").read_text()
-    if START not in readme:
-        sys.exit("README.md has no speed-table markers")
-    head, rest = readme.split(START, 1)
+    page = PAGE.read_text()
+    if START not in page or END not in page:
+        sys.exit(f"{PAGE.relative_to(ROOT)} has no speed-table markers")
+    head, rest = page.split(START, 1)
     if args.only:  # keep the rows of the benchmarks not run now, in the table's order
         ran = set(args.only)
         kept = []
@@ -92,12 +106,12 @@ def main() -> None:
         order = list(BENCHMARKS)
         rank = lambda r: order.index(re.search(r"bench_\w+\.py", r[0]).group(0))  # noqa: E731
         rows = sorted(kept + rows, key=rank)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     text = table(rows, when)
     print(text)
     if args.dry_run:
         return
-    (ROOT / "README.md").write_text(head + text + rest.split(END, 1)[1])
+    PAGE.write_text(head + text + rest.split(END, 1)[1])
 
 
 if __name__ == "__main__":

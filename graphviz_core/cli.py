@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_memory_command(commands) -> None:
-    from graphviz_core.training_step import ACCELERATORS, OPTIMIZER_STATES
+    from graphviz_core.analysis.training_step import ACCELERATORS, OPTIMIZER_STATES
 
     memory = commands.add_parser(
         "memory", help="the memory panel as JSON: peak, timeline, training step; checkpointing and will-it-fit",
@@ -100,8 +100,8 @@ def _add_memory_command(commands) -> None:
 def _memory_command(args: argparse.Namespace) -> str:
     import json
 
-    from graphviz_core.memory_report import memory_report
-    from graphviz_core.training_step import ACCELERATORS
+    from graphviz_core.analysis.memory_report import memory_report
+    from graphviz_core.analysis.training_step import ACCELERATORS
 
     budget = None
     if args.budget_gib is not None:
@@ -125,7 +125,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_parallel_flags(parser: argparse.ArgumentParser) -> None:
-    from graphviz_core.parallel_config import MIXED_PRECISIONS, STRATEGIES
+    from graphviz_core.parallel.settings import MIXED_PRECISIONS, STRATEGIES
 
     group = parser.add_argument_group(
         "parallelism", "simulate rank 0 of a multi-GPU training step (torch FSDP2 / tensor parallel over a fake "
@@ -142,7 +142,7 @@ def _add_parallel_flags(parser: argparse.ArgumentParser) -> None:
 
 def _parallel_of(args: argparse.Namespace):
     """The ParallelConfig the flags ask for, or None when no parallelism flag was given."""
-    from graphviz_core.parallel_config import ParallelConfig
+    from graphviz_core.parallel.settings import ParallelConfig
 
     given = (args.strategy, args.world_size, args.tp, args.shard_group, args.mixed_precision)
     if all(v is None for v in given) and not args.no_reshard_after_forward:
@@ -164,9 +164,9 @@ def _config_of(args: argparse.Namespace):
 def _compare_command(args: argparse.Namespace) -> str:
     import json
 
-    from graphviz_core.capture import capture_backward
-    from graphviz_core.compare import compare_captures
-    from graphviz_core.processes import capture_later
+    from graphviz_core.analysis.compare import compare_captures
+    from graphviz_core.capture.engine import capture_backward
+    from graphviz_core.capture.workers import capture_later
 
     b_parser = _OneLineParser(prog="graphviz-core compare ... --vs")
     _add_config_flags(b_parser)
@@ -181,8 +181,8 @@ def _compare_command(args: argparse.Namespace) -> str:
 
 
 def _graph_command(args: argparse.Namespace) -> str | bytes:
-    from graphviz_core.capture import capture_backward
-    from graphviz_core.export import png_problem, to_dot, to_graphml, to_json, to_svg
+    from graphviz_core.capture.engine import capture_backward
+    from graphviz_core.export.formats import png_problem, to_dot, to_graphml, to_json, to_svg
 
     if args.format == "png":  # refuse before a capture that could take minutes
         size = _png_size(args.png_size)
@@ -197,14 +197,14 @@ def _graph_command(args: argparse.Namespace) -> str | bytes:
             raise ValueError(f"--model-file brings its own model and inputs; drop {', '.join(given)}.")
         if _parallel_of(args) is not None:
             raise ValueError("parallelism flags simulate the built-in and Hugging Face models; drop them with --model-file.")
-        from graphviz_core.user_model import capture_file
+        from graphviz_core.capture.user import capture_file
 
         capture = capture_file(args.model_file)
     else:
         config = _config_of(args)
         parallel = _parallel_of(args)
         if parallel is not None:
-            from graphviz_core.parallel_config import check_parallel
+            from graphviz_core.parallel.settings import check_parallel
 
             check_parallel(config, parallel)  # refuse a bad layout before the capture runs
         capture = capture_backward(config)
@@ -213,8 +213,8 @@ def _graph_command(args: argparse.Namespace) -> str | bytes:
             return to_json(capture)
         import json
 
-        from graphviz_core.export import capture_to_dict
-        from graphviz_core.parallel import simulate_parallel
+        from graphviz_core.export.formats import capture_to_dict
+        from graphviz_core.parallel.simulate import simulate_parallel
 
         out = capture_to_dict(capture)
         out["per_rank"] = simulate_parallel(config, parallel).to_dict()
@@ -225,10 +225,10 @@ def _graph_command(args: argparse.Namespace) -> str | bytes:
         return to_dot(capture.graph)
     if args.format == "svg":
         return to_svg(capture.graph)
-    from graphviz_core.render import render_standalone_html
+    from graphviz_core.export.render import render_standalone_html
 
     if args.format == "png":
-        from graphviz_core.export import to_png
+        from graphviz_core.export.formats import to_png
 
         width, height = size
         return to_png(render_standalone_html(capture), width=width, height=height, scale=args.png_scale)
@@ -248,7 +248,7 @@ def _png_size(text: str) -> tuple[int, int]:
 def _expr_command(args: argparse.Namespace) -> str:
     import json
 
-    from graphviz_core.expressions import parse_assignments, trace_expression
+    from graphviz_core.toy.expressions import parse_assignments, trace_expression
 
     trace = trace_expression(args.expression, parse_assignments(args.values))
     # NaN/inf are not JSON: to_json_dict writes them as null and says where, in "notes"

@@ -9,8 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from graphviz_core.capture import Capture, capture_backward
-from graphviz_core.config import config_from_preset
+from graphviz_core.capture.engine import capture_backward
+from graphviz_core.capture.result import Capture
+from graphviz_core.config import FAMILIES, config_from_preset
+from graphviz_core.models.transformers_family import TransformersFamily
+
+# The families built by Hugging Face `transformers` (the rest are built in, or the user's own module).
+HF_FAMILIES = tuple(name for name, family in FAMILIES.items() if isinstance(family, TransformersFamily))
 
 
 @functools.lru_cache(maxsize=64)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphviz_core.admission import CaptureCancelled, Ticket, admission, admit, return_freed_memory, rss_bytes
-from graphviz_core.capture import capture_backward
+from graphviz_core.capture.admission import CaptureCancelled, Ticket, admission, admit, return_freed_memory, rss_bytes
+from graphviz_core.capture.device import CaptureError, container_room_bytes, estimate_peak_bytes, memory_budget_bytes
+from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import ModelConfig, config_from_preset
-from graphviz_core.device import CaptureError, container_room_bytes, estimate_peak_bytes, memory_budget_bytes
 
 TINY = config_from_preset("gpt2-tiny", device="cpu")
 
@@ -183,8 +183,8 @@ def test_the_budget_follows_a_container_limit_below_the_machines_free_memory(tmp
     # 5 GiB limit - 1 GiB used + 0.5 GiB reclaimable cache = 4.5 GiB of room
     assert container_room_bytes(tmp_path) == int(4.5 * gib)
     monkeypatch.delenv("GRAPHVIZ_CORE_CPU_BUDGET_BYTES", raising=False)
-    monkeypatch.setattr("graphviz_core.device.CGROUP_ROOT", tmp_path)
-    monkeypatch.setattr("graphviz_core.device._available_ram_bytes", lambda: 64 * gib)
+    monkeypatch.setattr("graphviz_core.capture.device.CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr("graphviz_core.capture.device._available_ram_bytes", lambda: 64 * gib)
     assert memory_budget_bytes("cpu") == int(4.5 * gib * 0.6)  # 60% of the smaller room
 
 
@@ -195,7 +195,7 @@ def test_no_container_limit_means_the_machines_free_memory(tmp_path):
 
 
 def test_freed_heap_memory_goes_back_to_the_os():
-    from graphviz_core.admission import _malloc_trim
+    from graphviz_core.capture.admission import _malloc_trim
 
     if _malloc_trim() is None:
         pytest.skip("not glibc: no malloc_trim")
@@ -244,7 +244,7 @@ def test_sessions_opening_transformers_configs_at_once_on_a_fresh_server_all_suc
     script = """
 import threading
 from graphviz_core.config import config_from_preset
-from graphviz_core.device import estimate_peak_bytes
+from graphviz_core.capture.device import estimate_peak_bytes
 presets = ("bert-tiny", "vit-tiny", "mistral-tiny", "llama-tiny", "qwen2-tiny", "mixtral-tiny", "gpt2-hf-tiny",
            "resnet-tiny")
 errors, barrier = [], threading.Barrier(len(presets))

@@ -4,7 +4,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from graphviz_core.render import render_html, render_standalone_html
+from graphviz_core.export.render import render_html, render_standalone_html
 from graphviz_core.ui.live import graph_frame
 from tests.conftest import captured
 
@@ -92,7 +92,7 @@ def test_hostile_labels_show_as_text_and_run_no_script(page, tmp_path):
 
 
 def test_a_48_layer_gpt2_renders_every_node(page, tmp_path):
-    from graphviz_core.capture import capture_backward
+    from graphviz_core.capture.engine import capture_backward
     from graphviz_core.config import ModelConfig
 
     # gpt2, 48 layers, unfused attention. One sdpa block has 43 nodes: 12 AccumulateGrad + 4 Addmm + 4 T

@@ -2,7 +2,7 @@
 
 import pytest
 
-from graphviz_core.render import render_html
+from graphviz_core.export.render import render_html
 from tests.conftest import SIZES, captured
 
 pytestmark = pytest.mark.browser
@@ -41,7 +41,7 @@ def test_colour_by_flops_shows_the_scale_whole_and_light_text_on_the_darkest_fil
 
 
 def gpt2_small_graph():
-    from graphviz_core.capture import capture_backward
+    from graphviz_core.capture.engine import capture_backward
     from graphviz_core.config import config_from_preset
 
     return capture_backward(config_from_preset("gpt2-small", device="meta")).graph  # shapes only: instant
@@ -71,7 +71,7 @@ def test_fit_all_on_gpt2_small_fills_the_pane_at_a_usable_scale(page, tmp_path, 
 
 
 def test_search_opens_on_the_first_match_and_next_match_moves_on(page, tmp_path):
-    from graphviz_core.graph import search_nodes
+    from graphviz_core.graph.views import search_nodes
 
     graph = gpt2_small_graph()
     matches = search_nodes(graph, "blocks.5.attn.qkv")
@@ -102,7 +102,7 @@ def arrowheads_drawn(page, edge_id: str) -> int:
 
 
 def test_zoomed_out_the_overview_drops_arrowheads_but_keeps_searched_and_selected_labels(page, tmp_path):
-    from graphviz_core.graph import search_nodes
+    from graphviz_core.graph.views import search_nodes
 
     graph = gpt2_small_graph()
     matches = search_nodes(graph, "blocks.5.attn.qkv")
@@ -216,7 +216,7 @@ def test_the_overview_draws_about_as_much_as_the_full_drawing(page, tmp_path, si
 
 
 def test_zoomed_out_block_names_never_overlap(page, tmp_path):
-    from graphviz_core.capture import capture_backward
+    from graphviz_core.capture.engine import capture_backward
     from graphviz_core.config import ModelConfig
 
     # 48 blocks in 16 columns of 3: fitted at 1280x800 a column is ~55 px wide, "blocks.44" in bold 13 px ~65
@@ -233,7 +233,7 @@ def test_zoomed_out_block_names_never_overlap(page, tmp_path):
 
 
 def test_labels_are_whole_at_the_zoom_a_png_is_taken_at(page, tmp_path):
-    from graphviz_core.export import MIN_FIT_SCALE
+    from graphviz_core.export.formats import MIN_FIT_SCALE
 
     # to_png photographs a graph too big to fit readably at MIN_FIT_SCALE (0.45): labels 13 x 0.45 = 5.85 px,
     # drawn whole there (vis-network fades them only below its drawThreshold), not the label-less overview
@@ -344,8 +344,8 @@ def test_the_png_of_a_search_shows_no_buttons(tmp_path):
 
     from PIL import Image
 
-    from graphviz_core.export import PNG_SCALE, PNG_SIZE, to_png
-    from graphviz_core.graph import search_nodes
+    from graphviz_core.export.formats import PNG_SCALE, PNG_SIZE, to_png
+    from graphviz_core.graph.views import search_nodes
 
     graph = captured("gpt2-tiny").graph
     png = to_png(render_html(graph, highlight=search_nodes(graph, "mlp.fc"), height_px=PNG_SIZE[1]))

@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 import torch
 
-from graphviz_core.capture import capture_backward
+from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import config_from_preset
 from tests.conftest import captured
 
@@ -224,7 +224,7 @@ def test_modules_are_the_innermost_module_that_created_the_node():
 def test_gradient_norms_match_the_parameter_gradients():
     capture = captured("mlp", layers=1)
     config = capture.config
-    from graphviz_core.models import build_model, compute_loss, make_batch
+    from graphviz_core.models.registry import build_model, compute_loss, make_batch
 
     model = build_model(config)
     batch = make_batch(config, "cpu")
@@ -239,7 +239,7 @@ def test_a_capture_frees_its_model_without_waiting_for_the_cyclic_gc():
     import gc
     import weakref
 
-    import graphviz_core.models as models
+    import graphviz_core.models.registry as models
 
     built = []
     original = models.build_model
@@ -254,7 +254,7 @@ def test_a_capture_frees_its_model_without_waiting_for_the_cyclic_gc():
     capture_backward(config_from_preset("mlp"))
     gc.disable()
     try:
-        import graphviz_core.capture as capture_module
+        import graphviz_core.capture.engine as capture_module
 
         capture_module.build_model, saved = remember, capture_module.build_model
         try:
@@ -272,9 +272,9 @@ def test_every_gradient_norm_matches_an_independent_backward():
     all the gradients it sends, computed here from plain hooks on a second, uninstrumented run."""
     import math
 
-    from graphviz_core.capture import autograd_nodes
-    from graphviz_core.categories import normalise_op
-    from graphviz_core.models import build_model, compute_loss, make_batch
+    from graphviz_core.capture.walk import autograd_nodes
+    from graphviz_core.graph.categories import normalise_op
+    from graphviz_core.models.registry import build_model, compute_loss, make_batch
 
     capture = captured("gpt2-tiny")
     config = capture.config
@@ -311,7 +311,7 @@ def test_gradient_sums_are_placed_where_the_paths_meet():
       a block's Add, the first in the embedding sum (wte + wpe) at top level, b·s·h = 4,096 each;
     - the packed in-projection: q, k, v are Selects of one (3, b, s, h)-shaped tensor, so their three gradients
       are summed into its Clone: 2 adds of b·s·3h = 12,288 elements = 24,576 per layer, 2 layers."""
-    from graphviz_core.textbook import gradient_sum_places
+    from graphviz_core.analysis.textbook import gradient_sum_places
 
     capture = captured("gpt2-tiny", attention="mha")
     places = {place: (n, flops) for place, n, flops in gradient_sum_places(capture)}
@@ -330,12 +330,12 @@ def test_the_first_capture_in_a_process_is_measured_after_the_warm_up():
     import sys
 
     script = (
-        "from graphviz_core import capture as c\n"
+        "from graphviz_core.capture import engine as c\n"
         "from graphviz_core.config import config_from_preset\n"
         "assert c._WARMED == {}\n"
         "seen = []\n"
-        "real = c._Run.capture\n"
-        "c._Run.capture = lambda self: (seen.append(dict(c._WARMED)), real(self))[1]\n"
+        "real = c._Phases.capture\n"
+        "c._Phases.capture = lambda self: (seen.append(dict(c._WARMED)), real(self))[1]\n"
         "c.capture_backward(config_from_preset('gpt2-tiny', device='cpu'))\n"
         "print(seen[0].get('cpu', 0) > 0, seen[-1].get('cpu', 0) > 0, len(seen), c.warm_up('cpu'))\n"
     )
@@ -353,11 +353,11 @@ def test_the_first_capture_of_a_kind_of_model_comes_after_a_tiny_twin_of_it():
     import sys
 
     script = (
-        "from graphviz_core import capture as c\n"
+        "from graphviz_core.capture import engine as c\n"
         "from graphviz_core.config import config_from_preset\n"
         "runs = []\n"
-        "real = c._Run.capture\n"
-        "c._Run.capture = lambda self: (runs.append(self.config), real(self))[1]\n"
+        "real = c._Phases.capture\n"
+        "c._Phases.capture = lambda self: (runs.append(self.run.config), real(self))[1]\n"
         "c.capture_backward(config_from_preset('resnet-tiny', device='cpu', batch=3))\n"
         "print(len(runs), runs[1].model, runs[1].batch, runs[2].batch)\n"
         "c.capture_backward(config_from_preset('resnet-tiny', device='cpu', batch=4))\n"
@@ -373,7 +373,7 @@ def test_meta_at_bf16_differs_from_cpu_only_by_layer_norm_statistics():
     # Issue 12 item 15. gpt2-tiny (2 blocks × 2 LayerNorms + ln_f = 5 LayerNorms; b=2, s=32: 64 rows) at
     # bfloat16: CPU keeps mean and 1/std in bf16, the meta kernel in float32, so meta counts
     # 5 × 2 tensors × 64 rows × (4 − 2) B = 1,280 B more, and nothing else differs.
-    from graphviz_core.memory import meta_layer_norm_statistics
+    from graphviz_core.analysis.memory_formulas import meta_layer_norm_statistics
 
     cpu = captured("gpt2-tiny", dtype="bfloat16", device="cpu")
     meta = captured("gpt2-tiny", dtype="bfloat16", device="meta")
@@ -391,7 +391,7 @@ def test_time_shared_with_another_python_thread_is_flagged_and_a_quiet_share_is_
     import dataclasses
     import threading
 
-    from graphviz_core.capture import DISTURBED_BELOW, TimeSummary
+    from graphviz_core.capture.result import DISTURBED_BELOW, TimeSummary
 
     # 0.3 s of thread CPU over 1.0 s of wall time: 30% < 70%, disturbed; 0.95 over 1.0 is not; meta has no share.
     assert TimeSummary(0.5, 0.5, 0.15, 0.15).cpu_share == pytest.approx(0.3)
@@ -423,7 +423,7 @@ def test_a_cancel_inside_the_forward_leaves_no_hook_error(recwarn):
     """Cancel lands in a module's pre hook; torch still calls that module's post hook (always_call), which used to pop
     an entry its pre hook had not pushed yet: 'module forward hook with always_call=True raised an exception … pop
     from empty list' in the server's log each time a tab closed mid-forward."""
-    from graphviz_core.admission import CaptureCancelled, Ticket
+    from graphviz_core.capture.admission import CaptureCancelled, Ticket
 
     ticket = Ticket()
 
@@ -441,10 +441,10 @@ def test_a_dry_run_behind_another_in_this_process_says_what_it_waits_for():
     are up the compare page showed B 'Waiting for its turn… 3 s' with nothing queued. It says what it waits for."""
     import threading
 
-    from graphviz_core import capture as capture_module
+    from graphviz_core.capture.meta_kernels import META_SDPA_LOCK
 
     phases = []
-    with capture_module._META_SDPA_LOCK:  # another dry run holds it
+    with META_SDPA_LOCK:  # another dry run holds it
         worker = threading.Thread(target=lambda: capture_backward(config_from_preset("mlp", device="meta"),
                                                                   progress=phases.append))
         worker.start()

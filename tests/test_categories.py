@@ -2,7 +2,7 @@
 
 import pytest
 
-from graphviz_core.categories import CATEGORIES, category_of, normalise_op
+from graphviz_core.graph.categories import CATEGORIES, category_of, normalise_op
 from tests.conftest import captured
 
 

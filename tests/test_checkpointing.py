@@ -5,12 +5,12 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from graphviz_core.capture import capture_backward
-from graphviz_core.checkpointing import compare_checkpointing
+from graphviz_core.analysis.checkpointing import compare_checkpointing
+from graphviz_core.analysis.fit import _largest, largest_fitting
+from graphviz_core.analysis.training_step import training_step_of
+from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import ModelConfig, config_from_preset
-from graphviz_core.fit import _largest, largest_fitting
-from graphviz_core.models import build_model, compute_loss, make_batch
-from graphviz_core.training_step import training_step_of
+from graphviz_core.models.registry import build_model, compute_loss, make_batch
 
 MLP = dict(model="mlp", hidden=64, layers=3, batch=4, seq=8)
 

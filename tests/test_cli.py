@@ -143,7 +143,7 @@ def test_png_is_the_html_page_photographed_at_the_requested_size(tmp_path):
 
 
 def test_png_without_chromium_is_one_line_exit_2(monkeypatch, capsys, tmp_path):
-    from graphviz_core import export
+    from graphviz_core.export import formats as export
 
     monkeypatch.setattr(export, "CHROMIUM", str(tmp_path / "no-chromium"))
     assert main(["graph", "--preset", "mlp", "--format", "png", "-o", str(tmp_path / "x.png")]) == 2
@@ -161,7 +161,7 @@ def test_png_size_out_of_range_is_one_line_exit_2(size, capsys):
 def test_dot_of_a_view_carries_the_screens_fills_highlight_and_an_escaped_legend():
     import shutil
 
-    from graphviz_core.export import to_dot, to_svg
+    from graphviz_core.export.formats import to_dot, to_svg
     from tests.conftest import captured
 
     graph = captured("mlp").graph

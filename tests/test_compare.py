@@ -1,7 +1,7 @@
 """The diff of two real captures: matching, per-op deltas, per-layer totals and the reasons."""
 
+from graphviz_core.analysis.compare import compare_captures
 from graphviz_core.cli import main
-from graphviz_core.compare import compare_captures
 from tests.conftest import captured
 
 L = 2  # gpt2-tiny's layers

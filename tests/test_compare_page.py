@@ -102,8 +102,8 @@ def test_no_quick_pair_button_is_cut_off_at_1280(page, streamlit_url, tmp_path):
 def test_a_meta_pair_is_captured_by_two_worker_processes_at_once_and_both_read_measured_now(monkeypatch):
     """Llama-tiny on meta, sdpa vs eager: the page starts B in the meta worker pool before it waits for A, so both
     run at once; each side's line says it was measured for this page, not found in the cache."""
-    from graphviz_core import processes
-    from graphviz_core.shared_captures import shared_captures
+    from graphviz_core.capture import workers as processes
+    from graphviz_core.serve.shared_captures import shared_captures
 
     assert processes.wait_for_pool(120)
     store = shared_captures()

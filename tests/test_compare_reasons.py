@@ -1,9 +1,9 @@
 """Which differing fields come with a change of model and which the user set: compare_reasons.starting_point and
 came_with_model on configs, then the sentences of a real capture pair (gpt2-tiny against bert-tiny)."""
 
-from graphviz_core.capture import capture_backward
-from graphviz_core.compare import compare_captures
-from graphviz_core.compare_reasons import came_with_model, starting_point
+from graphviz_core.analysis.compare import compare_captures
+from graphviz_core.analysis.compare_reasons import came_with_model, starting_point
+from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import config_from_preset
 from tests.conftest import captured
 

@@ -95,7 +95,8 @@ def test_a_field_the_family_does_not_have_is_refused_not_ignored():
 
 
 def test_every_family_has_a_tiny_preset_and_its_model_defaults_are_it():
-    from graphviz_core.config import HF_FAMILIES, MODEL_DEFAULTS
+    from graphviz_core.config import MODEL_DEFAULTS
+    from tests.conftest import HF_FAMILIES
 
     for family in HF_FAMILIES:
         assert PRESETS[f"{family}-tiny"].fields["model"] == family

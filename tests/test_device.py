@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from graphviz_core.config import config_from_preset
-from graphviz_core.device import (
+from graphviz_core.capture.device import (
     CaptureError,
     check_budget,
     device_guard,
@@ -12,6 +11,7 @@ from graphviz_core.device import (
     parameter_count_estimate,
     resolve_device,
 )
+from graphviz_core.config import config_from_preset
 from tests.conftest import captured
 
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from graphviz_core.expressions import (
+from graphviz_core.toy.expressions import (
     EXPRESSION_PRESETS,
     FUNCTIONS,
     parse_expression,
@@ -316,7 +316,7 @@ def test_near_a_domain_edge_the_step_stays_inside_the_domain(text, exact):
 
 
 def test_no_finite_step_says_so():
-    from graphviz_core.expressions import finite_difference
+    from graphviz_core.toy.expressions import finite_difference
 
     # f is finite only at x itself (a made-up function: the expression language cannot build one)
     fd = finite_difference(lambda x: 0.0 if x == 1.0 else math.nan, 1.0, "x")
@@ -343,7 +343,7 @@ def test_expr_json_is_valid_json_with_nan_as_null(capsys):
 
 
 def test_non_finite_floats_become_null_with_a_note():
-    from graphviz_core.expressions import Trace
+    from graphviz_core.toy.expressions import Trace
 
     trace = trace_expression("a*b", {"a": 2.0, "b": 3.0})
     broken = Trace(**{**trace.__dict__, "numerical_grads": {"a": math.nan, "b": math.inf}})
@@ -393,3 +393,11 @@ def test_toy_page_checks_one_pass_against_the_finite_difference_when_backward_ra
     row = final[final["variable"] == "a"].iloc[0]
     assert row["backprop (autograd)"] == "8" and float(row["numerical (finite difference)"]) == pytest.approx(4.0)
     assert float(row["|pass 1 − numerical|"]) < 1e-6
+
+
+def test_a_negative_base_to_a_fractional_power_is_a_sentence_not_a_crash():
+    # Found by the generated test: (b ** a) ** 0 at b = -1, a = 0.5. The local derivative of b ** a by b is
+    # a·b^(a-1) = 0.5·(-1)^(-0.5), which Python's float maths makes complex (float() of it raised TypeError);
+    # autograd's own gradient there is NaN, which the trace reports as not finite.
+    with pytest.raises(ValueError, match="not finite"):
+        trace_expression("(b ** a) ** 0", {"a": 0.5, "b": -1.0})

@@ -7,11 +7,11 @@ import textwrap
 import pytest
 import torch
 
-from graphviz_core.capture import capture_backward
+from graphviz_core.capture.engine import capture_backward
 from graphviz_core.cli import main
-from graphviz_core.config import HF_FAMILIES, PRESETS, config_from_preset
-from graphviz_core.models import build_model
-from tests.conftest import captured
+from graphviz_core.config import PRESETS, config_from_preset
+from graphviz_core.models.registry import build_model
+from tests.conftest import HF_FAMILIES, captured
 
 
 def meta(preset: str, **overrides):
@@ -249,7 +249,7 @@ def test_no_preset_contacts_the_network(monkeypatch):
 
 
 def test_your_own_module_through_the_python_api():
-    from graphviz_core.user_model import capture_module
+    from graphviz_core.capture.user import capture_module
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     capture = capture_module(model, torch.randn(4, 8), lambda out: out.pow(2).mean(), name="two-layer net")
@@ -319,7 +319,7 @@ def test_model_file_captures_and_a_missing_file_is_refused(tmp_path, capsys):
     ],
 )
 def test_llama_layer_bytes_match_the_derivation(overrides, derived):
-    from graphviz_core.textbook import memory_per_layer
+    from graphviz_core.analysis.textbook import memory_per_layer
 
     rows = memory_per_layer(captured("llama-tiny", **overrides))
     assert (rows[0].textbook, rows[0].measured) == (derived, derived)
@@ -328,9 +328,9 @@ def test_llama_layer_bytes_match_the_derivation(overrides, derived):
 
 
 def test_every_category_has_a_colour_and_layers_group_by_index():
-    from graphviz_core.categories import CATEGORIES
-    from graphviz_core.export import CATEGORY_COLOURS
-    from graphviz_core.graph import module_groups
+    from graphviz_core.export.formats import CATEGORY_COLOURS
+    from graphviz_core.graph.categories import CATEGORIES
+    from graphviz_core.graph.views import module_groups
 
     assert set(CATEGORIES) <= set(CATEGORY_COLOURS)
     # transformers paths: each decoder layer is its own group (model.layers.N), not one "model.layers"
@@ -349,7 +349,7 @@ def test_tied_embeddings_flag_removes_the_output_matrix(capsys):
 
 
 def test_rule_of_thumb_counts_vit_patches_as_tokens():
-    from graphviz_core.flop_analysis import rule_of_thumb
+    from graphviz_core.analysis.flop_analysis import rule_of_thumb
 
     vit = rule_of_thumb(captured("vit-tiny"))
     # 32-pixel images in 16-pixel patches: (32/16)^2 + 1 class token = 5 tokens per image, batch 2

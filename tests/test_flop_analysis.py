@@ -2,8 +2,8 @@
 
 import pytest
 
-from graphviz_core import flop_analysis as fa
-from graphviz_core.flop_terms import terms_both_ways
+from graphviz_core.analysis import flop_analysis as fa
+from graphviz_core.analysis.flop_terms import terms_both_ways
 from tests.conftest import captured
 
 B, S, H, NH, D, V, L = 2, 32, 64, 4, 16, 512, 2
@@ -100,7 +100,7 @@ def test_seed004_terms_refuse_mismatched_captures():
 def test_seed004_terms_accept_a_twin_named_otherwise():
     # The shared cache keys captures without the preset's name and with "auto" resolved, so the FLOP panel's
     # manual-attention twin of gpt2-tiny may come back as an unnamed config on "cpu"; it is the same capture.
-    from graphviz_core.capture import capture_backward
+    from graphviz_core.capture.engine import capture_backward
 
     fused = captured("gpt2-tiny")
     twin = capture_backward(fused.config.replace(attention="manual", preset="", device="cpu"))
@@ -152,7 +152,7 @@ def test_layer_of_splits_hugging_face_paths_per_layer_and_keeps_embeddings_norm_
 
 
 def test_saved_bytes_per_layer_run_in_forward_order_with_the_flops_tabs_layers():
-    from graphviz_core.memory_breakdown import saved_bytes_by_layer
+    from graphviz_core.analysis.memory_breakdown import saved_bytes_by_layer
 
     llama = captured("llama-tiny")
     by_layer = saved_bytes_by_layer(llama)

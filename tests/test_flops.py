@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils import flop_counter
 
-from graphviz_core.flops import FLOP_FORMULAS, op_info
+from graphviz_core.capture.flop_formulas import FLOP_FORMULAS, op_info
 
 aten = torch.ops.aten
 
@@ -63,7 +63,7 @@ def test_grouped_matmul_flops_are_the_sum_of_its_groups_gemms():
     """Each layout of torch._grouped_mm run for real on CPU (offs = [4, 12]: groups of 4 and 8 along the split
     dimension; every dimension a multiple of 4 floats, the kernel's 16-byte strides), its FLOPs counted as the sum of
     the per-group GEMMs it stands for (2·m·k·n each), against the formula the capture uses, which sees only shapes."""
-    from graphviz_core.flops import grouped_mm_flops
+    from graphviz_core.capture.flop_formulas import grouped_mm_flops
 
     offs = torch.tensor([4, 12], dtype=torch.int32)
     sizes = [4, 8]  # group sizes along the split dimension

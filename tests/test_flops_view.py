@@ -99,7 +99,7 @@ def test_a_convolutional_network_is_not_held_to_six_n_tokens():
 def test_categories_whose_ops_have_no_flop_formula_read_not_counted_and_bars_take_the_graph_colours():
     import json
 
-    from graphviz_core.export import CATEGORY_COLOURS
+    from graphviz_core.export.formats import CATEGORY_COLOURS
 
     # resnet-tiny: BatchNorm (normalization) and ReLU (activation) backward have no FLOP formula in torch's
     # flop_counter nor ours, so those categories count 0; conv, matmul, pooling and loss are counted.
@@ -156,7 +156,7 @@ def _frame_all_nodes(at):
 
 
 def test_the_roofline_colours_each_category_as_the_graph_does():
-    from graphviz_core.export import CATEGORY_COLOURS
+    from graphviz_core.export.formats import CATEGORY_COLOURS
 
     at = explorer_tab("FLOPs and time", 120)
     assert not at.exception

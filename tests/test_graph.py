@@ -2,7 +2,7 @@
 
 import networkx as nx
 
-from graphviz_core.graph import collapse_modules, focus_module, hide_categories, module_groups, search_nodes
+from graphviz_core.graph.views import collapse_modules, focus_module, hide_categories, module_groups, search_nodes
 from tests.conftest import captured
 
 

@@ -3,7 +3,7 @@
 import gc
 import re
 
-from graphviz_core.render import render_html
+from graphviz_core.export.render import render_html
 from graphviz_core.ui import graph_pages
 from graphviz_core.ui.graph_pages import NONCE_MARK, graph_page
 from tests.conftest import captured

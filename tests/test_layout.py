@@ -6,11 +6,11 @@ import math
 import networkx as nx
 import pytest
 
-import graphviz_core.layout as layout_module
-from graphviz_core.capture import capture_backward
+import graphviz_core.graph.layout as layout_module
+from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import config_from_preset
-from graphviz_core.graph import module_group
-from graphviz_core.layout import ASPECT, count_crossings, layered_layout
+from graphviz_core.graph.layout import ASPECT, count_crossings, layered_layout
+from graphviz_core.graph.views import module_group
 from tests.conftest import captured
 
 
@@ -82,9 +82,9 @@ def test_gpt2_small_folds_into_columns_cut_between_blocks():
 
 
 def test_long_labels_get_room_so_no_box_covers_its_neighbour():
-    from graphviz_core.graph import hide_categories
-    from graphviz_core.layout import MIN_CLEARANCE
-    from graphviz_core.render import node_widths
+    from graphviz_core.export.render import node_widths
+    from graphviz_core.graph.layout import MIN_CLEARANCE
+    from graphviz_core.graph.views import hide_categories
 
     # Shape ops hidden (the view's checkbox): each attention output projection's weight and bias ovals then sit in
     # the fused attention node's layer.

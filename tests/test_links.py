@@ -6,7 +6,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from graphviz_core.config import ModelConfig, config_from_preset
-from graphviz_core.render import render_html
+from graphviz_core.export.render import render_html
 from graphviz_core.ui.links import (
     LINKED_NODE,
     config_params,

@@ -12,8 +12,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from graphviz_core.config import resolve_config
-from graphviz_core.parallel import build_meshes, measure_step, simulate_parallel, workload_of
-from graphviz_core.parallel_config import ParallelConfig, check_parallel
+from graphviz_core.parallel.settings import ParallelConfig, check_parallel
+from graphviz_core.parallel.simulate import build_meshes, measure_step, simulate_parallel, workload_of
 
 # gpt2-tiny: V=512, h=64, 2 layers, seq 32, float32, tied wte / lm_head.
 TINY = resolve_config("gpt2-tiny")
@@ -224,7 +224,7 @@ def test_a_capture_in_another_thread_does_not_leak_into_the_simulation():
     module in the process, so the simulation must ignore modules running in other threads."""
     import threading
 
-    from graphviz_core.capture import capture_backward
+    from graphviz_core.capture.engine import capture_backward
 
     alone = simulate_parallel(TINY, ParallelConfig("fsdp", 4), single_device=False)
     stop, captured, errors = threading.Event(), [], []

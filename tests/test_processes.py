@@ -1,4 +1,4 @@
-"""Meta dry runs in other processes (graphviz_core.processes): the same Capture as in this process, from the fork
+"""Meta dry runs in other processes (graphviz_core.capture.workers): the same Capture as in this process, from the fork
 server's pool and from a forked child, a cancelled wait that returns at once, and a dead worker that is replaced."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import time
 import networkx as nx
 import pytest
 
-from graphviz_core import processes
-from graphviz_core.admission import CaptureCancelled, Ticket
-from graphviz_core.capture import Capture, capture_backward
+from graphviz_core.capture import workers as processes
+from graphviz_core.capture.admission import CaptureCancelled, Ticket
+from graphviz_core.capture.engine import capture_backward
+from graphviz_core.capture.result import Capture
 from graphviz_core.config import config_from_preset
 
 POOL_START_S = 120  # the fork server imports torch and every family's transformers modules: ~4 s here, more under load
@@ -89,8 +90,8 @@ def test_a_killed_worker_is_replaced_and_the_capture_still_answers(pool):
 FORKED = """
 import threading
 import networkx as nx
-from graphviz_core import processes
-from graphviz_core.capture import capture_backward
+from graphviz_core.capture import workers as processes
+from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import config_from_preset
 assert threading.active_count() == 1  # a CLI: no other Python thread, so B goes to a forked child
 configs = [config_from_preset(p, device="meta", **kw) for p, kw in (("llama-tiny", {"attention": "eager"}),

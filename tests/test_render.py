@@ -6,7 +6,7 @@ import re
 import networkx as nx
 import pytest
 
-from graphviz_core.render import VIS_SCRIPT, node_details, render_html, render_standalone_html
+from graphviz_core.export.render import VIS_SCRIPT, node_details, render_html, render_standalone_html
 from tests.conftest import captured
 
 
@@ -108,7 +108,7 @@ def test_labels_stay_readable_on_every_fill():
 
 
 def test_a_metric_that_was_not_measured_is_grey_and_said_so():
-    from graphviz_core.capture import capture_backward
+    from graphviz_core.capture.engine import capture_backward
     from graphviz_core.config import config_from_preset
 
     graph = capture_backward(config_from_preset("gpt2-tiny", device="meta")).graph  # meta runs no kernels: no time
@@ -119,7 +119,7 @@ def test_a_metric_that_was_not_measured_is_grey_and_said_so():
 
 
 def test_a_zoomed_out_gpt2_small_names_each_block_once():
-    from graphviz_core.capture import capture_backward
+    from graphviz_core.capture.engine import capture_backward
     from graphviz_core.config import config_from_preset
 
     graph = capture_backward(config_from_preset("gpt2-small", device="meta")).graph
@@ -129,7 +129,7 @@ def test_a_zoomed_out_gpt2_small_names_each_block_once():
 
 
 def test_search_matches_come_in_backward_order():
-    from graphviz_core.graph import search_nodes
+    from graphviz_core.graph.views import search_nodes
 
     graph = captured("gpt2-tiny").graph
     matches = search_nodes(graph, "attn.qkv")
@@ -175,7 +175,7 @@ def test_a_served_page_loads_vis_network_by_url_and_keeps_only_the_tooltip_style
 
 def test_the_subtitle_of_a_vision_model_shows_its_image_size_and_no_sequence_or_attention():
     from graphviz_core.config import config_from_preset
-    from graphviz_core.render import graph_subtitle
+    from graphviz_core.export.render import graph_subtitle
 
     resnet = config_from_preset("resnet-tiny", device="auto")
     subtitle = graph_subtitle(resnet, "cpu")
@@ -200,8 +200,8 @@ def test_the_side_panel_counts_nodes_and_edges_with_thousands_separators():
 
 
 def test_the_view_svg_and_dot_downloads_carry_the_subtitle_under_the_title():
-    from graphviz_core.export import CATEGORY_COLOURS, to_dot
-    from graphviz_core.render import graph_subtitle
+    from graphviz_core.export.formats import CATEGORY_COLOURS, to_dot
+    from graphviz_core.export.render import graph_subtitle
     from graphviz_core.ui.graph_view import _view_dot_options
 
     capture = captured("mlp", layers=1)
@@ -219,7 +219,7 @@ def test_counts_and_metric_notes_read_as_words():
     separated ('colour: … · size: …', which read 'colour: FLOPs size: time'), and a one-layer config says
     '1 layer'."""
     from graphviz_core.config import config_from_preset
-    from graphviz_core.render import METRICS, render_html
+    from graphviz_core.export.render import METRICS, render_html
 
     graph = captured("gpt2-tiny").graph
     one = graph.subgraph([next(iter(graph))]).copy()
@@ -234,8 +234,8 @@ def test_a_skip_edge_in_one_column_bows_round_the_nodes_between():
     residual edge from the upper Add to the lower one ran straight behind mlp and ln_2 and could not be seen. It is
     curved now, far enough to clear the widest node between (vis-network's curve peaks about roundness x span / 2
     off the line); edges between neighbouring layers stay straight."""
-    from graphviz_core.layout import layered_layout
-    from graphviz_core.render import build_network, node_widths
+    from graphviz_core.export.render import build_network, node_widths
+    from graphviz_core.graph.layout import layered_layout
     from graphviz_core.ui.graph_view import apply_view
 
     view = apply_view(captured("gpt2-tiny"), focus="blocks.1", hide_shape=True, collapse=True, expanded=None)

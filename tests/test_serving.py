@@ -43,7 +43,7 @@ def test_the_launcher_preloads_the_first_graphs_modules_then_the_panels_after_th
     script = (
         "import sys, threading, time\n"
         "from graphviz_core.ui import serve\n"
-        "from graphviz_core import capture\n"
+        "from graphviz_core.capture import engine as capture\n"
         "assert not any(name in sys.modules for name in (*serve.FIRST_GRAPH[1:], *serve.PANELS)) and not capture._WARMED\n"
         "preloading = threading.Thread(target=serve.preload)\n"
         "preloading.start()\n"
@@ -52,7 +52,7 @@ def test_the_launcher_preloads_the_first_graphs_modules_then_the_panels_after_th
         "time.sleep(1.0)  # the thread now waits for a first capture\n"
         "first, early = all(n in sys.modules for n in serve.FIRST_GRAPH), any(n in sys.modules for n in serve.PANELS)\n"
         "from graphviz_core.config import config_from_preset\n"
-        "from graphviz_core.shared_captures import shared_captures\n"
+        "from graphviz_core.serve.shared_captures import shared_captures\n"
         "job = shared_captures().request(config_from_preset('mlp', device='cpu'), 'test')\n"
         "job.done.wait(120)\n"
         "preloading.join(60)\n"

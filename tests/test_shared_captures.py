@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from graphviz_core.admission import POLL_S, CaptureCancelled, admission
-from graphviz_core.capture import capture_backward
+from graphviz_core.capture.admission import POLL_S, CaptureCancelled, admission
+from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import ModelConfig, config_from_preset
-from graphviz_core.shared_captures import Cached, Job, SharedCaptures, retained_bytes
+from graphviz_core.serve.shared_captures import Cached, Job, SharedCaptures, retained_bytes
 from tests.conftest import captured
 
 TINY = config_from_preset("gpt2-tiny", device="cpu")

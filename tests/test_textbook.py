@@ -1,8 +1,12 @@
 """Measured numbers next to seed 002's and seed 004's formulas: every gap is accounted for exactly."""
 
+from graphviz_core.analysis.memory_formulas import (
+    korthikanti_layer_bytes,
+    layer_bytes_without_dropout,
+    seed002_as_written_bytes,
+)
+from graphviz_core.analysis.textbook import backward_flops, memory_per_layer
 from graphviz_core.config import config_from_preset
-from graphviz_core.memory import korthikanti_layer_bytes, layer_bytes_without_dropout, seed002_as_written_bytes
-from graphviz_core.textbook import backward_flops, memory_per_layer
 from tests.conftest import captured
 
 # gpt2-tiny: b=2, s=32, h=64, a=4 heads, d=16, V=512, 2 layers, float32
@@ -74,7 +78,7 @@ def test_fused_attention_differs_from_seed_004_only_by_its_recompute():
 
 
 def test_seed_004_closed_form_is_the_sum_of_its_terms():
-    from graphviz_core.flops import seed004_backward_terms, seed004_backward_total
+    from graphviz_core.capture.flop_formulas import seed004_backward_terms, seed004_backward_total
 
     config = config_from_preset("gpt2-small")
     terms = seed004_backward_terms(config)

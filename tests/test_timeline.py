@@ -4,10 +4,10 @@ PyTorch's own MemTracker (torch.distributed._tools.mem_tracker) on the same mode
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from graphviz_core.capture import capture_backward
+from graphviz_core.capture.engine import capture_backward
+from graphviz_core.capture.timeline import KINDS
 from graphviz_core.config import config_from_preset
-from graphviz_core.models import build_model, compute_loss, make_batch
-from graphviz_core.timeline import KINDS
+from graphviz_core.models.registry import build_model, compute_loss, make_batch
 from tests.conftest import captured
 
 

@@ -7,7 +7,7 @@ from streamlit.testing.v1 import AppTest
 def _summary_app(disturbed: bool):
     import dataclasses
 
-    from graphviz_core.capture import TimeSummary
+    from graphviz_core.capture.result import TimeSummary
     from graphviz_core.ui.summary import show_summary
     from tests.conftest import captured
 
@@ -20,8 +20,8 @@ def _summary_app(disturbed: bool):
 def _compare_app():
     import dataclasses
 
-    from graphviz_core.capture import TimeSummary
-    from graphviz_core.compare import compare_captures
+    from graphviz_core.analysis.compare import compare_captures
+    from graphviz_core.capture.result import TimeSummary
     from graphviz_core.ui.compare_view import show_comparison
     from tests.conftest import captured
 

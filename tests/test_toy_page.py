@@ -5,7 +5,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from graphviz_core.expressions import EXPRESSION_PRESETS
+from graphviz_core.toy.expressions import EXPRESSION_PRESETS
 from graphviz_core.ui.expression_view import EDITED
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "toy_expressions.py")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from graphviz_core.training_step import ACCELERATORS, accelerator_fits, training_step, training_step_of
+from graphviz_core.analysis.training_step import ACCELERATORS, accelerator_fits, training_step, training_step_of
 from tests.conftest import captured
 
 

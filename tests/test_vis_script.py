@@ -5,7 +5,7 @@ import hashlib
 import pytest
 from streamlit import config
 
-from graphviz_core.render import VIS_SCRIPT
+from graphviz_core.export.render import VIS_SCRIPT
 from graphviz_core.ui import vis_script
 
 

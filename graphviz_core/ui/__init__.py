@@ -1,4 +1,4 @@
 """Streamlit helpers shared by the pages (config form, capture cache, summary, graph view).
 
-Besides `graphviz_core.render`, this is the only part of the package that imports Streamlit.
+Besides `graphviz_core.export.render`, this is the only part of the package that imports Streamlit.
 """

@@ -10,11 +10,11 @@ import streamlit as st
 from streamlit.runtime import Runtime
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from graphviz_core.admission import CaptureCancelled
-from graphviz_core.capture import Capture
+from graphviz_core.capture.admission import CaptureCancelled
+from graphviz_core.capture.result import Capture
+from graphviz_core.capture.workers import runs_elsewhere
 from graphviz_core.config import ModelConfig
-from graphviz_core.processes import runs_elsewhere
-from graphviz_core.shared_captures import Cached, Job, shared_captures
+from graphviz_core.serve.shared_captures import Cached, Job, shared_captures
 from graphviz_core.ui.format import escape_markdown, format_bytes, format_seconds
 from graphviz_core.ui.links import apply_pending_view
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import altair as alt
 import streamlit as st
 
-from graphviz_core.export import CATEGORY_COLOURS
+from graphviz_core.export.formats import CATEGORY_COLOURS
 
 AXES_PX = 80  # axis titles, tick labels and a legend row below the plot
 

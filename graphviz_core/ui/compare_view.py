@@ -13,10 +13,10 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from graphviz_core.capture import Capture
-from graphviz_core.compare import Comparison, Headline, LayerPair, compare_captures
-from graphviz_core.config import DEFAULT_PRESET, HF_FAMILIES, ModelConfig, applies, config_from_preset
-from graphviz_core.render import kernel_parts, render_html
+from graphviz_core.analysis.compare import Comparison, Headline, LayerPair, compare_captures
+from graphviz_core.capture.result import Capture
+from graphviz_core.config import DEFAULT_PRESET, ModelConfig, applies, config_from_preset
+from graphviz_core.export.render import kernel_parts, render_html
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.config_form import config_form, set_config
 from graphviz_core.ui.format import (
@@ -45,13 +45,12 @@ def _changed(base: ModelConfig, **changes) -> ModelConfig:
 def _attention_pair(base: ModelConfig) -> tuple[ModelConfig, ModelConfig]:
     if not applies("attention", base.model):
         base = config_from_preset("gpt2-tiny")
-    spelled_out = "eager" if base.model in HF_FAMILIES else "manual"
-    return _changed(base, attention="sdpa"), _changed(base, attention=spelled_out)
+    return _changed(base, attention="sdpa"), _changed(base, attention=base.family.spelled_out_attention)
 
 
 def _checkpoint_pair(policy: str) -> Callable[[ModelConfig], tuple[ModelConfig, ModelConfig]]:
     def pair(base: ModelConfig) -> tuple[ModelConfig, ModelConfig]:
-        other = "full" if policy == "selective" and base.model == "mlp" else policy  # MLPs have no attention core
+        other = policy if policy in base.family.checkpoint_policies() else "full"  # MLPs have no attention core
         return _changed(base, checkpoint="none"), _changed(base, checkpoint=other)
 
     return pair

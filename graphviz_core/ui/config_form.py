@@ -7,81 +7,38 @@ import dataclasses
 import streamlit as st
 import torch
 
+from graphviz_core.capture.device import check_budget, resolve_device
 from graphviz_core.config import (
-    BUILT_IN_ATTENTIONS,
     CHECKPOINTS,
     CUSTOM,
     DEFAULT_PRESET,
     DEVICES,
     DTYPES,
-    HF_ATTENTIONS,
-    HF_FAMILIES,
+    FAMILIES,
     MODEL_DEFAULTS,
     MODELS,
-    OPTIONAL_FIELDS,
     PRESETS,
     SEED_MAX,
-    VISION,
     ModelConfig,
     applies,
     config_from_preset,
 )
-from graphviz_core.device import check_budget, resolve_device
+from graphviz_core.models.user import trusted_factories
 from graphviz_core.ui.format import escape_markdown
 from graphviz_core.ui.links import copy_link, dismiss_notices, restore_from_link, show_notices, sync_url
 from graphviz_core.ui.state import keep_widget_state
-from graphviz_core.user_model import trusted_factories
 
 SIZE_FIELDS = ("hidden", "heads", "layers", "vocab", "batch", "seq")
 INT_FIELDS = (*SIZE_FIELDS, "kv_heads", "intermediate", "experts", "experts_per_token", "image_size", "context", "seed")
 CHOICE_FIELDS = ("model", "attention", "checkpoint", "device", "dtype")
-FAMILY_NAMES = {
-    "mlp": "MLP (built in)",
-    "block": "one transformer block (built in)",
-    "gpt2": "GPT-2 (built in)",
-    "llama": "Llama",
-    "mistral": "Mistral",
-    "qwen2": "Qwen2.5",
-    "mixtral": "Mixtral (mixture of experts)",
-    "gpt2-hf": "GPT-2 (Hugging Face)",
-    "bert": "BERT (masked LM)",
-    "vit": "ViT (images)",
-    "resnet": "ResNet (images)",
-}
 
 
 def _label(name: str, model: str) -> str:
-    if name == "layers" and model == "resnet":
-        return "Depth (18, 34, 50, 101, 152)"
-    if name == "hidden" and model == "resnet":
-        return "Stem width (channels)"
-    if name == "vocab" and model in VISION:
-        return "Classes"
-    return {
-        "hidden": "Hidden size",
-        "heads": "Attention heads",
-        "layers": "Layers",
-        "vocab": "Vocabulary",
-        "batch": "Batch",
-        "seq": "Sequence length",
-        "kv_heads": "Key-value heads",
-        "intermediate": "MLP width",
-        "experts": "Experts",
-        "experts_per_token": "Experts per token",
-        "image_size": "Image size (pixels)",
-        "context": "Context (position rows; 0 = seq)",
-        "seed": "Random seed",
-        "model": "Model family",
-        "tied": "Tied input/output embeddings",
-        "attention": "Attention",
-        "checkpoint": "Checkpointing",
-        "device": "Device",
-        "dtype": "Dtype",
-    }[name]
+    return FAMILIES[model].label(name)
 
 
 def _attentions(model: str) -> tuple[str, ...]:
-    return HF_ATTENTIONS if model in HF_FAMILIES else BUILT_IN_ATTENTIONS
+    return FAMILIES[model].attentions
 
 
 def _devices() -> tuple[str, ...]:
@@ -122,14 +79,14 @@ def form_fields(key: str) -> dict:
     fields = {}
     for name in (*INT_FIELDS, *CHOICE_FIELDS, "tied"):
         value = st.session_state.get(f"{key}.{name}", getattr(ModelConfig, name))
-        if name in OPTIONAL_FIELDS or name == "tied":
+        if name in ("kv_heads", "intermediate", "experts", "experts_per_token", "image_size", "context", "tied"):
             value = value if applies(name, model) else getattr(ModelConfig, name)
         if name == "attention" and not applies("attention", model):
             value = "sdpa"
         if name in INT_FIELDS and isinstance(value, float) and value.is_integer():
             value = int(value)
         fields[name] = value
-    if model == "mlp" and fields["checkpoint"] == "selective":
+    if fields["checkpoint"] not in FAMILIES[model].checkpoint_policies():  # an MLP has no attention to recompute
         fields["checkpoint"] = "full"
     return fields
 
@@ -193,6 +150,33 @@ def config_form(key: str = "config", where=None, submit_label: str = "Run backwa
         st.session_state[f"{key}.applied"] = config_from_preset(DEFAULT_PRESET)
     restore_from_link(key, lambda config: set_config(key, config))  # a shared link's config and view, once
     sidebar = where or st.sidebar
+    _pickers(key, sidebar)
+    _trusted_models(key, where)
+    # Refusals and "stale result" notices go here, above the fields, where they are seen without scrolling.
+    notice = sidebar.empty()
+    model = st.session_state[f"{key}.model"]
+    with sidebar.form(f"{key}.form"):
+        _fields(key, model)
+        submitted = st.form_submit_button(submit_label, type="primary", width="stretch")
+    if submitted:
+        dismiss_notices(key)
+        try:
+            config = _named(ModelConfig(**form_fields(key)), st.session_state[f"{key}.preset"])
+            check_budget(config, resolve_device(config.device))
+            st.session_state[f"{key}.applied"] = config
+            st.session_state.pop(f"{key}.error", None)
+        except ValueError as exc:
+            st.session_state[f"{key}.error"] = str(exc)
+    applied = st.session_state[f"{key}.applied"]
+    _say_what_differs(key, applied, model, notice, where, submit_label)
+    show_notices(key, where)  # what a link asked for and could not have, until the next Run
+    sync_url(key, applied)
+    copy_link(key, applied, sidebar)
+    return applied
+
+
+def _pickers(key: str, sidebar) -> None:
+    """The preset and the model family: each loads its fields into the form."""
     sidebar.selectbox(
         "Preset",
         list(PRESETS),
@@ -206,72 +190,64 @@ def config_form(key: str = "config", where=None, submit_label: str = "Run backwa
         "Model family",
         MODELS,
         key=f"{key}.model",
-        format_func=FAMILY_NAMES.get,
+        format_func=lambda model: FAMILIES[model].title,
         on_change=_load_family,
         args=(key,),
         help="Built-in teaching models, or a transformers architecture built from its config with "
         "random weights (nothing is downloaded). Switching loads that family's toy size.",
     )
-    _trusted_models(key, where)
-    # Refusals and "stale result" notices go here, above the fields, where they are seen without scrolling.
-    notice = sidebar.empty()
-    model = st.session_state[f"{key}.model"]
-    with sidebar.form(f"{key}.form"):
-        shown = [
-            n
-            for n in (*SIZE_FIELDS, "kv_heads", "intermediate", "experts", "experts_per_token", "image_size", "context")
-            if applies(n, model)
-        ]
-        left, right = st.columns(2)
-        for i, name in enumerate(shown):
-            # No min/max on the widgets: an out-of-range value must reach the config check and be refused with a
-            # sentence, not turn the field red while Run silently re-runs the previous config.
-            (left if i % 2 == 0 else right).number_input(_label(name, model), step=1, key=f"{key}.{name}")
-        if applies("tied", model):
-            st.checkbox("Tied input/output embeddings", key=f"{key}.tied")
-        if applies("attention", model):
-            options = _attentions(model)
-            if st.session_state.get(f"{key}.attention") not in options:
-                st.session_state[f"{key}.attention"] = "sdpa"
-            st.selectbox(
-                "Attention",
-                options,
-                key=f"{key}.attention",
-                help="sdpa: one fused kernel; eager: transformers' op-by-op reference (scores kept); "
-                "mha: nn.MultiheadAttention; manual: q@kᵀ, softmax, @v op by op",
-            )
+
+
+def _fields(key: str, model: str) -> None:
+    """Every field the family has, inside the form."""
+    shown = [
+        n
+        for n in (*SIZE_FIELDS, "kv_heads", "intermediate", "experts", "experts_per_token", "image_size", "context")
+        if applies(n, model)
+    ]
+    left, right = st.columns(2)
+    for i, name in enumerate(shown):
+        # No min/max on the widgets: an out-of-range value must reach the config check and be refused with a
+        # sentence, not turn the field red while Run silently re-runs the previous config.
+        (left if i % 2 == 0 else right).number_input(_label(name, model), step=1, key=f"{key}.{name}")
+    if applies("tied", model):
+        st.checkbox("Tied input/output embeddings", key=f"{key}.tied")
+    if applies("attention", model):
+        options = _attentions(model)
+        if st.session_state.get(f"{key}.attention") not in options:
+            st.session_state[f"{key}.attention"] = "sdpa"
         st.selectbox(
-            "Checkpointing",
-            CHECKPOINTS,
-            key=f"{key}.checkpoint",
-            help="full: each layer keeps only its input and re-runs its forward in backward; selective: "
-            "built-in models recompute the attention core, transformers families keep matmul, "
-            "convolution and attention outputs and recompute the rest",
+            "Attention",
+            options,
+            key=f"{key}.attention",
+            help="sdpa: one fused kernel; eager: transformers' op-by-op reference (scores kept); "
+            "mha: nn.MultiheadAttention; manual: q@kᵀ, softmax, @v op by op",
         )
-        left = right = st  # one per row: side by side, the dtype box read "bfloat1…" in the sidebar
-        devices = _devices()
-        if st.session_state.get(f"{key}.device") not in devices:
-            st.session_state[f"{key}.device"] = "auto"
-        left.selectbox(
-            "Device",
-            devices,
-            key=f"{key}.device",
-            help="auto: CUDA if available, else CPU; meta: shapes only"
-            + ("" if "cuda" in devices else "; cuda is not offered: this machine has none"),
-        )
-        right.selectbox("Dtype", DTYPES, key=f"{key}.dtype")
-        st.number_input(_label("seed", model), step=1, key=f"{key}.seed", help=f"0 to {SEED_MAX:,}")
-        submitted = st.form_submit_button(submit_label, type="primary", width="stretch")
-    if submitted:
-        dismiss_notices(key)
-        try:
-            config = _named(ModelConfig(**form_fields(key)), st.session_state[f"{key}.preset"])
-            check_budget(config, resolve_device(config.device))
-            st.session_state[f"{key}.applied"] = config
-            st.session_state.pop(f"{key}.error", None)
-        except ValueError as exc:
-            st.session_state[f"{key}.error"] = str(exc)
-    applied = st.session_state[f"{key}.applied"]
+    st.selectbox(
+        "Checkpointing",
+        CHECKPOINTS,
+        key=f"{key}.checkpoint",
+        help="full: each layer keeps only its input and re-runs its forward in backward; selective: "
+        "built-in models recompute the attention core, transformers families keep matmul, "
+        "convolution and attention outputs and recompute the rest",
+    )
+    left = right = st  # one per row: side by side, the dtype box read "bfloat1…" in the sidebar
+    devices = _devices()
+    if st.session_state.get(f"{key}.device") not in devices:
+        st.session_state[f"{key}.device"] = "auto"
+    left.selectbox(
+        "Device",
+        devices,
+        key=f"{key}.device",
+        help="auto: CUDA if available, else CPU; meta: shapes only"
+        + ("" if "cuda" in devices else "; cuda is not offered: this machine has none"),
+    )
+    right.selectbox("Dtype", DTYPES, key=f"{key}.dtype")
+    st.number_input(_label("seed", model), step=1, key=f"{key}.seed", help=f"0 to {SEED_MAX:,}")
+
+
+def _say_what_differs(key: str, applied: ModelConfig, model: str, notice, where, submit_label: str) -> None:
+    """A refused Run's sentence, or the fields the form holds that the result shown did not run with."""
     if f"{key}.error" in st.session_state:
         refused = escape_markdown(
             f"Not run: {st.session_state[f'{key}.error']} The result shown is still that of the previous config."
@@ -279,7 +255,7 @@ def config_form(key: str = "config", where=None, submit_label: str = "Run backwa
         notice.error(refused)
         if where is None:  # the Run button is at the sidebar's foot: say it where the results are too
             st.error(refused)
-    elif applied.model != CUSTOM:
+    elif not applied.family.user_code:
         # Named by the form's own labels ("Context"), not the config's field names ("context")
         changed = [
             _label(name, model).split(" (")[0]
@@ -289,7 +265,3 @@ def config_form(key: str = "config", where=None, submit_label: str = "Run backwa
         if changed:
             notice.warning(f"The form differs from the result shown ({', '.join(changed)}); press “{submit_label}” to "
                            "apply it.")
-    show_notices(key, where)  # what a link asked for and could not have, until the next Run
-    sync_url(key, applied)
-    copy_link(key, applied, sidebar)
-    return applied

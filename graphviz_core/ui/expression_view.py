@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from graphviz_core.expressions import (
+from graphviz_core.export.render import render_html
+from graphviz_core.toy.expressions import (
     EXPRESSION_PRESETS,
     Trace,
     parse_expression,
@@ -15,7 +16,6 @@ from graphviz_core.expressions import (
     trace_graph,
     variables_of,
 )
-from graphviz_core.render import render_html
 from graphviz_core.ui.format import escape_markdown
 from graphviz_core.ui.state import keep_widget_state
 from graphviz_core.ui.vis_script import vis_src

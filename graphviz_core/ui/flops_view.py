@@ -8,10 +8,10 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from graphviz_core import flop_analysis as fa
-from graphviz_core.capture import Capture
-from graphviz_core.device_peak import DevicePeak, measure_peak
-from graphviz_core.flop_terms import terms_both_ways
+from graphviz_core.analysis import flop_analysis as fa
+from graphviz_core.analysis.flop_terms import terms_both_ways
+from graphviz_core.capture.device_peak import DevicePeak, measure_peak
+from graphviz_core.capture.result import Capture
 from graphviz_core.ui.charts import category_scale, show_chart
 from graphviz_core.ui.format import (
     escape_markdown,
@@ -229,7 +229,7 @@ def _both_attentions(capture: Capture) -> None:
 
     st.markdown("##### Backward FLOPs op by op: fused vs spelled-out attention (GPT-2)")
     config = capture.config
-    if config.model != "gpt2":
+    if not config.family.gpt2_backward_terms:
         st.caption("This derivation covers the built-in GPT-2 model; pick the GPT-2 family to see it.")
         return
     other = "sdpa" if config.attention == "manual" else "manual"

@@ -6,10 +6,10 @@ import shutil
 
 import streamlit as st
 
-from graphviz_core.capture import Capture
-from graphviz_core.export import PNG_SCALE, PNG_SIZE, png_problem, to_dot, to_graphml, to_json, to_png, to_svg
-from graphviz_core.graph import collapse_modules, focus_module, hide_categories, module_groups, search_nodes
-from graphviz_core.render import METRICS, graph_subtitle, render_html, render_standalone_html
+from graphviz_core.capture.result import Capture
+from graphviz_core.export.formats import PNG_SCALE, PNG_SIZE, png_problem, to_dot, to_graphml, to_json, to_png, to_svg
+from graphviz_core.export.render import METRICS, graph_subtitle, render_html, render_standalone_html
+from graphviz_core.graph.views import collapse_modules, focus_module, hide_categories, module_groups, search_nodes
 from graphviz_core.ui.format import escape_markdown
 from graphviz_core.ui.graph_pages import graph_page
 from graphviz_core.ui.links import linked_node, sync_view_url
@@ -83,7 +83,7 @@ def graph_view(capture: Capture) -> None:
 
 def _view_fills(view, drawing: dict) -> dict[str, str]:
     """Each node's fill exactly as the screen draws it (category colours, or the colour-by scale)."""
-    from graphviz_core.render import build_network
+    from graphviz_core.export.render import build_network
 
     net = build_network(view, colour_by=drawing["colour_by"], size_by=drawing["size_by"], highlight=drawing["highlight"])
     return {node["id"]: node["color"]["background"] for node in net.nodes}

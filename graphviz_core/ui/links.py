@@ -16,10 +16,10 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from graphviz_core.config import CUSTOM, PRESETS, ModelConfig, config_from_preset
-from graphviz_core.device import check_budget, resolve_device
-from graphviz_core.graph import module_groups
-from graphviz_core.render import METRICS
+from graphviz_core.capture.device import check_budget, resolve_device
+from graphviz_core.config import CUSTOM, FAMILIES, PRESETS, ModelConfig, config_from_preset
+from graphviz_core.export.render import METRICS
+from graphviz_core.graph.views import module_groups
 from graphviz_core.ui.format import escape_markdown
 
 CONFIG_FIELDS = tuple(name for name in ModelConfig.__dataclass_fields__ if name != "preset")
@@ -84,7 +84,7 @@ def parse_config(params: Mapping[str, str], prefix: str = "") -> tuple[ModelConf
         return None, problems
     if problems:
         return None, problems
-    if fields.get("model") == CUSTOM:
+    if FAMILIES.get(fields.get("model")) is FAMILIES[CUSTOM]:
         return None, ["a link cannot name your own model (the server's trusted folder is picked in the form)"]
     try:
         config = config_from_preset(preset, **fields) if preset else ModelConfig(**fields)

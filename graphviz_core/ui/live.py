@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from graphviz_core.export import CHROMIUM, CHROMIUM_ARGS  # noqa: F401 - one definition, shared with PNG export
+from graphviz_core.export.formats import CHROMIUM, CHROMIUM_ARGS  # noqa: F401 - one definition, shared with PNG export
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,12 +7,10 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from graphviz_core.capture import Capture
-from graphviz_core.checkpointing import compare_checkpointing
-from graphviz_core.fit import will_it_fit
-from graphviz_core.memory_breakdown import largest_saved_tensors, saved_bytes_by_layer
-from graphviz_core.timeline import KINDS, sampled_steps
-from graphviz_core.training_step import (
+from graphviz_core.analysis.checkpointing import compare_checkpointing
+from graphviz_core.analysis.fit import will_it_fit
+from graphviz_core.analysis.memory_breakdown import largest_saved_tensors, saved_bytes_by_layer
+from graphviz_core.analysis.training_step import (
     ACCELERATORS,
     DEFAULT_OPTIMIZER,
     OPTIMIZER_NAMES,
@@ -20,6 +18,8 @@ from graphviz_core.training_step import (
     accelerator_fits,
     training_step_of,
 )
+from graphviz_core.capture.result import Capture
+from graphviz_core.capture.timeline import KINDS, sampled_steps
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import bytes_unit, format_bytes, format_flops, literal_cells
 

@@ -1,4 +1,4 @@
-"""The "Beyond one GPU" panels: the Parallelism form and rank 0's memory and collectives from graphviz_core.parallel."""
+"""The "Beyond one GPU" panels: the Parallelism form and rank 0's memory and collectives from graphviz_core.parallel.simulate."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from graphviz_core.collectives import GPUS_PER_NODE, INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
 from graphviz_core.config import ModelConfig
-from graphviz_core.parallel import PerRank, simulate_parallel
-from graphviz_core.parallel_config import MAX_WORLD, MIXED_PRECISIONS, STRATEGIES, ParallelConfig
+from graphviz_core.parallel.collectives import GPUS_PER_NODE, INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
+from graphviz_core.parallel.settings import MAX_WORLD, MIXED_PRECISIONS, STRATEGIES, ParallelConfig
+from graphviz_core.parallel.simulate import PerRank, simulate_parallel
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import escape_markdown, format_bytes, format_seconds
 from graphviz_core.ui.links import coerce, dismiss_notices, encode, note_problems, show_notices, write_params

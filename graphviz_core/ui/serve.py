@@ -2,7 +2,7 @@
 
 The same as `streamlit run app.py [options]`, plus one thing: while Streamlit's server starts and the first
 browser loads its frontend, a background thread imports what the first graph needs (torch, the graph view;
-seconds on a small machine) and pays the process's one-time capture costs (graphviz_core.capture.warm_up);
+seconds on a small machine) and pays the process's one-time capture costs (graphviz_core.capture.engine.warm_up);
 once the first capture is in, it imports the other panels (pandas, Altair). The first page then finds them done
 instead of starting them when the first visitor arrives. Nothing else differs: same app, same options, same
 process.
@@ -19,7 +19,7 @@ from pathlib import Path
 APP = Path(__file__).resolve().parents[2] / "app.py"
 # What the explorer's first graph needs, heaviest first (torch comes with the first): imported before the warm-up
 FIRST_GRAPH = (
-    "graphviz_core.capture",
+    "graphviz_core.capture.engine",
     "graphviz_core.ui.capture_cache",
     "graphviz_core.ui.config_form",
     "graphviz_core.ui.summary",
@@ -62,14 +62,14 @@ def preload() -> None:
     this only saves time)."""
     try:
         _server_up()
-        from graphviz_core.capture import warm_up
-        from graphviz_core.device import resolve_device
+        from graphviz_core.capture.device import resolve_device
+        from graphviz_core.capture.engine import warm_up
 
         device = resolve_device("auto")
         # The imports run under the warm-up's lock: a first capture that starts meanwhile waits for them rather
         # than have its timed forward share the CPU with them (gpt2-tiny's first forward read 353 ms, not ~5).
         warm_up(device, before=lambda: _import(FIRST_GRAPH))
-        from graphviz_core.shared_captures import shared_captures
+        from graphviz_core.serve.shared_captures import shared_captures
 
         deadline = time.monotonic() + PANELS_AFTER_S
         while shared_captures().load().entries == 0 and time.monotonic() < deadline:

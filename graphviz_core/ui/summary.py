@@ -6,10 +6,10 @@ from html import escape
 
 import streamlit as st
 
-from graphviz_core.capture import Capture
-from graphviz_core.export import CATEGORY_COLOURS
-from graphviz_core.flop_analysis import NOT_COUNTED_NOTE, uncounted_categories
-from graphviz_core.memory import meta_layer_norm_statistics
+from graphviz_core.analysis.flop_analysis import NOT_COUNTED_NOTE, uncounted_categories
+from graphviz_core.analysis.memory_formulas import meta_layer_norm_statistics
+from graphviz_core.capture.result import Capture
+from graphviz_core.export.formats import CATEGORY_COLOURS
 from graphviz_core.ui.format import format_bytes, format_flops, format_seconds
 
 

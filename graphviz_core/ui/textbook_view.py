@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from graphviz_core.capture import Capture
-from graphviz_core.textbook import Comparison, backward_flops, memory_per_layer
+from graphviz_core.analysis.textbook import Comparison, backward_flops, memory_per_layer
+from graphviz_core.capture.result import Capture
 from graphviz_core.ui.format import format_bytes, format_flops, literal_cells
 
 

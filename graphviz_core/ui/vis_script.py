@@ -17,7 +17,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from graphviz_core.render import VIS_SCRIPT
+from graphviz_core.export.render import VIS_SCRIPT
 
 STATIC = Path(__file__).resolve().parents[2] / "static"  # beside app.py: Streamlit serves it at /app/static/
 _log = logging.getLogger(__name__)

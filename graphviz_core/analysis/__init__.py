@@ -1,0 +1,1 @@
+"""Pure functions of captures: memory, the training step, fit, checkpointing, FLOPs, textbook and compare."""

@@ -1,0 +1,42 @@
+"""The memory panel as JSON, for `graphviz-core memory`: peak, timeline and training step of one capture, plus
+the checkpoint comparison and the will-it-fit search when asked for."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from graphviz_core.analysis.checkpointing import compare_checkpointing
+from graphviz_core.analysis.fit import will_it_fit
+from graphviz_core.analysis.training_step import accelerator_fits, training_step_of
+from graphviz_core.capture.engine import capture_backward
+from graphviz_core.config import ModelConfig
+
+
+def memory_report(
+    config: ModelConfig, optimizer: str = "adamw", checkpoints: bool = False, budget_bytes: int | None = None
+) -> dict:
+    """Keys: config, device, peak_bytes, timeline, training_step, accelerators; `checkpoints` (one row per
+    policy, captured on meta) with checkpoints=True; `fit` (largest batch and seq per policy) with a budget."""
+    capture = capture_backward(config)
+    step = training_step_of(capture, optimizer)
+    report = {
+        "config": config.to_dict(),
+        "device": capture.device,
+        "peak_bytes": capture.memory.peak_bytes,
+        "saved_bytes": capture.memory.saved_bytes,
+        "checkpoint_held_bytes": capture.memory.checkpoint_held_bytes,
+        "timeline": capture.timeline.to_dict(),
+        "training_step": dataclasses.asdict(step),
+        "accelerators": [dataclasses.asdict(f) for f in accelerator_fits(step.step_peak_bytes)],
+    }
+    if checkpoints:
+        table = compare_checkpointing(config, optimizer=optimizer)
+        report["checkpoints"] = {"device": table.device, "rows": [dataclasses.asdict(r) for r in table.rows]}
+    if budget_bytes is not None:
+        search = will_it_fit(config, budget_bytes, optimizer, parameter_count=capture.summary.parameter_count)
+        report["fit"] = {
+            "budget_bytes": budget_bytes,
+            "optimizer": optimizer,
+            "results": [dataclasses.asdict(r) for r in search.results],
+        }
+    return report

@@ -1,0 +1,175 @@
+"""Picks the device for a capture, estimates what a config costs (bytes, FLOPs), measures each device's
+memory budget, and turns out-of-memory into a sentence. `graphviz_core.capture.admission` decides who runs when.
+
+CUDA is never initialised at import time: everything that asks CUDA anything is inside a function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from graphviz_core.config import ModelConfig
+from graphviz_core.models.registry import family_of
+
+DEVICE_ENV = "GRAPHVIZ_CORE_DEVICE"  # overrides what `auto` picks, e.g. GRAPHVIZ_CORE_DEVICE=cpu on a GPU box
+CPU_BUDGET_ENV = "GRAPHVIZ_CORE_CPU_BUDGET_BYTES"
+CUDA_BUDGET_ENV = "GRAPHVIZ_CORE_CUDA_BUDGET_BYTES"
+BYTES_PER = {"float32": 4, "bfloat16": 2, "float16": 2}
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# Share of the free memory a capture may plan to use: the estimate is rough and the server needs headroom.
+CPU_BUDGET_SHARE = 0.6
+
+
+class CaptureError(ValueError):
+    """A capture the user can fix by changing the config (too big, out of memory, device missing)."""
+
+
+def resolve_device(requested: str) -> str:
+    """`auto` -> `cuda` when available, else `cpu` (the env var GRAPHVIZ_CORE_DEVICE may override)."""
+    if requested == "auto":
+        override = os.environ.get(DEVICE_ENV, "").strip()
+        if override:
+            if override not in ("cpu", "cuda", "meta"):
+                raise CaptureError(f"{DEVICE_ENV}={override!r} is not one of cpu, cuda, meta.")
+            requested = override
+        else:
+            return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise CaptureError(
+            "device 'cuda' was asked for but this machine has no usable CUDA device; use 'cpu' or 'meta'."
+        )
+    return requested
+
+
+def estimate_peak_bytes(config: ModelConfig) -> int:
+    """A deliberately rough upper estimate of training memory, used only to refuse configs early: weights and
+    gradients, plus the family's estimate of what the model keeps for backward (Family.activation_elements)."""
+    family = family_of(config)
+    return int(BYTES_PER[config.dtype] * (2 * family.parameter_count(config) + family.activation_elements(config)))
+
+
+def estimate_training_flops(config: ModelConfig) -> int:
+    """A rough count of forward + backward FLOPs, used only to refuse configs that would run for minutes
+    (Family.training_flops)."""
+    return int(family_of(config).training_flops(config))
+
+
+def parameter_count_estimate(config: ModelConfig) -> int:
+    """Parameters of the model `config` builds (exact for the shipped models)."""
+    return family_of(config).parameter_count(config)
+
+
+def memory_budget_bytes(device: str) -> int | None:
+    """How much memory captures may plan to use on `device` together; None for meta (nothing is allocated).
+
+    CPU: 60% of the room left, where the room is the smaller of the machine's MemAvailable and what the
+    container's memory limit (cgroup v2 or v1) still allows; GRAPHVIZ_CORE_CPU_BUDGET_BYTES overrides it.
+    """
+    if device == "meta":
+        return None
+    if device == "cuda":
+        env = os.environ.get(CUDA_BUDGET_ENV)
+        if env:
+            return int(env)
+        free, _total = torch.cuda.mem_get_info()
+        return int(free * 0.9)
+    env = os.environ.get(CPU_BUDGET_ENV)
+    if env:
+        return int(env)
+    room = _available_ram_bytes()
+    container = container_room_bytes()
+    if container is not None:
+        room = min(room, container)
+    return int(room * CPU_BUDGET_SHARE)
+
+
+def container_room_bytes(root: Path | None = None) -> int | None:
+    """Bytes this process's cgroup may still allocate before its limit (reclaimable page cache counted as
+    free); None when no limit is set. Reads cgroup v2 (`memory.max`) or v1 (`memory/memory.limit_in_bytes`).
+    """
+    root = root or CGROUP_ROOT
+    for limit_file, usage_file, inactive_key in (
+        ("memory.max", "memory.current", "inactive_file"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "total_inactive_file"),
+    ):
+        raw = _read(root / limit_file)
+        if raw is None:
+            continue
+        if raw == "max" or int(raw) >= 2**60:  # v1 writes "no limit" as a page-rounded 2**63
+            return None
+        limit = int(raw)
+        usage = int(_read(root / usage_file) or 0)
+        stat = _read(root / Path(limit_file).parent / "memory.stat") or ""
+        inactive = next(
+            (int(v) for k, v in (line.split() for line in stat.splitlines() if line) if k == inactive_key), 0
+        )
+        return max(0, limit - usage + inactive)
+    return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (OSError, ValueError):
+        return None
+
+
+def _available_ram_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def check_budget(config: ModelConfig, device: str, budget: int | None = None) -> None:
+    """Raise CaptureError, with what to change, when `config` will not fit on `device`'s budget (measured
+    now unless given)."""
+    if device == "meta":
+        return
+    budget = memory_budget_bytes(device) if budget is None else budget
+    need = estimate_peak_bytes(config)
+    if need > budget:
+        env = CPU_BUDGET_ENV if device == "cpu" else CUDA_BUDGET_ENV
+        raise CaptureError(
+            f"this config needs about {need / 2**30:.1f} GiB on {device} but the budget there is "
+            f"{budget / 2**30:.1f} GiB (the free memory, or {env}); lower batch or seq, use checkpoint "
+            f"'full', or run it on device 'meta' (shapes only)."
+        )
+
+
+@contextlib.contextmanager
+def device_guard(device: str) -> Iterator[None]:
+    """Turn out-of-memory into a CaptureError after memory is released (admission serialises GPU captures)."""
+    out_of_memory = None
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as exc:
+        out_of_memory = str(exc).splitlines()[0]
+    except RuntimeError as exc:
+        if "can't allocate memory" not in str(exc) and "out of memory" not in str(exc).lower():
+            raise
+        out_of_memory = str(exc).splitlines()[0]
+    # Release outside the except block: the exception's traceback holds frames that hold tensors.
+    if out_of_memory is not None:
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        raise CaptureError(
+            f"out of memory on {device} ({out_of_memory}); try a smaller batch or seq, checkpoint 'full' or "
+            f"'selective', or a 'meta' dry run."
+        )
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()

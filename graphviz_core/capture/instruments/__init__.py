@@ -1,0 +1,1 @@
+"""The instruments of a capture, each one observer of the run (graphviz_core.capture.instrument)."""

@@ -1,0 +1,70 @@
+"""Meta tensors that behave as the real device would: the fused attention kernel a CPU or CUDA run would pick, and the
+grouped matmul of a mixture of experts in float32 (which torch's meta kernel refuses but the CPU runs)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
+if GROUPED_MM is not None:
+    GROUPED_MM = GROUPED_MM.default
+
+
+def grouped_mm_on_meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """`_grouped_mm`'s output on meta for every dtype the CPU kernel takes (a mixture of experts' GEMMs).
+
+    torch's meta kernel repeats CUDA's checks and refuses float32, which the CPU runs; the capture's dispatch mode
+    answers meta calls itself, with the CPU kernel's output shape, so a float32 dry run keeps the same graph (autograd
+    has recorded the call already, above the mode). Shapes: 2-D x 3-D (rows, k) x (groups, k, n) -> (rows, n); 2-D x
+    2-D (the weight gradient, split by offs) -> (groups, m, n); 3-D x 2-D -> (m, n); 3-D x 3-D -> (groups, m, n).
+    """
+    groups = offs.shape[0] if offs is not None else None
+    if mat_a.dim() == 2:
+        shape = (groups, mat_a.shape[0], mat_b.shape[1]) if mat_b.dim() == 2 else (mat_a.shape[0], mat_b.shape[-1])
+    else:
+        shape = (mat_a.shape[1], mat_b.shape[1]) if mat_b.dim() == 2 else (mat_a.shape[0], mat_a.shape[1], mat_b.shape[-1])
+    return torch.empty(shape, dtype=out_dtype or mat_a.dtype, device="meta")
+
+
+# One meta forward at a time may swap F.scaled_dot_product_attention (see _fused_attention_on_meta).
+META_SDPA_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def fused_attention_on_meta(cuda: bool) -> Iterator[None]:
+    """On meta, SDPA takes its unfused math path; route meta calls to the fused kernel a real device runs.
+
+    The target is this build's CPU kernel, or CUDA's (efficient for float32, flash for half) where `auto`
+    picks CUDA, so a meta dry run shows the graph the real run would have. nn.MultiheadAttention calls SDPA
+    through the same module global, so swapping it covers both; calls on other devices (other threads'
+    captures) go to the original untouched.
+    """
+    original = F.scaled_dot_product_attention
+    aten = torch.ops.aten
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if q.device.type != "meta":
+            return original(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        if not cuda:
+            out, _lse = aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+            )
+            return out
+        if q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None:
+            return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
+        bias = attn_mask
+        if bias is not None and bias.dtype == torch.bool:
+            bias = torch.zeros(bias.shape, dtype=q.dtype, device=q.device).masked_fill(~bias, float("-inf"))
+        return aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, dropout_p, is_causal, scale=scale)[0]
+
+    with META_SDPA_LOCK:
+        F.scaled_dot_product_attention = sdpa
+        try:
+            yield
+        finally:
+            F.scaled_dot_product_attention = original

@@ -1,0 +1,110 @@
+"""What a capture returns: the annotated graph and its summaries, as frozen dataclasses with units in field names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from graphviz_core.capture.timeline import MemoryTimeline
+from graphviz_core.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class SaveEvent:
+    """One tensor saved for backward, in the forward order it was saved."""
+
+    order: int
+    node: str  # id of the node whose backward needs it
+    shape: tuple[int, ...]
+    dtype: str
+    storage_bytes: int
+    counted: bool  # False when the storage is a parameter's or was already counted for an earlier save
+
+
+@dataclass(frozen=True)
+class GraphSummary:
+    nodes: int
+    edges: int
+    by_category: dict[str, int]
+    by_op: dict[str, int]
+    parameters: int  # AccumulateGrad nodes = parameter tensors reached by backward
+    parameter_count: int  # scalars in those tensors
+
+
+@dataclass(frozen=True)
+class MemorySummary:
+    saved_bytes: int  # tensors saved for backward, storages de-duplicated, parameters excluded
+    parameter_bytes: int
+    gradient_bytes: int  # .grad of every parameter reached
+    peak_bytes: int  # CUDA max_memory_allocated over forward + backward; elsewhere the timeline's peak
+    baseline_bytes: int | None  # allocated before the forward (parameters, inputs); CUDA only
+    checkpoint_held_bytes: int  # inputs that checkpointed regions keep for recomputation (not saved tensors)
+    saved_bytes_by_category: dict[str, int]
+
+
+@dataclass(frozen=True)
+class FlopSummary:
+    forward: int
+    backward: int  # every aten op that ran during backward, including the two items below
+    backward_by_category: dict[str, int]
+    backward_unattributed: int  # ran between nodes: the engine summing gradients where paths meet
+    backward_recompute: int  # forward ops re-run by checkpointing inside backward
+    # Where the work went, for flop_analysis: forward FLOPs by innermost module, and both passes by aten op.
+    forward_by_module: dict[str, int] = field(default_factory=dict)
+    forward_by_op: dict[str, int] = field(default_factory=dict)
+    forward_by_module_op: dict[str, dict[str, int]] = field(default_factory=dict)  # module -> aten op -> FLOPs
+    backward_by_op: dict[str, int] = field(default_factory=dict)
+
+
+# Below this share of the wall time on the CPU, the capturing thread spent the rest waiting: for the interpreter lock
+# (another session's Python on a shared server) or for a core (other processes). Undisturbed runs here read 0.9-1.0.
+DISTURBED_BELOW = 0.7
+
+
+@dataclass(frozen=True)
+class TimeSummary:
+    forward_s: float | None  # wall time with instrumentation; None on meta
+    backward_s: float | None
+    # CPU time of the capturing thread over the same spans (CPU device only; None elsewhere): how much of the wall
+    # time it was running at all. Intra-op worker threads are not counted, but the capturing thread works beside them.
+    forward_cpu_s: float | None = None
+    backward_cpu_s: float | None = None
+
+    @property
+    def cpu_share(self) -> float | None:
+        """Thread CPU time / wall time over forward + backward; None where not measured."""
+        if self.forward_cpu_s is None or self.backward_cpu_s is None or not self.forward_s or not self.backward_s:
+            return None
+        return (self.forward_cpu_s + self.backward_cpu_s) / (self.forward_s + self.backward_s)
+
+    @property
+    def disturbed(self) -> bool:
+        """True when the times mostly measure waiting, not this config: see DISTURBED_BELOW."""
+        share = self.cpu_share
+        return share is not None and share < DISTURBED_BELOW
+
+    def note(self) -> str | None:
+        """One sentence for a disturbed measurement, None otherwise."""
+        if not self.disturbed:
+            return None
+        return (f"Timing disturbed: the capturing thread ran for only {self.cpu_share:.0%} of the forward + backward "
+                f"wall time, waiting the rest for a CPU core or for other Python on this server, so these times mostly "
+                f"measure the wait (FLOPs, bytes and the graph are unaffected; run it again on a quieter server).")
+
+
+@dataclass(frozen=True)
+class Capture:
+    """One captured backward pass: the graph (DESIGN.md's schema) plus summaries."""
+
+    config: ModelConfig
+    device: str
+    graph: nx.DiGraph
+    summary: GraphSummary
+    memory: MemorySummary
+    flops: FlopSummary
+    time: TimeSummary
+    loss: float | None
+    save_order: tuple[SaveEvent, ...] = field(repr=False)
+    backward_order: tuple[str, ...] = field(repr=False)
+    timeline: MemoryTimeline | None = field(default=None, repr=False)  # graphviz_core.capture.timeline

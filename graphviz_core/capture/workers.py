@@ -1,0 +1,233 @@
+"""Meta dry runs in other processes, so that two of them run at once on two cores.
+
+A capture on `meta` computes nothing: building the model, the hooks, the walk and the graph are all Python, so two
+meta captures in one process take turns on the interpreter lock, and comparing two configs costs capture A + capture
+B. In two processes they run side by side and the compare costs about the larger of the two, plus handing the result
+back (a pickle of the Capture: Llama-3.1-70B's 6,500 nodes are 2.5 MB, 0.05 s to write and 0.04 s to read here).
+In a server this also keeps a long dry run's Python off the interpreter every session's page runs on.
+
+Only meta runs go elsewhere. CPU and CUDA captures measure time and reserve memory through the process's one
+admission point; two at once on a shared machine would time each other.
+
+Two ways to start the other process:
+- `fork`, where this process runs no other Python thread (the CLI): the child starts at once with everything already
+  imported, and is used for one capture;
+- a pool of worker processes started by a `forkserver` otherwise (forking a server whose other threads may hold
+  locks is unsafe). The fork server imports torch and every family's `transformers` modules once (about 4 s here, in
+  its own process), and its workers stay alive. Until the pool has answered once, meta captures run here, while it
+  starts in the background.
+
+    GRAPHVIZ_CORE_META_PROCESSES   worker processes for meta runs (default: 2 where there are 2 or more cores, else 0;
+                                   0 runs every meta capture in this process)
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import pickle
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
+
+from graphviz_core.capture.admission import Ticket
+from graphviz_core.capture.device import resolve_device
+from graphviz_core.capture.engine import Progress, capture_backward
+from graphviz_core.capture.gc_pause import no_cyclic_gc
+from graphviz_core.capture.result import Capture
+from graphviz_core.config import FAMILIES, ModelConfig
+
+PROCESSES_ENV = "GRAPHVIZ_CORE_META_PROCESSES"
+POLL_S = 0.05  # how often a wait for another process looks at its ticket (Cancel, a closed tab)
+# Imported once by the fork server, so its workers start with them: the capture, and every family's own modules
+# (resolving transformers' takes ~3 s in a fresh process, most of it the first family).
+PRELOAD = [
+    "graphviz_core.capture.engine",
+    "graphviz_core.models.hf",
+    "transformers.models.auto.modeling_auto",
+    *(module for family in FAMILIES.values() for module in family.preload),
+]
+
+
+def pool_size() -> int:
+    raw = os.environ.get(PROCESSES_ENV, "").strip()
+    if raw:
+        return max(0, int(raw))
+    return 2 if (os.cpu_count() or 1) >= 2 else 0
+
+
+def runs_elsewhere(config: ModelConfig) -> bool:
+    """Whether `config` is a meta dry run that another process can take (a trusted-folder model is imported only by
+    the server itself, so it stays here)."""
+    if config.family.user_code or pool_size() == 0:
+        return False
+    try:
+        return resolve_device(config.device) == "meta"
+    except ValueError:  # the capture itself says why the device is refused
+        return False
+
+
+def _capture_here(config: ModelConfig) -> bytes:
+    """What the other process runs: one capture, pickled here so that this side unpickles it under `_loaded`."""
+    return pickle.dumps(capture_backward(config), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _loaded(data: bytes) -> Capture:
+    """A capture from another process. Unpickling creates ~100,000 objects for Llama-3.1-70B, and the cyclic
+    collector then walks every young object in this process again and again: 0.19-0.24 s, against 0.04 s paused."""
+    with no_cyclic_gc():
+        return pickle.loads(data)
+
+
+class _Pool:
+    """The server's worker processes, started in the background the first time a meta capture asks for them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._executor: ProcessPoolExecutor | None = None
+        self._ready = threading.Event()  # the workers answered
+        self._settled = threading.Event()  # the last start ended, answered or not
+        self._given_up = False  # a start failed (no fork server here): meta captures stay in this process
+
+    def ready(self) -> ProcessPoolExecutor | None:
+        """The pool once its workers have answered; None until then (the first call starts it in the background)."""
+        with self._lock:
+            if self._executor is None and pool_size() > 0 and not self._given_up:
+                self._settled.clear()
+                context = multiprocessing.get_context("forkserver")
+                context.set_forkserver_preload(PRELOAD)
+                self._executor = ProcessPoolExecutor(max_workers=pool_size(), mp_context=context)
+                threading.Thread(target=self._start, args=(self._executor,), name="meta-pool", daemon=True).start()
+            return self._executor if self._ready.is_set() else None
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        if self.ready() is None and not self._given_up:
+            self._settled.wait(timeout)
+        return self._ready.is_set()
+
+    def _start(self, executor: ProcessPoolExecutor) -> None:
+        try:  # one call per worker starts them all (each submit spawns one while there are fewer than the maximum)
+            for future in [executor.submit(os.getpid) for _ in range(pool_size())]:
+                future.result()
+            self._ready.set()
+        except Exception:  # noqa: BLE001 - no pool: meta captures keep running here, and no start is tried again
+            self._given_up = True
+            self.broken(executor)
+        finally:
+            self._settled.set()
+
+    def broken(self, executor: ProcessPoolExecutor) -> None:
+        """Drop a pool whose worker died; the next meta capture starts a new one."""
+        with self._lock:
+            if self._executor is executor:
+                self._executor = None
+                self._ready.clear()
+        executor.shutdown(wait=False, cancel_futures=True)
+
+    def shut_down(self) -> None:
+        with self._lock:
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+_POOL = _Pool()
+atexit.register(_POOL.shut_down)
+
+
+def wait_for_pool(timeout: float | None = None) -> bool:
+    """Start the worker processes if they are not, and wait until they answer (benchmarks and tests); False if they
+    did not within `timeout` or this process runs meta captures itself (GRAPHVIZ_CORE_META_PROCESSES=0)."""
+    return pool_size() > 0 and _POOL.wait_ready(timeout)
+
+
+def capture_anywhere(config: ModelConfig, progress: Progress | None = None, ticket: Ticket | None = None) -> Capture:
+    """`capture_backward(config)`, run by a worker process when it is a meta dry run and the pool is up.
+
+    A cancelled ticket stops the wait at once (CaptureCancelled); the worker finishes that capture and drops it. A
+    pool that broke (a worker killed) is replaced, and this capture runs here instead.
+    """
+    executor = _POOL.ready() if runs_elsewhere(config) else None
+    if executor is None:
+        return capture_backward(config, progress, ticket)
+    if progress is not None:
+        progress("capturing in a second process (shapes only)")
+    return _answer(executor.submit(_capture_here, config), config, executor, owned=False, progress=progress,
+                   ticket=ticket)
+
+
+def _answer(future: Future, config: ModelConfig, executor: ProcessPoolExecutor, owned: bool,
+            progress: Progress | None = None, ticket: Ticket | None = None) -> Capture:
+    """The capture `future` brings back; if its worker died (killed, out of memory), the server's pool is dropped
+    (`owned`: the caller's own forked children, shut down by the caller) and `config` is captured here instead."""
+    try:
+        return _wait(future, ticket)
+    except BrokenProcessPool:
+        if not owned:
+            _POOL.broken(executor)
+        return capture_backward(config, progress, ticket)
+
+
+def _wait(future: Future, ticket: Ticket | None) -> Capture:
+    while True:
+        try:
+            return _loaded(future.result(timeout=POLL_S))
+        except FutureTimeout:
+            if ticket is not None:
+                try:
+                    ticket.check()
+                except BaseException:
+                    future.cancel()
+                    raise
+
+
+def _executor_now(jobs: int) -> tuple[ProcessPoolExecutor | None, bool]:
+    """Worker processes for `jobs` meta captures starting now, and whether the caller must shut them down: forked
+    children where no other Python thread runs (the CLI), the server's pool once it is up, else none."""
+    if threading.active_count() == 1:
+        return ProcessPoolExecutor(max_workers=min(jobs, pool_size()), mp_context=multiprocessing.get_context("fork")), True
+    return _POOL.ready(), False
+
+
+def capture_many(configs: list[ModelConfig], progress: Progress | None = None) -> list[Capture]:
+    """Every config's capture, in order. Meta dry runs start at once in other processes, side by side (forked
+    children in the CLI, the pool in a server once it is up); the rest, and everything when there are no such
+    processes, run here one after the other. A worker that died is replaced by a capture here."""
+    elsewhere = [i for i, config in enumerate(configs) if runs_elsewhere(config)]
+    executor, owned = _executor_now(len(elsewhere)) if elsewhere else (None, False)
+    futures = {i: executor.submit(_capture_here, configs[i]) for i in elsewhere} if executor is not None else {}
+    try:
+        captures = []
+        for i, config in enumerate(configs):
+            if progress is not None:
+                progress(f"capturing {config.describe()}")
+            captures.append(_answer(futures[i], config, executor, owned) if i in futures else capture_backward(config))
+        return captures
+    finally:
+        if owned:  # its children have answered (or died): wait for its manager thread, so this process is as it was
+            executor.shutdown(wait=True, cancel_futures=True)
+
+
+def capture_later(config: ModelConfig) -> Callable[[], Capture]:
+    """Start capturing `config` beside whatever this process does next; call the result for the Capture.
+
+    A meta dry run, in a process with no other Python thread (the CLI), runs in a forked child from now on; in a
+    server, in its pool once it is up; anything else is captured here when the result is asked for.
+    """
+    if not runs_elsewhere(config):
+        return lambda: capture_backward(config)
+    executor, owned = _executor_now(1)
+    if executor is None:
+        return lambda: capture_backward(config)
+    future = executor.submit(_capture_here, config)
+
+    def result() -> Capture:
+        try:
+            return _answer(future, config, executor, owned)
+        finally:
+            if owned:
+                executor.shutdown(wait=True)
+
+    return result

@@ -1,0 +1,1 @@
+"""Captured graphs written out: JSON, GraphML, DOT, SVG, PNG and the HTML renderer."""

@@ -1,0 +1,1 @@
+"""The graph schema: categories of autograd nodes, views over a captured graph, and its layout."""

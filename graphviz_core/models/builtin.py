@@ -1,0 +1,152 @@
+"""The built-in teaching models as families: an MLP, one transformer block, and a GPT-2-style stack.
+
+The modules themselves are in graphviz_core.models.teaching (imported when a model is built, so that validating a
+config imports no torch).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from graphviz_core.models.family import Batch, Family, Preset
+
+if TYPE_CHECKING:
+    from graphviz_core.config import ModelConfig
+
+_TEACHING = ("sdpa", "mha", "manual")
+
+
+class _BuiltIn(Family):
+    attentions = _TEACHING
+    hidden_grows = "matmuls grow as hidden², GELU and LayerNorm as hidden"
+    spelled_out_attention = "manual"
+    tensor_parallel = True
+    module_class = ""  # the nn.Module in graphviz_core.models.teaching
+
+    def build(self, config: ModelConfig):
+        from graphviz_core.models import teaching
+
+        return teaching.build(getattr(teaching, self.module_class), config)
+
+    def batch(self, config: ModelConfig, device) -> Batch:
+        from graphviz_core.models import teaching
+
+        return teaching.random_batch(config, device, tokens=self.language_model)
+
+    def loss(self, config: ModelConfig, output, targets):
+        from graphviz_core.models import teaching
+
+        return teaching.loss(output, targets, cross_entropy=self.language_model)
+
+    def _mlp_parameters(self, config: ModelConfig) -> int:
+        h = config.hidden
+        return 8 * h * h + 5 * h  # fc (h x 4h + 4h) + proj (4h x h + h)
+
+    def _block_parameters(self, config: ModelConfig) -> int:
+        h = config.hidden
+        return 4 * h * h + 4 * h + self._mlp_parameters(config) + 4 * h  # qkv + proj, their biases, MLP, two LayerNorms
+
+    def activation_elements(self, config: ModelConfig) -> float:
+        """Korthikanti et al. (2022): about 34·s·b·h bytes per layer at 2 bytes/element (17 elements per token per
+        hidden unit), plus 5·a·s²·b bytes (2.5 elements) where attention materialises the s x s scores (`manual`),
+        plus logits and their gradients."""
+        b, s, h, a = config.batch, config.seq, config.hidden, config.heads
+        per_layer = 17 * s * b * h + (2.5 * a * s * s * b if config.attention == "manual" else 0)
+        logits = 3 * b * s * config.vocab if self.language_model else 0
+        return config.layers * per_layer + logits
+
+
+class MLPFamily(_BuiltIn):
+    name = "mlp"
+    title = "MLP (built in)"
+    lacks = ("heads", "vocab", "attention")
+    attentions = ("sdpa",)
+    spelled_out_attention = None
+    module_class = "MLP"
+    hidden_grows = Family.hidden_grows
+    has_attention = False
+    language_model = False
+    tp_attention = False
+    presets = (
+        Preset(
+            "mlp",
+            "Linear -> GELU -> Linear, twice, with an MSE loss: the smallest graph worth reading.",
+            dict(model="mlp", hidden=64, layers=2, batch=4, seq=8),
+        ),
+    )
+    default_fields = presets[0].fields
+
+    def parameter_count(self, config: ModelConfig) -> int:
+        return config.layers * self._mlp_parameters(config)
+
+    def activation_elements(self, config: ModelConfig) -> float:
+        return config.layers * 10 * config.seq * config.batch * config.hidden
+
+    def training_flops(self, config: ModelConfig) -> int:
+        return int(6 * self.parameter_count(config) * config.batch * config.seq)
+
+
+class BlockFamily(_BuiltIn):
+    name = "block"
+    title = "one transformer block (built in)"
+    lacks = ("vocab",)
+    module_class = "BlockModel"
+    language_model = False
+    stacked_layers = False
+    shardable = False
+    tensor_parallel = False
+    layer_memory_formula = "korthikanti"
+    presets = (
+        Preset(
+            "seed-block",
+            "One pre-LN transformer block as in the textbook: h=768, 12 heads, nn.MultiheadAttention, 4h GELU MLP, "
+            "two residuals.",
+            dict(model="block", hidden=768, heads=12, layers=1, batch=4, seq=128, attention="mha"),
+        ),
+    )
+    default_fields = dict(model="block", hidden=64, heads=4, layers=1, batch=2, seq=32)
+
+    def validate(self, config: ModelConfig) -> None:
+        super().validate(config)
+        if config.layers != 1:
+            raise ValueError(f"model 'block' is exactly one transformer block; layers must be 1, got {config.layers}.")
+
+    def parameter_count(self, config: ModelConfig) -> int:
+        return self._block_parameters(config)
+
+
+class GPT2Family(_BuiltIn):
+    name = "gpt2"
+    title = "GPT-2 (built in)"
+    optional = ("context",)
+    module_class = "GPT2"
+    layer_memory_formula = "korthikanti"
+    gpt2_backward_terms = True
+    presets = (
+        Preset(
+            "gpt2-tiny",
+            "GPT-2 architecture at toy size (2 layers, h=64, 4 heads, V=512): captures in well under a second.",
+            dict(model="gpt2", hidden=64, heads=4, layers=2, vocab=512, batch=2, seq=32),
+        ),
+        Preset(
+            "gpt2-small",
+            "GPT-2 small: 12 layers, h=768, 12 heads, V=50257, context 1024, tied embeddings (124M parameters).",
+            dict(model="gpt2", hidden=768, heads=12, layers=12, vocab=50257, batch=1, seq=1024, context=1024),
+        ),
+        Preset(
+            "gpt2-blocks-at-llama-70b-width",
+            "GPT-2-style blocks (LayerNorm, 4h GELU MLP, full multi-head attention) at Llama-3.1-70B's width and depth "
+            "(80 layers, h=8192, 64 heads, V=128256, s=8192, bf16); not Llama itself: see llama-3.1-70b.",
+            dict(model="gpt2", hidden=8192, heads=64, layers=80, vocab=128256, batch=1, seq=8192, context=8192,
+                 dtype="bfloat16", device="meta"),
+        ),
+    )
+    default_fields = presets[0].fields
+
+    def parameter_count(self, config: ModelConfig) -> int:
+        h = config.hidden
+        # wte (tied lm_head), wpe, blocks, ln_f
+        return config.vocab * h + config.positions * h + config.layers * self._block_parameters(config) + 2 * h
+
+
+FAMILIES = (MLPFamily(), BlockFamily(), GPT2Family())

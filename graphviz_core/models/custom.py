@@ -1,0 +1,56 @@
+"""The user's own `nn.Module` as a family: its fields describe nothing, since the module decides its own shapes.
+
+From Python or the CLI (`--model-file PATH:FACTORY`) the capture is handed the module, inputs and loss directly
+(graphviz_core.capture.user); in the web app, a factory from the trusted folder is named by `config.preset` and
+loaded here (graphviz_core.models.user)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from graphviz_core.models.family import Family
+
+if TYPE_CHECKING:
+    from graphviz_core.config import ModelConfig
+
+CUSTOM = "custom"
+
+
+class Custom(Family):
+    name = CUSTOM
+    title = "Your model (trusted folder)"
+    offered = False  # never in --model's choices; the form lists trusted factories only when the server allows them
+    has_attention = False
+    language_model = False
+    stacked_layers = False
+    rebuildable = False
+    shardable = False
+    user_code = True
+
+    def validate(self, config: ModelConfig) -> None:
+        """Nothing to check: the user's module decides its own shapes."""
+
+    def describe(self, config: ModelConfig) -> list[str]:
+        return [f"custom module {config.preset}"]
+
+    def sample_size(self, config: ModelConfig) -> str:
+        return ""
+
+    # Admission's estimates: the module is not known until it is loaded, so nothing is reserved or refused ahead.
+    def parameter_count(self, config: ModelConfig) -> int:
+        return 0
+
+    def activation_elements(self, config: ModelConfig) -> int:
+        return 0
+
+    def training_flops(self, config: ModelConfig) -> int:
+        return 0
+
+    def source(self, config: ModelConfig):
+        """The trusted-folder factory `config.preset` names: (module, inputs, loss), refused unless allowed."""
+        from graphviz_core.models.user import trusted_source
+
+        return trusted_source(config.preset)
+
+
+FAMILIES = (Custom(),)

@@ -1,0 +1,224 @@
+"""What every kind of model answers for itself: the `Family` interface, its presets, and the example batch.
+
+One `Family` object per architecture (graphviz_core.models.registry lists them). Everything the rest of the code
+asks of "what kind of model is this" is a method or attribute here: which config fields it takes, its presets and
+shape rules, how to build it with its example batch and loss, its parameter count, the rough activation and FLOP
+estimates admission uses, which checkpointing policies apply, and which textbook derivations describe it.
+
+Importing this module imports no torch: the config layer validates against families before any model is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from graphviz_core.config import ModelConfig
+
+# Optional fields a family may take (0 / False = not used); every family takes hidden, layers, batch and the rest.
+OPTIONAL_FIELDS = ("kv_heads", "intermediate", "experts", "experts_per_token", "image_size", "context", "tied")
+# Fields some families have no use for at all (a ResNet has no sequence, an MLP no heads or vocabulary).
+SOMETIMES_FIELDS = ("seq", "heads", "vocab", "attention")
+CHECKPOINTS = ("none", "full", "selective")
+
+# How each field is named on the form and in sentences; a family may rename one (ResNet's layers are its depth).
+FIELD_LABELS = {
+    "hidden": "Hidden size",
+    "heads": "Attention heads",
+    "layers": "Layers",
+    "vocab": "Vocabulary",
+    "batch": "Batch",
+    "seq": "Sequence length",
+    "kv_heads": "Key-value heads",
+    "intermediate": "MLP width",
+    "experts": "Experts",
+    "experts_per_token": "Experts per token",
+    "image_size": "Image size (pixels)",
+    "context": "Context (position rows; 0 = seq)",
+    "seed": "Random seed",
+    "model": "Model family",
+    "tied": "Tied input/output embeddings",
+    "attention": "Attention",
+    "checkpoint": "Checkpointing",
+    "device": "Device",
+    "dtype": "Dtype",
+}
+# The same fields in a sentence ("model 'mlp' has no attention heads").
+FIELD_WORDS = {
+    "kv_heads": "key-value heads",
+    "intermediate": "intermediate (MLP) size",
+    "experts": "experts",
+    "experts_per_token": "experts per token",
+    "image_size": "image size",
+    "context": "context (position-embedding rows)",
+    "seq": "sequence length (it takes images: set image_size)",
+    "heads": "attention heads",
+    "tied": "choice of tied embeddings",
+    "vocab": "vocabulary",
+    "attention": "attention",
+}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named starting config and the sentence that says what it is for."""
+
+    name: str
+    description: str
+    fields: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Model inputs and loss targets for one step."""
+
+    inputs: Any  # torch.Tensor
+    targets: Any  # torch.Tensor
+
+
+@dataclass(frozen=True)
+class Source:
+    """A model that is not built from a config: the module, its example inputs, and the loss of its output."""
+
+    model: Any  # nn.Module
+    inputs: tuple
+    loss_fn: Any  # loss_fn(model_output) -> scalar tensor
+
+
+class Family:
+    """One architecture. Subclasses set the attributes and override what differs; the defaults describe a
+    decoder-only transformer language model."""
+
+    name: str = ""  # the config's `model`
+    title: str = ""  # what the form's family box shows
+    # Optional fields this family takes (OPTIONAL_FIELDS), and the sometimes-fields it lacks (SOMETIMES_FIELDS).
+    optional: tuple[str, ...] = ()
+    lacks: tuple[str, ...] = ()
+    attentions: tuple[str, ...] = ("sdpa",)  # the first is the default
+    spelled_out_attention: str | None = None  # the attention that runs the core op by op: "manual" or "eager"
+    labels: dict[str, str] = {}  # form labels that differ from FIELD_LABELS
+    help: dict[str, str] = {}  # what a field means for this family, where that differs ("depth", "classes")
+    presets: tuple[Preset, ...] = ()
+    default_fields: dict = {}  # what `--model NAME` starts from when no preset is named
+    offered: bool = True  # in the form's family box and `--model`'s choices
+    # What the analyses ask.
+    has_attention: bool = True  # an attention core that selective checkpointing (attention core) can recompute
+    language_model: bool = True  # logits over a vocabulary at every position
+    stacked_layers: bool = True  # `layers` counts identical blocks (will-it-fit extrapolates over them)
+    min_batch: int = 1  # BatchNorm cannot train on one example at 1 x 1 pixels
+    rebuildable: bool = True  # can be built again at other sizes (a user's own module cannot)
+    user_code: bool = False  # runs code from a file the server's operator trusted (only the server imports it)
+    shardable: bool = True  # has repeated layers FSDP can wrap one by one
+    tensor_parallel: bool = False  # its projections are named as tensor parallelism's plan expects
+    tp_attention: bool = True  # tensor parallelism splits attention heads too (whole heads per rank)
+    rms_norm: bool = False  # normalises with RMSNorm (the FLOPs tab's per-family rows)
+    convolutional: bool = False
+    # How compare's sentences say what grows with hidden and with the MLP width.
+    hidden_grows: str = "matmuls grow as hidden², elementwise work as hidden"
+    mlp_matmuls: str = "MLP's two matmuls"
+    # Which derivations the textbook panels hold for this family (graphviz_core.analysis.textbook):
+    # "korthikanti" (a GPT-style layer's saved bytes), "llama" (a Llama-style layer op by op) or None.
+    layer_memory_formula: str | None = None
+    gpt2_backward_terms: bool = False  # the per-op backward FLOP terms of "Backpropagating through GPT-2"
+    preload: tuple[str, ...] = ()  # modules a worker process imports before its first capture of this family
+
+    # ---- the config -----------------------------------------------------------------------------------------
+
+    def takes(self, field_name: str) -> bool:
+        """Whether `field_name` means something for this family (the form hides it and the CLI refuses it otherwise)."""
+        if field_name in OPTIONAL_FIELDS:
+            return field_name in self.optional
+        if field_name in SOMETIMES_FIELDS:
+            return field_name not in self.lacks
+        return True
+
+    def label(self, field_name: str) -> str:
+        return self.labels.get(field_name, FIELD_LABELS[field_name])
+
+    def validate(self, config: ModelConfig) -> None:
+        """Shape rules of this family, each refused with a sentence that says the fix."""
+        if config.attention not in self.attentions:
+            if not self.takes("attention"):
+                raise ValueError(f"model {self.name!r} has no attention; leave attention at its default 'sdpa'.")
+            choices = ", ".join(self.attentions[:-1]) + " or " + self.attentions[-1]
+            if config.attention == "eager":
+                raise ValueError(f"attention 'eager' is for the transformers families; model {self.name!r} takes {choices}.")
+            raise ValueError(f"model {self.name!r} has no attention {config.attention!r}: choose {choices}.")
+        if config.checkpoint not in self.checkpoint_policies():
+            raise ValueError(
+                f"selective checkpointing recomputes attention, and model {self.name!r} has none; use 'full' or 'none'."
+            )
+        if self.takes("heads") and config.hidden % config.heads:
+            raise ValueError(
+                f"hidden {config.hidden} is not divisible by {config.heads} heads; "
+                f"pick a hidden size that is a multiple of {config.heads} "
+                f"(e.g. {config.heads * max(1, config.hidden // config.heads)})."
+            )
+        if self.takes("context") and config.context and config.seq > config.context:
+            raise ValueError(
+                f"seq {config.seq} is longer than the context {config.context} (position-embedding rows); "
+                f"lower seq or raise context."
+            )
+
+    def tokens(self, config: ModelConfig) -> int:
+        """Positions per example the model sees."""
+        return config.seq
+
+    def describe(self, config: ModelConfig) -> list[str]:
+        """The config in a few words, without batch, dtype and device (`llama · 2 layers · h=64 · 4 heads / 2 kv`)."""
+        layers = f"{config.layers} layer{'' if config.layers == 1 else 's'}"
+        parts = [self.name, layers, f"h={config.hidden}"]
+        if self.takes("heads"):
+            heads = f"{config.heads} heads"
+            if config.kv_heads and config.kv_heads != config.heads:
+                heads += f" / {config.kv_heads} kv"
+            parts.append(heads)
+        if config.experts:
+            parts.append(f"{config.experts} experts, top-{config.experts_per_token}")
+        return parts
+
+    def sample_size(self, config: ModelConfig) -> str:
+        """How big one example is, in the config line (`s=32`, `32px`)."""
+        return f"s={config.seq}"
+
+    def checkpoint_policies(self) -> tuple[str, ...]:
+        """The checkpointing policies that mean something here (selective recomputes attention)."""
+        return CHECKPOINTS if self.has_attention else tuple(p for p in CHECKPOINTS if p != "selective")
+
+    # ---- the model --------------------------------------------------------------------------------------------
+
+    def source(self, config: ModelConfig) -> Source | None:
+        """The model, inputs and loss where they are not built from the config's fields (a trusted user module)."""
+        return None
+
+    def build(self, config: ModelConfig) -> nn.Module:
+        """The model with random weights from `config.seed`, on the current default device, in training mode."""
+        raise NotImplementedError
+
+    def batch(self, config: ModelConfig, device: torch.device | str) -> Batch:
+        """Random inputs and targets of the config's shape, reproducible from `config.seed` (empty on meta)."""
+        raise NotImplementedError
+
+    def loss(self, config: ModelConfig, output: Any, targets: torch.Tensor) -> torch.Tensor:
+        """The scalar loss of the model's output, computed outside the model's forward."""
+        raise NotImplementedError
+
+    # ---- estimates (admission) ----------------------------------------------------------------------------------
+
+    def parameter_count(self, config: ModelConfig) -> int:
+        """Parameters of the model `config` builds, exactly."""
+        raise NotImplementedError
+
+    def activation_elements(self, config: ModelConfig) -> int:
+        """A rough upper estimate of the elements the whole model keeps for backward (admission only)."""
+        raise NotImplementedError
+
+    def training_flops(self, config: ModelConfig) -> int:
+        """A rough count of forward + backward FLOPs (admission only): 6 per parameter per token for the matmuls
+        (2 forward, 4 backward; Kaplan et al. 2020), plus attention's 12·b·s²·h per layer."""
+        s = self.tokens(config)
+        return 6 * self.parameter_count(config) * config.batch * s + 12 * config.layers * config.batch * s * s * config.hidden

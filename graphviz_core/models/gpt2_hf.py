@@ -1,0 +1,60 @@
+"""GPT-2 in Hugging Face's implementation (`GPT2LMHeadModel`): learned positions, LayerNorm, 4h GELU MLP, tied
+embeddings."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from graphviz_core.models.family import Preset
+from graphviz_core.models.llama_style import tiny
+from graphviz_core.models.transformers_family import TransformersFamily
+
+if TYPE_CHECKING:
+    from graphviz_core.config import ModelConfig
+
+
+class GPT2HF(TransformersFamily):
+    name = "gpt2-hf"
+    title = "GPT-2 (Hugging Face)"
+    optional = ("intermediate", "context")
+    hf_module = "gpt2"
+    config_class, model_class = "GPT2Config", "GPT2LMHeadModel"
+    hidden_grows = "matmuls grow as hidden², GELU and LayerNorm as hidden"
+    presets = (
+        tiny("gpt2-hf", "GPT-2 in Hugging Face's implementation", hidden=64, intermediate=256, layers=2, heads=4,
+             vocab=512, context=32),
+        *[
+            Preset(
+                f"gpt2-hf-{size}",
+                f"GPT-2 {size} in Hugging Face's implementation: {layers} layers, h={h}, {heads} "
+                f"heads, V=50257, context 1024, tied embeddings ({params} parameters); s=1024.",
+                dict(model="gpt2-hf", hidden=h, intermediate=4 * h, layers=layers, heads=heads, vocab=50257,
+                     context=1024, batch=1, seq=1024, device="meta" if layers > 12 else "auto"),
+            )
+            for size, h, layers, heads, params in (
+                ("small", 768, 12, 12, "124M"),
+                ("medium", 1024, 24, 16, "355M"),
+                ("large", 1280, 36, 20, "774M"),
+                ("xl", 1600, 48, 25, "1.56B"),
+            )
+        ],
+    )
+    default_fields = presets[0].fields
+
+    def hf_config(self, config: ModelConfig, tf):
+        return tf.GPT2Config(
+            n_embd=config.hidden,
+            n_layer=config.layers,
+            n_head=config.heads,
+            n_inner=config.intermediate or 4 * config.hidden,
+            vocab_size=config.vocab,
+            n_positions=config.positions,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            use_cache=False,
+            attn_implementation=config.attention,
+        )
+
+
+FAMILIES = (GPT2HF(),)

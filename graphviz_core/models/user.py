@@ -1,0 +1,130 @@
+"""Loads your own `nn.Module` from a file's factory: any file the CLI or Python names, and in the web app only the
+trusted folder's factories.
+
+The web app imports no user code unless the server was started with GRAPHVIZ_CORE_TRUSTED_MODEL_DIR naming a
+folder: then it offers that folder's factories (listed by parsing, never by a path a browser sends). The CLI and
+Python callers, who already run code on their own machine, load any file they name.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from graphviz_core.models.family import Source
+
+
+class UserError(ValueError):
+    pass
+
+
+def checked_loss(loss_fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
+    """`loss_fn`, refusing with one sentence anything but a scalar tensor with a grad_fn."""
+
+    def checked_loss(output):
+        loss = loss_fn(output)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
+            what = (
+                type(loss).__name__
+                if not isinstance(loss, torch.Tensor)
+                else (f"a tensor of shape {tuple(loss.shape)}" if loss.numel() != 1 else "a tensor without a grad_fn")
+            )
+            raise UserError(f"{name}: the loss must be a scalar tensor with a grad_fn, got {what}.")
+        return loss
+
+    return checked_loss
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def load_factory(spec: str) -> tuple[nn.Module, tuple, Callable]:
+    """Import `PATH:FACTORY` and call the factory, which returns (module, example inputs, loss function)."""
+    path_text, sep, factory_name = spec.rpartition(":")
+    if not sep or not path_text or not factory_name:
+        raise ValueError(f"--model-file takes PATH:FACTORY (e.g. models/my_net.py:make), got {spec!r}.")
+    path = Path(path_text)
+    if not path.is_file():
+        raise ValueError(f"model file {path_text} does not exist.")
+    module_name = f"graphviz_core_user_{abs(hash(path.resolve()))}"
+    try:
+        loader_spec = importlib.util.spec_from_file_location(module_name, path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise ValueError(f"model file {path_text} is not a Python file.")
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[module_name] = module
+        loader_spec.loader.exec_module(module)
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise ValueError(f"importing {path_text} raised {type(exc).__name__}: {first_line(exc)}") from None
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise ValueError(f"{path_text} has no function {factory_name!r}.")
+    try:
+        made = factory()
+    except Exception as exc:
+        raise ValueError(f"{factory_name}() raised {type(exc).__name__}: {first_line(exc)}") from None
+    if not isinstance(made, tuple) or len(made) != 3:
+        raise ValueError(
+            f"{factory_name}() must return (module, example inputs, loss function), "
+            f"got {type(made).__name__}{' of length ' + str(len(made)) if isinstance(made, tuple) else ''}."
+        )
+    return made
+
+
+TRUSTED_DIR_ENV = "GRAPHVIZ_CORE_TRUSTED_MODEL_DIR"
+
+
+def trusted_dir() -> Path | None:
+    """The folder whose model files the web app may import: only when the server was started with
+    GRAPHVIZ_CORE_TRUSTED_MODEL_DIR naming it (an explicit opt-in); None otherwise."""
+    value = os.environ.get(TRUSTED_DIR_ENV, "").strip()
+    if not value:
+        return None
+    path = Path(value).resolve()
+    return path if path.is_dir() else None
+
+
+def trusted_factories() -> list[str]:
+    """`file.py:function` for every top-level function without required arguments in the trusted folder's
+    .py files, found by parsing (nothing is imported to list them)."""
+    folder = trusted_dir()
+    if folder is None:
+        return []
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                args = node.args
+                required = len(args.posonlyargs) + len(args.args) - len(args.defaults)
+                if required == 0 and not [d for d in args.kw_defaults if d is None]:
+                    found.append(f"{path.name}:{node.name}")
+    return found
+
+
+def trusted_source(spec: str) -> Source:
+    """The model, inputs and loss of `file.py:function` from the trusted folder, refused unless the opt-in is on
+    and the name is one `trusted_factories` lists (so no path from a browser reaches the file system)."""
+    if trusted_dir() is None:
+        raise ValueError(
+            f"this server runs no user code; start it with {TRUSTED_DIR_ENV}=FOLDER to allow the models in FOLDER."
+        )
+    if spec not in trusted_factories():
+        raise ValueError(f"{spec!r} is not a model in the trusted folder.")
+    model, inputs, loss_fn = load_factory(str(trusted_dir() / spec))
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    return Source(model.train(), inputs, checked_loss(loss_fn, spec))

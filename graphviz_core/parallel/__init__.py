@@ -1,0 +1,1 @@
+"""Parallel training simulated over torch.distributed's fake process group: FSDP, tensor parallel and more."""

@@ -1,0 +1,137 @@
+"""How a training step is spread over ranks: a frozen, validated `ParallelConfig` and its checks against a model."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from graphviz_core.config import FAMILIES, MODELS, ModelConfig
+
+# none: one device (today's capture). ddp: every rank holds the whole model and all-reduces gradients
+# (torch's `replicate`, DDP on FSDP2's engine). fsdp: FSDP2 `fully_shard` per transformer layer over
+# every rank. hsdp: shard inside groups of `shard_group` ranks, replicate across groups. tp: Megatron
+# column/row tensor parallelism over `tp` ranks. fsdp+tp: a 2-D mesh, FSDP across (world / tp) x TP inside.
+STRATEGIES = ("none", "ddp", "fsdp", "hsdp", "tp", "fsdp+tp")
+# none: parameters, gradients and compute in the model's dtype. bf16: FSDP2 keeps float32 sharded
+# parameters (the master copy the optimizer updates) and all-gathers / computes in bfloat16, reducing
+# gradients in bfloat16. bf16-fp32-reduce: the same, with gradients reduced in float32.
+MIXED_PRECISIONS = ("none", "bf16", "bf16-fp32-reduce")
+FSDP_STRATEGIES = ("fsdp", "hsdp", "fsdp+tp")
+MAX_WORLD = 4096  # a 70B run at FSDP 64 x TP 8 is 512 ranks; 4096 keeps a typo from building huge meshes
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """The parallel layout of one training step; every field is checked on construction."""
+
+    strategy: str = "none"
+    world_size: int = 1  # ranks in total (GPUs)
+    tp: int = 1  # tensor-parallel degree: ranks that split each layer's matmuls (tp, fsdp+tp)
+    shard_group: int = 0  # hsdp: ranks that shard one copy of the model (typically one node's 8 GPUs)
+    reshard_after_forward: bool = True  # FSDP: free gathered parameters after forward, gather again in backward
+    mixed_precision: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r}; choose one of: {', '.join(STRATEGIES)}.")
+        if self.mixed_precision not in MIXED_PRECISIONS:
+            raise ValueError(
+                f"unknown mixed precision {self.mixed_precision!r}; choose one of: {', '.join(MIXED_PRECISIONS)}."
+            )
+        for name in ("world_size", "tp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}.")
+        if not isinstance(self.shard_group, int) or isinstance(self.shard_group, bool) or self.shard_group < 0:
+            raise ValueError(f"shard group must be a whole number >= 0, got {self.shard_group!r}.")
+        if self.world_size > MAX_WORLD:
+            raise ValueError(f"world size {self.world_size} is above the limit of {MAX_WORLD} ranks.")
+        strategy, world, tp = self.strategy, self.world_size, self.tp
+        if strategy == "none" and world != 1:
+            raise ValueError(f"strategy 'none' runs on one device; set world size 1 (got {world}) or pick a strategy.")
+        if strategy != "none" and world < 2:
+            raise ValueError(f"strategy {strategy!r} needs at least 2 ranks; raise the world size.")
+        if strategy not in ("tp", "fsdp+tp") and tp != 1:
+            raise ValueError(
+                f"strategy {strategy!r} has no tensor parallelism; set TP degree 1 or pick 'tp' / 'fsdp+tp'."
+            )
+        if strategy == "tp" and tp != world:
+            raise ValueError(f"strategy 'tp' splits every layer over all ranks; set TP degree = world size ({world}).")
+        if strategy == "fsdp+tp":
+            if tp < 2:
+                raise ValueError("strategy 'fsdp+tp' needs a TP degree of at least 2 (TP 1 is plain 'fsdp').")
+            if world % tp:
+                raise ValueError(
+                    f"world size {world} is not divisible by TP degree {tp}; the 2-D mesh is (world / TP) x TP."
+                )
+            if world // tp < 2:
+                raise ValueError(f"world size {world} / TP {tp} leaves one FSDP rank; use strategy 'tp' or more ranks.")
+        if strategy == "hsdp":
+            if not 2 <= self.shard_group < world or world % self.shard_group:
+                raise ValueError(
+                    f"HSDP shards inside groups of ranks: the shard group ({self.shard_group}) must be at least 2, "
+                    f"smaller than the world size ({world}) and divide it."
+                )
+        elif self.shard_group:
+            raise ValueError("a shard group only applies to strategy 'hsdp'; leave it at 0.")
+        if strategy not in FSDP_STRATEGIES and not self.reshard_after_forward:
+            raise ValueError("reshard after forward is an FSDP option; leave it on for strategies without FSDP.")
+        if strategy not in (*FSDP_STRATEGIES, "ddp") and self.mixed_precision != "none":
+            raise ValueError(
+                "mixed precision here is FSDP2's policy (ddp, fsdp, hsdp, fsdp+tp); set it to 'none' for this strategy."
+            )
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that each see a different batch (everything but tensor parallelism)."""
+        return self.world_size // self.tp
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> ParallelConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
+    """Refuse, with one sentence, a layout this model cannot take."""
+    if parallel.strategy == "none":
+        return
+    if config.dtype != "float32" and parallel.mixed_precision != "none":
+        raise ValueError(
+            f"mixed precision keeps float32 master parameters and computes in bfloat16; set dtype float32 "
+            f"(got {config.dtype}) or mixed precision 'none'."
+        )
+    family = config.family
+    if parallel.strategy in FSDP_STRATEGIES and not family.shardable:
+        raise ValueError(
+            f"model {config.model!r} has no repeated layers to shard one by one; pick model gpt2 or mlp for FSDP."
+        )
+    tp = parallel.tp
+    if tp == 1:
+        return
+    if not family.tensor_parallel:
+        # Families whose projections graphviz_core.parallel.simulate.tp_plan recognises (this project's blocks,
+        # Llama-style layers; Mixtral's attention is split, its experts stay whole on every TP rank).
+        known = ", ".join(m for m in MODELS if FAMILIES[m].tensor_parallel)
+        raise ValueError(
+            f"tensor parallelism here splits nn.Linear projections named as in Megatron / Llama; model "
+            f"{config.model!r} has none it knows, so pick one of: {known}."
+        )
+    if family.tp_attention and config.attention == "mha":
+        raise ValueError(
+            "tensor parallelism splits nn.Linear projections; attention 'mha' packs them inside "
+            "nn.MultiheadAttention, so pick attention sdpa or manual."
+        )
+    if family.tp_attention and config.heads % tp:
+        raise ValueError(
+            f"{config.heads} attention heads are not divisible by TP degree {tp}; each rank needs whole heads."
+        )
+    kv_heads = config.kv_heads or config.heads  # grouped-query attention: K and V have their own head count
+    if family.tp_attention and kv_heads % tp:
+        raise ValueError(
+            f"{kv_heads} key/value heads are not divisible by TP degree {tp}; each rank needs whole heads."
+        )
+    intermediate = config.intermediate or 4 * config.hidden
+    if intermediate % tp:
+        raise ValueError(f"MLP width {intermediate} is not divisible by TP degree {tp}.")

@@ -1,0 +1,647 @@
+"""Simulates one training step of rank 0 under FSDP2 / DDP / tensor parallelism with torch's own distributed engine.
+
+How (the recipe of torchtitan's memory estimator, scripts/estimate/estimation.py): torch's fake process group
+stands in for N ranks inside this one process (collectives are issued and shaped as on a real cluster, no data
+moves), the model is built on `meta`, wrapped with torch's own `fully_shard` / `replicate` /
+`parallelize_module` over a `DeviceMesh`, then materialised as fake tensors (`FakeTensorMode`: shapes, dtypes
+and storages, no bytes). `FSDPMemTracker` (torch.distributed._tools) classifies every live storage — sharded
+and all-gathered parameters, gradients, optimizer state, activations, temporaries, all-gather and
+reduce-scatter buffers — and a second observer (graphviz_core.parallel.collectives) records each collective. Every
+rank runs the same program on equal shards, so rank 0 stands for all of them.
+
+The fake process group is process-global state: one simulation at a time (a lock), and it is torn down after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from graphviz_core.capture.gc_pause import no_cyclic_gc
+from graphviz_core.config import ModelConfig
+from graphviz_core.models.registry import build_model, compute_loss, make_batch
+from graphviz_core.models.teaching import TORCH_DTYPES
+from graphviz_core.parallel.collectives import (
+    GPUS_PER_NODE,
+    INFINIBAND_BYTES_PER_S,
+    NVLINK_BYTES_PER_S,
+    Collective,
+    CollectiveRecorder,
+)
+from graphviz_core.parallel.settings import FSDP_STRATEGIES, ParallelConfig, check_parallel
+
+PHASES = ("forward", "backward", "optimizer")
+INTERCONNECT = {
+    "gpus_per_node": GPUS_PER_NODE,
+    "nvlink_bytes_per_s": NVLINK_BYTES_PER_S,
+    "infiniband_bytes_per_s": INFINIBAND_BYTES_PER_S,
+}
+TIMELINE_POINTS = 300  # enough for a chart; a 70B step issues ~10^5 ops
+
+# Megatron-LM's split (Shoeybi et al. 2019, section 3): the first matmul of attention (Q, K, V) and of the MLP
+# is split by output columns, the second by input rows, so each pair needs one all-reduce forward and one
+# backward. Names cover this project's blocks and Hugging Face's Llama-style layers.
+COLUMN_PARALLEL = ("qkv", "q_proj", "k_proj", "v_proj", "fc", "gate_proj", "up_proj")
+ROW_PARALLEL = ("proj", "o_proj", "down_proj")
+
+# FSDPMemTracker's / MemTracker's kinds of storage -> the parts this report names.
+_KIND_OF = {
+    "Sharded Param": "parameters",
+    "Parameter": "parameters",
+    "Buffer": "parameters",
+    "Unsharded Param": "gathered_parameters",
+    "Sharded Grad": "gradients",
+    "Gradient": "gradients",
+    "Unsharded Grad": "unsharded_gradients",
+    "OptState": "optimizer",
+    "Optstate": "optimizer",
+    "Activation": "activations",
+    "Inputs": "activations",
+    "Temp": "temporaries",
+    "All Gather": "communication_buffers",
+    "Reduce Scatter": "communication_buffers",
+    "Other": "temporaries",
+}
+PARTS = (
+    "parameters",
+    "gathered_parameters",
+    "gradients",
+    "unsharded_gradients",
+    "optimizer",
+    "activations",
+    "temporaries",
+    "communication_buffers",
+)
+
+_SIMULATION_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class PhaseMemory:
+    """Bytes live on rank 0 at the peak of one phase, part by part (they sum to peak_bytes)."""
+
+    phase: str
+    peak_bytes: int
+    parts_bytes: dict[str, int]  # PARTS -> bytes at that peak
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """The closed-form per-rank figures, for comparison with what torch's sharding produced."""
+
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    formula: str  # how they were computed, in words
+
+
+@dataclass(frozen=True)
+class PerRank:
+    """One simulated training step seen from rank 0, and the same model on one device."""
+
+    config: ModelConfig
+    parallel: ParallelConfig
+    rank: int
+    mesh: dict[str, int]  # mesh dimension -> ranks along it
+    parameter_count: int  # of the whole model
+    parameter_bytes: int  # this rank's (sharded) parameters after the step
+    gradient_bytes: int
+    optimizer_bytes: int
+    peak_bytes: int  # the most bytes live on this rank at any point of the step
+    phases: tuple[PhaseMemory, ...]
+    timeline: tuple[tuple[str, int], ...] = field(repr=False)  # (phase, bytes live), sampled op by op
+    collectives: tuple[Collective, ...] = field(repr=False)
+    backward_nodes_by_category: dict[str, int]  # rank 0's autograd graph: tensor parallelism adds `communication`
+    expected: Expectation
+    single_device: PerRank | None = field(repr=False)  # the same step with strategy none (None for that one)
+    simulate_s: float
+
+    def collective_bytes(self, phase: str | None = None) -> int:
+        """Bytes this rank sends in the step (or one phase), ring algorithm."""
+        return sum(c.traffic_bytes for c in self.collectives if phase is None or c.phase == phase)
+
+    def collective_time_s(self, phase: str | None = None) -> float:
+        return sum(c.time_s for c in self.collectives if phase is None or c.phase == phase)
+
+    def phase(self, name: str) -> PhaseMemory:
+        return next(p for p in self.phases if p.phase == name)
+
+    def to_dict(self) -> dict:
+        """The CLI's `per_rank` JSON object."""
+        out = {
+            "rank": self.rank,
+            "ranks_symmetric": True,  # every rank runs the same program on equal shards
+            "parallel": self.parallel.to_dict(),
+            "mesh": dict(self.mesh),
+            "parameter_count": self.parameter_count,
+            "parameter_bytes": self.parameter_bytes,
+            "gradient_bytes": self.gradient_bytes,
+            "optimizer_bytes": self.optimizer_bytes,
+            "peak_bytes": self.peak_bytes,
+            "phases": {
+                p.phase: {"peak_bytes": p.peak_bytes, **{f"{k}_bytes": v for k, v in p.parts_bytes.items()}}
+                for p in self.phases
+            },
+            "expected": dataclasses.asdict(self.expected),
+            "backward_nodes_by_category": dict(self.backward_nodes_by_category),
+            "collective_bytes": self.collective_bytes(),
+            "collective_time_s": self.collective_time_s(),
+            "backward_collective_bytes": self.collective_bytes("backward"),
+            "backward_collective_time_s": self.collective_time_s("backward"),
+            "interconnect": dict(INTERCONNECT),
+            "collectives": [
+                {
+                    "kind": c.kind,
+                    "phase": c.phase,
+                    "bytes": c.buffer_bytes,
+                    "traffic_bytes": c.traffic_bytes,
+                    "group": c.group,
+                    "group_size": c.group_size,
+                    "link": c.link,
+                    "time_s": c.time_s,
+                    "module": c.module,
+                    "parameters_of": c.parameters_of,
+                    "autograd_node": c.autograd_node,
+                    "issued_by": c.issued_by,
+                }
+                for c in self.collectives
+            ],
+            "simulate_s": self.simulate_s,
+        }
+        if self.single_device is not None:
+            alone = self.single_device
+            out["single_device"] = {
+                "parameter_bytes": alone.parameter_bytes,
+                "gradient_bytes": alone.gradient_bytes,
+                "optimizer_bytes": alone.optimizer_bytes,
+                "peak_bytes": alone.peak_bytes,
+            }
+        return out
+
+
+@dataclass
+class Workload:
+    """What a simulation runs: a model built on meta, example inputs (made inside fake mode) and a loss."""
+
+    build: Callable[[], nn.Module]
+    inputs: Callable[[], tuple[torch.Tensor, torch.Tensor]]  # (model input, targets)
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    dtype: torch.dtype
+    forward: Callable[[nn.Module, torch.Tensor], torch.Tensor] = lambda model, x: model(x)
+
+
+def workload_of(config: ModelConfig) -> Workload:
+    """The project's models (graphviz_core.models.teaching) as a simulation workload."""
+
+    def build() -> nn.Module:
+        with torch.device("meta"):
+            return build_model(config)
+
+    shapes = make_batch(config, "meta")  # shapes and dtypes only
+
+    def inputs() -> tuple[torch.Tensor, torch.Tensor]:
+        # Called inside FakeTensorMode: zeros of the real batch's shapes are fake CPU tensors, no bytes.
+        return (
+            torch.zeros(shapes.inputs.shape, dtype=shapes.inputs.dtype),
+            torch.zeros(shapes.targets.shape, dtype=shapes.targets.dtype),
+        )
+
+    return Workload(build, inputs, lambda out, targets: compute_loss(config, out, targets), TORCH_DTYPES[config.dtype])
+
+
+def simulate_parallel(config: ModelConfig, parallel: ParallelConfig, single_device: bool = True) -> PerRank:
+    """Rank 0's memory and collectives for one training step (AdamW) of `config` laid out as `parallel`.
+
+    `single_device` also simulates strategy none for comparison. Raises ValueError for layouts the model
+    cannot take.
+    """
+    check_parallel(config, parallel)
+    workload = workload_of(config)
+    result = simulate_workload(workload, parallel, config=config)
+    if single_device and parallel.strategy != "none":
+        alone = simulate_workload(workload, ParallelConfig(), config=config)
+        result = _with_single_device(result, alone)
+    return result
+
+
+def _with_single_device(result: PerRank, alone: PerRank) -> PerRank:
+    return dataclasses.replace(result, single_device=alone)
+
+
+def simulate_workload(workload: Workload, parallel: ParallelConfig, config: ModelConfig | None = None) -> PerRank:
+    """Run one fake training step of `workload` under `parallel` and read rank 0's figures."""
+    if not _SIMULATION_LOCK.acquire(timeout=600):
+        raise ValueError("another parallel simulation has been running for 10 minutes; try again when it ends.")
+    try:
+        if dist.is_initialized():
+            raise ValueError(
+                "a torch.distributed process group is already running in this process; "
+                "the simulation needs its own fake one."
+            )
+        started = time.perf_counter()
+        with _quiet(), _fake_world(parallel) as meshes:
+            return measure_step(workload, parallel, meshes, config=config, started=started)
+    finally:
+        _SIMULATION_LOCK.release()
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    # FSDP2 and the module trackers warn about hooks on model outputs that are not tensors; harmless here.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        yield
+
+
+@contextlib.contextmanager
+def _fake_world(parallel: ParallelConfig) -> Iterator[dict]:
+    """The fake process group for `parallel.world_size` ranks (we are rank 0) and the meshes the strategy needs."""
+    if parallel.strategy == "none":
+        yield {}
+        return
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=parallel.world_size)
+    try:
+        yield build_meshes(parallel)
+    finally:
+        dist.destroy_process_group()
+
+
+def build_meshes(parallel: ParallelConfig) -> dict:
+    """The device meshes `parallel` needs, over the process group already initialised (fake or real).
+
+    Built outside FakeTensorMode: a mesh's rank table is a real tensor (torchtitan builds them first too).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world, tp = parallel.world_size, parallel.tp
+    if parallel.strategy == "none":
+        return {}
+    if parallel.strategy == "fsdp+tp":
+        # TP innermost: its ranks are neighbours (one node, NVLink); FSDP strides across nodes.
+        mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+        return {"dp": mesh["dp"], "tp": mesh["tp"], "root": mesh}
+    if parallel.strategy == "tp":
+        return {"tp": init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))}
+    if parallel.strategy == "hsdp":
+        shard = parallel.shard_group
+        mesh = init_device_mesh("cpu", (world // shard, shard), mesh_dim_names=("replicate", "shard"))
+        return {"dp": mesh, "root": mesh}
+    return {"dp": init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))}
+
+
+def _layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks FSDP wraps one by one: the children of the longest nn.ModuleList."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
+
+
+def tp_plan(layer: nn.Module) -> dict:
+    """Megatron column/row styles for the nn.Linear projections inside one layer."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = {}
+    for name, module in layer.named_modules():
+        leaf = name.rpartition(".")[2]
+        if isinstance(module, nn.Linear) and leaf in COLUMN_PARALLEL:
+            plan[name] = ColwiseParallel()
+        elif isinstance(module, nn.Linear) and leaf in ROW_PARALLEL:
+            plan[name] = RowwiseParallel()
+    return plan
+
+
+def _column_parallel_parents(layer: nn.Module, plan: dict) -> list[nn.Module]:
+    """The modules (attention, MLP) whose input feeds column-split projections."""
+    parents = {name.rpartition(".")[0] for name, style in plan.items() if type(style).__name__ == "ColwiseParallel"}
+    return [layer.get_submodule(name) for name in sorted(parents)]
+
+
+def _replicated_input(block: nn.Module):
+    """Megatron's `f`: the block's input enters as one replicated DTensor shared by its column-split projections,
+    so backward sums their partial input gradients and all-reduces them once per block. Without it each of
+    q, k, v (or gate, up) converts the input itself and backward issues one all-reduce per projection.
+
+    Hugging Face attention takes `hidden_states` by keyword; the other blocks take their input by position."""
+    import inspect
+
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    first = next(iter(inspect.signature(block.forward).parameters), "")
+    if first == "hidden_states":
+        return PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": Replicate()},
+            desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            use_local_output=False,
+        )
+    return PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),), use_local_output=False
+    )
+
+
+def _apply_parallelism(model: nn.Module, parallel: ParallelConfig, meshes: dict) -> list[nn.Module]:
+    """Wrap `model` as `parallel` says; returns the blocks whose input tensor parallelism converts."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    strategy = parallel.strategy
+    layers = _layers(model)
+    tp_blocks: list[nn.Module] = []
+    if strategy in ("tp", "fsdp+tp"):
+        for layer in layers:
+            plan = tp_plan(layer)
+            if not plan:
+                raise ValueError("tensor parallelism found no attention or MLP projections to split in this model.")
+            parallelize_module(layer, meshes["tp"], plan)
+            for block in _column_parallel_parents(layer, plan):
+                parallelize_module(block, meshes["tp"], _replicated_input(block))
+                tp_blocks.append(block)
+    mp = MixedPrecisionPolicy()
+    if parallel.mixed_precision != "none":
+        reduce = torch.float32 if parallel.mixed_precision == "bf16-fp32-reduce" else torch.bfloat16
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
+    if strategy in FSDP_STRATEGIES:
+        for layer in layers:
+            fully_shard(layer, mesh=meshes["dp"], reshard_after_forward=parallel.reshard_after_forward, mp_policy=mp)
+        fully_shard(model, mesh=meshes["dp"], reshard_after_forward=parallel.reshard_after_forward, mp_policy=mp)
+    elif strategy == "ddp":
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        for layer in layers:
+            replicate(layer, mesh=meshes["dp"], mp_policy=mp)
+        replicate(model, mesh=meshes["dp"], mp_policy=mp)
+    return tp_blocks
+
+
+def _group_names(meshes: dict) -> dict[str, str]:
+    names = {}
+    for key, mesh in meshes.items():
+        if key == "root":
+            continue
+        for dim, dim_name in enumerate(mesh.mesh_dim_names):
+            names[mesh.get_group(dim).group_name] = dim_name
+    return names
+
+
+class _PhasePeaks(torch.utils._python_dispatch.TorchDispatchMode):
+    """Reads the memory tracker's running breakdown after every op: per-phase peaks and a timeline."""
+
+    def __init__(self, tracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+        self.phase = "forward"
+        self.peaks: dict[str, tuple[int, dict]] = {}
+        self.samples: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.distributed.tensor import DTensor
+
+        if any(t is DTensor for t in types):
+            return NotImplemented
+        out = func(*args, **(kwargs or {}))
+        self.observe()
+        return out
+
+    def observe(self) -> None:
+        snapshot = self.tracker._curr_mem_snap  # the tracker's running per-device totals (read only)
+        if not snapshot:
+            return
+        parts = next(iter(snapshot.values()))
+        total = parts["Total"]
+        self.samples.append((self.phase, total))
+        if total > self.peaks.get(self.phase, (-1, {}))[0]:
+            self.peaks[self.phase] = (total, dict(parts))
+
+
+def _tracker(model: nn.Module, optimizer, parallel: ParallelConfig):
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    if parallel.strategy in (*FSDP_STRATEGIES, "ddp"):
+        tracker = FSDPMemTracker(model, optimizer)
+    else:
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer)
+    # After every op the tracker walks every module it has seen to update per-module peaks (deep-copying
+    # snapshots): quadratic in model size, 4 minutes of a 70B one-device run. We read its running totals
+    # ourselves (_PhasePeaks), so that bookkeeping is switched off; the storage accounting is untouched.
+    tracker._update_peak_stats = lambda peak_state: None
+    return tracker
+
+
+def _parts(snapshot: dict) -> dict[str, int]:
+    parts = dict.fromkeys(PARTS, 0)
+    for kind, nbytes in snapshot.items():
+        name = getattr(kind, "value", kind)
+        if name != "Total":
+            parts[_KIND_OF.get(name, "temporaries")] += nbytes
+    return parts
+
+
+def measure_step(
+    workload: Workload,
+    parallel: ParallelConfig,
+    meshes: dict,
+    config: ModelConfig | None = None,
+    started: float | None = None,
+    fake: bool = True,
+) -> PerRank:
+    """One AdamW training step of `workload` on this rank, tracked: fake tensors (the simulation) or, with
+    fake=False, real ones over a real process group (tests/test_parallel.py's gloo cross-check)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    started = time.perf_counter() if started is None else started
+    model = workload.build()
+    parameter_count = sum(p.numel() for p in model.parameters())
+    tensor_count = len(list(model.parameters()))
+    whole_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    # Bytes that tensor parallelism splits: the planned projections' weights and the column-split biases
+    # (a row-split projection's bias is added after the all-reduce, so every TP rank keeps it whole).
+    sharded_tp_bytes = 0
+    if parallel.tp > 1:
+        for layer in _layers(model):
+            for name, style in tp_plan(layer).items():
+                for pname, p in layer.get_submodule(name).named_parameters():
+                    if pname == "weight" or type(style).__name__ == "ColwiseParallel":
+                        sharded_tp_bytes += p.numel() * p.element_size()
+    # parallelize_module / fully_shard run on the meta model, outside fake mode (they slice the mesh's rank
+    # tables, which fake mode cannot); the parameters become fake storages afterwards with to_empty.
+    tp_blocks = _apply_parallelism(model, parallel, meshes)
+    module_names = {m: name for name, m in model.named_modules()}
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
+        _to_empty_keeping_ties(model)
+        if not fake:
+            _fill_small(model)
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        _warm_optimizer_state(model, optimizer)
+        inputs, targets = workload.inputs()
+        tracker = _tracker(model, optimizer, parallel)
+        if hasattr(tracker, "track_inputs"):
+            tracker.track_inputs((inputs, targets))
+        recorder = CollectiveRecorder(_group_names(meshes))
+        for module_tracker in (tracker._mod_tracker, recorder.modules):
+            _this_thread_only(module_tracker)
+        for block in tp_blocks:
+            recorder.name_input_conversions(block, module_names[block])
+        peaks = _PhasePeaks(tracker)
+        # The recorder goes first: FSDPMemTracker wraps each param group's hooks when it enters, and the
+        # recorder's wrappers (on the class) must already be in place underneath.
+        # GC paused, collected first: the trackers see a tensor freed when its storage's weak reference dies; by
+        # reference counting alone that happens at the same op on every run, where a GC pass landing mid-step
+        # would move frees (and the optimizer step's peak) between runs (torchtitan's estimator does the same).
+        with recorder, tracker, peaks, no_cyclic_gc(collect_first=True):
+            peaks.observe()
+            out = workload.forward(model, inputs)
+            loss = workload.loss(out, targets)
+            del out
+            nodes_by_category = _nodes_by_category(loss)
+            recorder.phase = peaks.phase = "backward"
+            loss.backward()
+            del loss
+            recorder.phase = peaks.phase = "optimizer"
+            optimizer.step()
+            peaks.observe()
+            end = _parts(next(iter(tracker.get_tracker_snapshot("current").values())))
+    phases = tuple(
+        PhaseMemory(phase, peaks.peaks[phase][0], _parts(peaks.peaks[phase][1]))
+        for phase in PHASES
+        if phase in peaks.peaks
+    )
+    expected = _expectation(parallel, whole_bytes, sharded_tp_bytes, tensor_count)
+    mesh_sizes = {}
+    for key, mesh in meshes.items():
+        if key != "root":
+            mesh_sizes.update(zip(mesh.mesh_dim_names, mesh.mesh.shape, strict=True))
+    return PerRank(
+        config=config,
+        parallel=parallel,
+        rank=0,
+        mesh=mesh_sizes,
+        parameter_count=parameter_count,
+        parameter_bytes=end["parameters"],
+        gradient_bytes=end["gradients"],
+        optimizer_bytes=end["optimizer"],
+        peak_bytes=max(p.peak_bytes for p in phases),
+        phases=phases,
+        timeline=_downsample(peaks.samples),
+        collectives=tuple(recorder.collectives),
+        backward_nodes_by_category=nodes_by_category,
+        expected=expected,
+        single_device=None,
+        simulate_s=time.perf_counter() - started,
+    )
+
+
+def _to_empty_keeping_ties(model: nn.Module) -> None:
+    """`to_empty` replaces parameters module by module, which splits a tied pair (GPT-2's wte / lm_head) into
+    two; tie them again so that the model holds one tensor, as the real one does."""
+    tied: dict[int, list[tuple[nn.Module, str]]] = {}  # id(parameter) -> every (module, name) holding it
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            tied.setdefault(id(param), []).append((module, name))
+    model.to_empty(device="cpu")
+    for owners in tied.values():
+        first_module, first_name = owners[0]
+        for module, name in owners[1:]:
+            setattr(module, name, getattr(first_module, first_name))
+
+
+@torch.no_grad()
+def _fill_small(model: nn.Module) -> None:
+    """to_empty leaves real storages uninitialised; any finite values do for sizes and collectives."""
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        local.normal_(0.0, 0.02)
+
+
+def _this_thread_only(module_tracker) -> None:
+    """ModTracker's forward hooks are global to the process (register_module_forward_pre_hook): a capture running
+    in another session's thread would have its modules, and through MemTracker's hooks their parameters, counted
+    in this rank's memory. Keep the hooks to the simulating thread; dispatch modes are per thread already."""
+    owner = threading.get_ident()
+    for name in ("_fw_pre_hook", "_fw_post_hook"):
+        hook = getattr(module_tracker, name)
+
+        def guarded(*args, _hook=hook):
+            if threading.get_ident() == owner:
+                return _hook(*args)
+            return None
+
+        setattr(module_tracker, name, guarded)
+
+
+def _nodes_by_category(loss: torch.Tensor) -> dict[str, int]:
+    """Rank 0's backward graph, node count per category (the graph explorer's categories)."""
+    from collections import Counter
+
+    from graphviz_core.capture.walk import autograd_nodes
+    from graphviz_core.graph.categories import category_of, normalise_op
+
+    counts = Counter(category_of(normalise_op(node.name())) for node in autograd_nodes(loss.grad_fn))
+    return dict(sorted(counts.items()))
+
+
+def _warm_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """AdamW creates its two moments at the first step; a steady-state step (the second and later) starts
+    with them alive. One untracked step on zero gradients creates them, as torchtitan's estimator gets by
+    measuring its second iteration."""
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _expectation(parallel: ParallelConfig, whole_bytes: int, tp_bytes: int, tensors: int) -> Expectation:
+    """Per-rank bytes if every sharded tensor split exactly evenly: the textbook division (no padding)."""
+    strategy, world, tp = parallel.strategy, parallel.world_size, parallel.tp
+    if strategy == "fsdp":
+        params, formula = whole_bytes / world, f"parameters / {world} ranks"
+    elif strategy == "hsdp":
+        params, formula = (
+            whole_bytes / parallel.shard_group,
+            f"parameters / {parallel.shard_group} ranks per shard group",
+        )
+    elif strategy == "ddp":
+        params, formula = whole_bytes, "every rank holds every parameter"
+    elif strategy == "tp":
+        params = tp_bytes / tp + (whole_bytes - tp_bytes)
+        formula = f"split projections / {tp} + the rest (embeddings, norms, head, row-split biases) whole"
+    elif strategy == "fsdp+tp":
+        dp = world // tp
+        params = (tp_bytes / tp + (whole_bytes - tp_bytes)) / dp
+        formula = f"(split projections / TP {tp} + the rest) / FSDP {dp}"
+    else:
+        params, formula = whole_bytes, "one device holds everything"
+    params = int(params)
+    # torch's AdamW keeps two moments shaped and typed like each (sharded) parameter, plus a float32 scalar
+    # `step` per parameter tensor. Gradients match the parameters they belong to.
+    return Expectation(
+        params,
+        params,
+        2 * params + 4 * tensors,
+        formula
+        + f"; gradients = parameters; AdamW state = 2 x parameters + a 4-byte step for each of {tensors} tensors",
+    )
+
+
+def _downsample(samples: list[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    if len(samples) <= TIMELINE_POINTS:
+        return tuple(samples)
+    step = len(samples) / TIMELINE_POINTS
+    # Keep each window's maximum so that peaks survive the thinning.
+    out = []
+    for i in range(TIMELINE_POINTS):
+        window = samples[int(i * step) : int((i + 1) * step)] or samples[-1:]
+        out.append(max(window, key=lambda s: s[1]))
+    return tuple(out)

@@ -1,0 +1,1 @@
+"""Serving many sessions from one process: the shared capture cache."""

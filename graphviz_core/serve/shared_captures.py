@@ -1,0 +1,241 @@
+"""One capture per config for everyone in the process: a cache bounded by bytes and entries, and captures in flight
+that every session asking for the same config waits on, instead of capturing it again.
+
+A session asks with `request(config, waiter)`: it gets the cached result at once, or the `Job` capturing that
+config (started on a worker thread if none runs yet; a meta dry run is handed from there to another process,
+graphviz_core.capture.workers, so two of them run at once). A job's ticket goes through graphviz_core.capture.admission like
+every capture; it is cancelled when its last waiter withdraws or when none of its waiters is alive any more.
+Limits come from the environment:
+
+    GRAPHVIZ_CORE_CACHE_MAX_BYTES     bytes the cached captures may retain together (default 256 MiB)
+    GRAPHVIZ_CORE_CACHE_MAX_ENTRIES   captures kept at most (default 64)
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import sys
+import threading
+import time
+import types
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from graphviz_core.capture.admission import CaptureCancelled, Ticket
+from graphviz_core.capture.device import resolve_device
+from graphviz_core.capture.result import Capture
+from graphviz_core.capture.workers import capture_anywhere
+from graphviz_core.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+MAX_BYTES_ENV = "GRAPHVIZ_CORE_CACHE_MAX_BYTES"
+MAX_ENTRIES_ENV = "GRAPHVIZ_CORE_CACHE_MAX_ENTRIES"
+# A capture keeps about 2 KB per autograd node (measured: gpt2-tiny 101 nodes 0.21 MB, 12 layers 531 nodes 1.06 MB),
+# so 256 MiB holds hundreds of everyday captures and still a few of the largest.
+DEFAULT_MAX_BYTES = 256 * 2**20
+DEFAULT_MAX_ENTRIES = 64
+
+_NOT_DATA = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+
+
+def retained_bytes(obj: object) -> int:
+    """Bytes of Python objects reachable from `obj` (each counted once; classes, modules and functions excluded).
+
+    A capture holds no tensors, only its graph's dicts, strings and numbers, so this is what keeping it costs.
+    """
+    seen: set[int] = set()
+    stack = [obj]
+    total = 0
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, _NOT_DATA):
+            continue
+        seen.add(id(o))
+        total += sys.getsizeof(o)
+        stack.extend(gc.get_referents(o))
+    return total
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """A capture dropped from the cache to make room for another."""
+
+    config: ModelConfig
+    retained_bytes: int
+    at: float  # time.time()
+
+
+@dataclass(frozen=True)
+class Cached:
+    """A finished capture as the cache holds it."""
+
+    capture: Capture
+    retained_bytes: int
+    measured_at: float  # time.time() when the capture finished
+    evicted: tuple[Eviction, ...] = ()  # what was dropped to make room for it
+    kept: bool = True  # False: larger than the whole cache, handed to its waiters but not kept
+
+
+@dataclass
+class Job:
+    """One capture in flight: its admission ticket, what it is doing, who waits for it, and how it ended."""
+
+    config: ModelConfig
+    ticket: Ticket
+    started_at: float = field(default_factory=time.time)
+    phase: str = "waiting for its turn"
+    waiters: set[str] = field(default_factory=set)
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Cached | None = None
+    error: BaseException | None = None
+
+    def ahead(self) -> int | None:
+        """Captures ahead of this one in its device's queue; None once it runs."""
+        return self.ticket.ahead()
+
+
+@dataclass(frozen=True)
+class CacheLoad:
+    entries: int
+    retained_bytes: int
+    max_entries: int
+    max_bytes: int
+    in_flight: int
+
+
+def cache_key(config: ModelConfig) -> ModelConfig:
+    """The resolved config: `auto` becomes the device it runs on and the preset name (display only) is dropped, so
+    gpt2-tiny picked by name, typed field by field, or on `cpu` rather than `auto` is one capture."""
+    try:
+        device = resolve_device(config.device)
+    except ValueError:  # cuda asked for and missing: the capture itself refuses it with its sentence
+        device = config.device
+    return config.replace(device=device, preset="")
+
+
+def _limit(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    return int(float(raw)) if raw else default
+
+
+class SharedCaptures:
+    """The process's captures by config: cached ones (least recently used first) and jobs in flight."""
+
+    def __init__(
+        self,
+        capture: Callable[..., Capture] = capture_anywhere,  # meta dry runs in another process, the rest here
+        alive: Callable[[str], bool] = lambda waiter: True,
+    ) -> None:
+        self._capture = capture
+        self.alive = alive  # is this waiter (a session id) still there?
+        self._lock = threading.Lock()
+        self._cached: OrderedDict[ModelConfig, Cached] = OrderedDict()
+        self._jobs: dict[ModelConfig, Job] = {}
+
+    def lookup(self, config: ModelConfig) -> Cached | None:
+        with self._lock:
+            cached = self._cached.get(cache_key(config))
+            if cached is not None:
+                self._cached.move_to_end(cache_key(config))
+            return cached
+
+    def request(self, config: ModelConfig, waiter: str) -> Cached | Job:
+        """The cached capture of `config`, or the job capturing it (joined as `waiter`; started if none runs)."""
+        key = cache_key(config)
+        with self._lock:
+            cached = self._cached.get(key)
+            if cached is not None:
+                self._cached.move_to_end(key)
+                return cached
+            job = self._jobs.get(key)
+            if job is None or job.ticket.cancelled:  # a cancelled one still winding down is not joined
+                job = Job(config, Ticket())
+                job.ticket.wanted = lambda: self._wanted(job)
+                self._jobs[key] = job
+                job.waiters.add(waiter)
+                threading.Thread(target=self._run, args=(job,), name=f"capture-{job.ticket.id}", daemon=True).start()
+            else:
+                job.waiters.add(waiter)
+            return job
+
+    def withdraw(self, job: Job, waiter: str, reason: str = "cancelled by the user") -> bool:
+        """`waiter` no longer waits for `job`; the capture is cancelled when nobody else does. True if cancelled."""
+        with self._lock:
+            job.waiters.discard(waiter)
+            if job.waiters or job.done.is_set():
+                return False
+        job.ticket.cancel(reason)
+        return True
+
+    def in_flight(self, config: ModelConfig) -> Job | None:
+        with self._lock:
+            return self._jobs.get(cache_key(config))
+
+    def load(self) -> CacheLoad:
+        with self._lock:
+            return CacheLoad(
+                len(self._cached),
+                sum(c.retained_bytes for c in self._cached.values()),
+                _limit(MAX_ENTRIES_ENV, DEFAULT_MAX_ENTRIES),
+                _limit(MAX_BYTES_ENV, DEFAULT_MAX_BYTES),
+                len(self._jobs),
+            )
+
+    def clear(self) -> None:
+        with self._lock:
+            self._cached.clear()
+
+    def _wanted(self, job: Job) -> bool:
+        with self._lock:
+            waiters = list(job.waiters)
+        return any(self.alive(w) for w in waiters)
+
+    def _run(self, job: Job) -> None:
+        try:
+            capture = self._capture(job.config, progress=lambda phase: setattr(job, "phase", phase), ticket=job.ticket)
+            job.result = self._keep(job.config, capture)
+        except CaptureCancelled as exc:
+            job.error = exc
+            log.info("capture of %s cancelled: %s", job.config, exc)
+        except BaseException as exc:  # noqa: BLE001 - handed to every waiter, shown there
+            job.error = exc
+            if not isinstance(exc, ValueError):
+                log.exception("capture of %s failed", job.config)
+        finally:
+            with self._lock:
+                if self._jobs.get(cache_key(job.config)) is job:
+                    del self._jobs[cache_key(job.config)]
+            job.done.set()
+
+    def _keep(self, config: ModelConfig, capture: Capture) -> Cached:
+        key = cache_key(config)
+        size = retained_bytes(capture)
+        now = time.time()
+        max_bytes = _limit(MAX_BYTES_ENV, DEFAULT_MAX_BYTES)
+        max_entries = _limit(MAX_ENTRIES_ENV, DEFAULT_MAX_ENTRIES)
+        with self._lock:
+            if size > max_bytes or max_entries < 1:
+                return Cached(capture, size, now, kept=False)
+            evicted = []
+            held = sum(c.retained_bytes for c in self._cached.values())
+            while self._cached and (held + size > max_bytes or len(self._cached) + 1 > max_entries):
+                _, old = self._cached.popitem(last=False)
+                held -= old.retained_bytes
+                evicted.append(Eviction(old.capture.config, old.retained_bytes, now))
+            cached = Cached(capture, size, now, tuple(evicted))
+            self._cached[key] = cached
+        for e in evicted:
+            log.info("evicted %s (%d bytes) from the shared cache to make room", e.config, e.retained_bytes)
+        return cached
+
+
+_SHARED = SharedCaptures()
+
+
+def shared_captures() -> SharedCaptures:
+    """The process's one store of captures."""
+    return _SHARED

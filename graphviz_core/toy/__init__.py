@@ -1,0 +1,1 @@
+"""Scalar expressions whose backward pass is stepped through value by value."""
