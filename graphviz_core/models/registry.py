@@ -24,6 +24,7 @@ _MODULES = (
     "graphviz_core.models.gpt2_hf",
     "graphviz_core.models.bert",
     "graphviz_core.models.vision",
+    "graphviz_core.models.gemma3",
     "graphviz_core.models.custom",
 )
 
