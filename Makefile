@@ -38,7 +38,7 @@ run: $(STAMP) $(VIS_STATIC)
 
 # For a team: .streamlit/config.toml's safe settings (headless, no usage stats, no error details in the
 # browser, XSRF on, cross-origin refused, uploads off), the address chosen here, and the capture limits
-# from the environment (README, "Run it for your team").
+# from the environment (docs/team-server.md, "Limits, from the environment").
 serve: $(STAMP) $(VIS_STATIC)
 	$(PY) -m graphviz_core.ui.serve --server.address $(HOST) --server.port $(PORT) --server.headless true \
 		--browser.gatherUsageStats false --client.showErrorDetails none --server.enableXsrfProtection true \

@@ -64,7 +64,7 @@ class ModelConfig:
     experts_per_token: int = 0  # mixtral: experts each token is routed to
     image_size: int = 0  # vit, resnet: square images of this many pixels a side
     tied: bool = False  # llama-style families: lm_head shares the token embedding (Llama 3.2 1B does)
-    attention: str = "sdpa"  # fused kernel: the graph seed 000 says you should see
+    attention: str = "sdpa"  # fused kernel: the graph "Why Your Transformer Block Has 50 Backward Nodes" says you should see
     checkpoint: str = "none"
     device: str = "auto"
     dtype: str = "float32"  # float32 everywhere: CPU half-precision matmuls are slow and partial

@@ -1,4 +1,4 @@
-"""Toy expressions: step through backprop on a scalar expression, value by value (seed 003)."""
+"""Toy expressions: step through backprop on a scalar expression, value by value ("Transformer Math")."""
 
 import streamlit as st
 

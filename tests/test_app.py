@@ -73,7 +73,7 @@ def test_toy_expressions_steps_to_the_end_and_shows_the_final_gradients():
     assert not at.exception
     assert at.text_input(key="expr.text").value == "(a*b + c)**2"
     assert not at.subheader  # final gradients appear only at the end
-    # seed 003's backward has 6 steps: L, e, c.grad, d, a.grad, b.grad
+    # "Transformer Math"'s backward has 6 steps: L, e, c.grad, d, a.grad, b.grad
     for _ in range(6):
         at = next(b for b in at.button if b.label == "Next ›").click().run()
     assert at.slider(key="expr.step").value == 6

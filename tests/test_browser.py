@@ -128,7 +128,7 @@ def test_toy_expression_page_requests_only_localhost_and_draws(page, streamlit_u
     requests = []
     page.on("request", lambda r: requests.append(r.url))
     page.goto(f"{streamlit_url}/toy_expressions")
-    # seed 003's graph: L, e, d and the variables a, b, c = 6 nodes
+    # "Transformer Math"'s graph: L, e, d and the variables a, b, c = 6 nodes
     frame = graph_frame(page, 6)
     page.get_by_text("Next ›").click()
     page.wait_for_timeout(1500)

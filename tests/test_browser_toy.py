@@ -50,7 +50,7 @@ def test_play_steps_to_the_end_then_stops(page, streamlit_url):
     # issue 12 item 2: Play turned into Pause, the page stayed at "Step 1 of 6" and the browser sent nothing more.
     sent = frames_sent(page)
     page.goto(f"{streamlit_url}/toy_expressions")
-    graph_frame(page, 6)  # seed 003's (a*b + c)**2: L, e, d, a, b, c
+    graph_frame(page, 6)  # "Transformer Math"'s (a*b + c)**2: L, e, d, a, b, c
     assert shown_step(page) == (0, 6)  # L, e, d run, and a, b, c accumulate: 6 autograd nodes
     page.get_by_role("button", name="▶ Play").click()
     # one step per 0.9 s: 6 steps take about 5.4 s; 30 s leaves room for a slow shared machine

@@ -16,7 +16,7 @@ def ops_of(capture, **where):
     )
 
 
-# ---- seed 000: the transformer block ----------------------------------------------------------------
+# ---- "Why Your Transformer Block Has 50 Backward Nodes": the transformer block ----------------------------------------------------------------
 
 
 def test_seed_block_has_one_fused_attention_node_and_the_expected_kernels():
@@ -33,7 +33,7 @@ def test_seed_block_has_one_fused_attention_node_and_the_expected_kernels():
 
 
 def test_seed_block_has_twelve_parameter_tensors_not_nine():
-    # Seed 000 says 9 AccumulateGrad nodes; the block has 12 parameter tensors:
+    # "Why Your Transformer Block Has 50 Backward Nodes" says 9 AccumulateGrad nodes; the block has 12 parameter tensors:
     # 2 LayerNorms x (weight, bias) = 4, MHA in_proj (weight, bias) + out_proj (weight, bias) = 4,
     # MLP fc (weight, bias) + proj (weight, bias) = 4.
     capture = captured("seed-block")
@@ -50,7 +50,7 @@ def test_seed_block_has_twelve_parameter_tensors_not_nine():
 
 
 def test_graph_size_is_the_same_for_every_batch_and_seq_except_batch_one():
-    # Seed 000 claims 50 nodes for batch 1 and 128, seq 64 and 2048. Measured on this build: 57 nodes for
+    # "Why Your Transformer Block Has 50 Backward Nodes" claims 50 nodes for batch 1 and 128, seq 64 and 2048. Measured on this build: 57 nodes for
     # batch > 1 at any seq, 55 at batch 1. With batch_first=True, MHA transposes (B, T, C) -> (T, B, C);
     # at B=1 that is still a plain view, so F.linear takes the addmm path (view -> addmm -> view) for the
     # packed in-projection. At B>1 it is strided, so linear becomes matmul: mm + _unsafe_view, a separate
@@ -84,7 +84,7 @@ def test_manual_attention_is_the_unfused_graph_seed_000_warns_about():
     assert manual.summary.nodes - sdpa.summary.nodes == (sum(per_layer.values()) - 1) * layers == 38  # (20 - 1) * 2
 
 
-# ---- seed 004: FLOPs ----------------------------------------------------------------------------------
+# ---- "Backpropagating through GPT-2": FLOPs ----------------------------------------------------------------------------------
 
 SMALL = dict(layers=2, hidden=64, heads=4, vocab=512, batch=2, seq=32)  # b=2, s=32, h=64, nh=4, d=16, V=512
 
@@ -92,7 +92,7 @@ SMALL = dict(layers=2, hidden=64, heads=4, vocab=512, batch=2, seq=32)  # b=2, s
 def test_matmul_backward_flops_equal_seed_004_exactly():
     capture = captured("gpt2-tiny", attention="manual", **SMALL)
     b, s, h, n_h, d, V, n_L = 2, 32, 64, 4, 16, 512, 2
-    # seed 004: n_L(48bsh² + 8 b nh s² d) + 4bshV
+    # "Backpropagating through GPT-2": n_L(48bsh² + 8 b nh s² d) + 4bshV
     #   48*2*32*64² = 12_582_912; 8*2*4*32²*16 = 1_048_576; per layer 13_631_488; x2 = 27_262_976
     #   4*2*32*64*512 = 8_388_608                                      -> total 35_651_584
     expected = n_L * (48 * b * s * h**2 + 8 * b * n_h * s**2 * d) + 4 * b * s * h * V

@@ -112,7 +112,7 @@ def test_expr_prints_the_trace_json():
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert {"expression", "value", "grads", "numerical_grads", "steps"} <= set(data)
-    assert data["value"] == 16.0 and data["grads"] == {"a": -24.0, "b": 16.0, "c": 8.0}  # seed 003
+    assert data["value"] == 16.0 and data["grads"] == {"a": -24.0, "b": 16.0, "c": 8.0}  # "Transformer Math"
     assert len(data["steps"]) == 6
 
 

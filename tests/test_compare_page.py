@@ -44,7 +44,7 @@ def test_batch_quick_pair_changes_no_node_and_says_why():
     at.button(key="compare.pair.Batch 1 vs 8").click().run()
     assert not at.exception
     headline = _headline(at)
-    assert headline.loc["Nodes", "B − A"] == "same"  # the graph does not depend on the batch (seed 000)
+    assert headline.loc["Nodes", "B − A"] == "same"  # the graph does not depend on the batch ("Why Your Transformer Block Has 50 Backward Nodes")
     assert any("does not depend on batch" in s for s in _sentences(at))
 
 

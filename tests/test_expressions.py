@@ -1,4 +1,4 @@
-"""Toy expressions: seed 003's numbers exactly, real autograd, finite differences, and a parser that
+"""Toy expressions: "Transformer Math"'s numbers exactly, real autograd, finite differences, and a parser that
 never executes anything."""
 
 import math

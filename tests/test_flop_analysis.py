@@ -81,13 +81,13 @@ def test_meta_has_no_time_but_still_flops():
     assert fa.top_nodes(capture, "flop", 1)[0].flop == 8_388_608
 
 
-def test_seed004_terms_both_ways():
+def test_gpt2_article_terms_both_ways():
     rows = {r.term: r for r in terms_both_ways(captured("gpt2-tiny"), captured("gpt2-tiny", attention="manual"))}
     qk = rows["2 layers × query@key"]
-    assert qk.manual_flop == qk.seed_flop == L * 4 * B * NH * S * S * D and qk.fused_flop is None
+    assert qk.manual_flop == qk.textbook_flop == L * 4 * B * NH * S * S * D and qk.fused_flop is None
     core = rows["2 layers × attention core, fused"]
     # seed: (8*b*nh*s^2*d + 5*b*nh*s^2) per layer = (1_048_576 + 40_960) * 2; fused measures 10*b*nh*s^2*d
-    assert core.seed_flop == core.manual_flop == 2 * (1_048_576 + 40_960)
+    assert core.textbook_flop == core.manual_flop == 2 * (1_048_576 + 40_960)
     assert core.fused_flop == L * 10 * B * NH * S * S * D
     assert rows["lm_head"].manual_flop == rows["lm_head"].fused_flop == 4 * B * S * H * V
 
@@ -108,13 +108,13 @@ def test_seed004_terms_accept_a_twin_named_otherwise():
 
 
 def test_categories_with_no_flop_formula_are_not_counted_and_no_arithmetic_ones_are_zero():
-    # llama-tiny: SiLU (activation) and embedding backward have no formula in torch's flop_counter nor seed 004;
+    # llama-tiny: SiLU (activation) and embedding backward have no formula in torch's flop_counter nor "Backpropagating through GPT-2";
     # RMSNorm is spelled out (pow, mean, rsqrt, mul) so normalization is counted; shape, accumulate_grad and
     # residual_add nodes do no arithmetic and stay 0 without being called uncounted.
     llama = captured("llama-tiny")
     assert fa.uncounted_categories(llama) == ["activation", "embedding"]
     assert {"shape", "accumulate_grad", "residual_add"} <= set(llama.summary.by_category)
-    # gpt2-tiny: GELU and LayerNorm have seed 004 formulas; only the embedding lookups are missing
+    # gpt2-tiny: GELU and LayerNorm have "Backpropagating through GPT-2" formulas; only the embedding lookups are missing
     assert fa.uncounted_categories(captured("gpt2-tiny")) == ["embedding"]
     assert fa.uncounted_categories(captured("resnet-tiny")) == ["activation", "normalization"]  # ReLU, BatchNorm
 

@@ -45,7 +45,7 @@ def test_the_gallery_names_each_preset_three_toy_steps_and_two_panels():
 
     sizes = gallery_sizes()
     assert len(sizes) == len(PRESETS) + len(TOY_STEPS) + 2
-    assert TOY_STEPS == (1, 3, 6)  # seed 003's (a*b + c)**2 has 6 backward steps: first, middle, last
+    assert TOY_STEPS == (1, 3, 6)  # "Transformer Math"'s (a*b + c)**2 has 6 backward steps: first, middle, last
 
 
 @pytest.mark.parametrize(("file", "size"), sorted(gallery_sizes().items()))

@@ -1,9 +1,9 @@
-"""Measured numbers next to seed 002's and seed 004's formulas: every gap is accounted for exactly."""
+"""Measured numbers next to "Backprop as a Graph"'s and "Backpropagating through GPT-2"'s formulas: every gap is accounted for exactly."""
 
 from graphviz_core.analysis.memory_formulas import (
+    as_written_34sbh_bytes,
     korthikanti_layer_bytes,
     layer_bytes_without_dropout,
-    seed002_as_written_bytes,
 )
 from graphviz_core.analysis.textbook import backward_flops, memory_per_layer
 from graphviz_core.config import config_from_preset
@@ -40,9 +40,9 @@ def test_seed_002_as_written_doubles_korthikanti_at_16_bits():
     config = config_from_preset("gpt2-blocks-at-llama-70b-width")
     s_, b_, h_ = 8192, 1, 8192
     assert korthikanti_layer_bytes(config) == 34 * s_ * b_ * h_  # fused attention: no s² term
-    assert seed002_as_written_bytes(config) == 2 * korthikanti_layer_bytes(config)
-    # seed 002's headline: 80 * 34 * 8192 * 1 * 8192 * 2 = 365_072_220_160 bytes ≈ 365 GB
-    assert 80 * seed002_as_written_bytes(config) == 365_072_220_160
+    assert as_written_34sbh_bytes(config) == 2 * korthikanti_layer_bytes(config)
+    # "Backprop as a Graph"'s headline: 80 * 34 * 8192 * 1 * 8192 * 2 = 365_072_220_160 bytes ≈ 365 GB
+    assert 80 * as_written_34sbh_bytes(config) == 365_072_220_160
     assert layer_bytes_without_dropout(config) == 32 * s_ * b_ * h_
 
 
@@ -58,11 +58,11 @@ def test_llama_70b_shape_measured_on_meta_is_half_of_seed_002s_claim():
 def test_backward_flops_gap_to_seed_004_is_explained_exactly():
     manual = captured("gpt2-tiny", attention="manual")
     rows = rows_by_term(backward_flops(manual))
-    # Every seed 004 term matches its nodes exactly with unfused attention...
+    # Every "Backpropagating through GPT-2" term matches its nodes exactly with unfused attention...
     for term in ["qkv_proj + attn_out (12bsh² + 4bsh², per layer)", "attention core: query@key, scaling, softmax, attn@value",
                  "mlp_up + mlp_down (32bsh²)", "gelu (76bsh)", "LayerNorms (11bsh each, 2 per layer + final)", "lm_head (4bshV)"]:
         assert rows[term].measured == rows[term].textbook, term
-    # ...and the total differs by exactly the two things seed 004 leaves out: log-softmax 4bsV = 131_072 and
+    # ...and the total differs by exactly the two things "Backpropagating through GPT-2" leaves out: log-softmax 4bsV = 131_072 and
     # the engine's gradient sums where paths meet (residual streams and the tied embedding).
     total = rows["total backward"]
     assert total.measured - total.textbook == 4 * b * s * V + rows["gradient sums where paths meet"].measured
@@ -72,15 +72,15 @@ def test_backward_flops_gap_to_seed_004_is_explained_exactly():
 def test_fused_attention_differs_from_seed_004_only_by_its_recompute():
     rows = rows_by_term(backward_flops(captured("gpt2-tiny")))
     core = rows["attention core: query@key, scaling, softmax, attn@value"]
-    # fused: 10·b·nh·s²·d per layer; seed 004: 8·b·nh·s²·d + 5·b·nh·s²
+    # fused: 10·b·nh·s²·d per layer; "Backpropagating through GPT-2": 8·b·nh·s²·d + 5·b·nh·s²
     assert core.measured == L * 10 * b * a * s * s * d
     assert core.textbook == L * (8 * b * a * s * s * d + 5 * b * a * s * s)
 
 
 def test_seed_004_closed_form_is_the_sum_of_its_terms():
-    from graphviz_core.capture.flop_formulas import seed004_backward_terms, seed004_backward_total
+    from graphviz_core.capture.flop_formulas import gpt2_article_backward_terms, gpt2_article_backward_total
 
     config = config_from_preset("gpt2-small")
-    terms = seed004_backward_terms(config)
+    terms = gpt2_article_backward_terms(config)
     # n_L(48bsh² + 8·b·nh·s²·d + 5·b·nh·s² + 98bsh) + 11bsh + 4bshV: every term but cross-entropy's 4bsV
-    assert seed004_backward_total(config) == sum(v for k, v in terms.items() if "not in seed" not in k)
+    assert gpt2_article_backward_total(config) == sum(v for k, v in terms.items() if "not in seed" not in k)

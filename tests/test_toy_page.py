@@ -19,7 +19,7 @@ def values(at) -> dict[str, float]:
 def test_values_survive_a_syntax_error_and_the_preset_box_says_when_it_was_edited():
     at = AppTest.from_file(PAGE, default_timeout=60).run()
     assert at.selectbox(key="expr.preset").value == WORKED
-    assert values(at) == {"a": 2.0, "b": -3.0, "c": 10.0}  # seed 003's worked example
+    assert values(at) == {"a": 2.0, "b": -3.0, "c": 10.0}  # "Transformer Math"'s worked example
     at.text_input(key="expr.text").set_value("a +* b").run()  # a syntax error: no value boxes drawn
     assert at.error and not values(at)
     assert at.selectbox(key="expr.preset").value == EDITED

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from graphviz_core.analysis.compare import Comparison
     from graphviz_core.capture.result import Capture
 
-# Fields whose change leaves the graph's shape alone (seed 000: the graph does not depend on sizes).
+# Fields whose change leaves the graph's shape alone ("Why Your Transformer Block Has 50 Backward Nodes": the graph does not depend on sizes).
 SIZE_ONLY = ("batch", "seq", "context", "seed")
 # Fields that can add or remove nodes besides the layer count (the rest only resize the same ops' tensors).
 STRUCTURAL = ("attention", "checkpoint", "kv_heads", "experts", "experts_per_token", "tied", "dtype", "device")

@@ -6,7 +6,7 @@ Deep models are probed at 2 and 3 layers and extrapolated to their depth (parame
 activation grow by the same amount per identical layer); the answer is then checked with captures at the
 full depth — n fits and n + 1 does not — and the bisection resumes on full-depth captures if the check fails.
 The prediction applies the same optimizer arithmetic to the measured parameter count plus Korthikanti et
-al.'s per-layer activations (seed 002) for the policy.
+al.'s per-layer activations ("Backprop as a Graph") for the policy.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class FitResult:
     dimension: str  # "batch" or "seq"
     largest: int  # 0: not even 1 fits
     largest_step_peak_bytes: int | None  # measured at full depth for `largest` (None when 0)
-    predicted_largest: int | None  # closed form (seed 002 / Korthikanti); None without transformer layers
+    predicted_largest: int | None  # closed form ("Backprop as a Graph" / Korthikanti); None without transformer layers
     at_limit: bool  # `largest` is the tool's ceiling for that field, not the memory's
     weights_alone_exceed: bool  # parameters + gradients + master weights + optimizer state exceed the budget
     captures: int  # meta captures this search ran

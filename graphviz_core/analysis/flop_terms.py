@@ -1,4 +1,4 @@
-"""Seed 004's backward FLOP terms for GPT-2, one row per op, with the FLOPs measured in the matching nodes of a
+""""Backpropagating through GPT-2"'s backward FLOP terms for GPT-2, one row per op, with the FLOPs measured in the matching nodes of a
 fused-attention capture and of a manual-attention capture side by side."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from graphviz_core.capture.flop_formulas import seed004_backward_terms
+from graphviz_core.capture.flop_formulas import gpt2_article_backward_terms
 from graphviz_core.capture.result import Capture
 
 Where = Callable[[str, dict], bool]  # (node id, node data) -> belongs to the term
@@ -17,7 +17,7 @@ _CORE_TERMS = ("query@key", "softmax", "scaling", "attn@value")
 class TermRow:
     term: str
     formula: str
-    seed_flop: int | None  # None: seed 004 has no such term
+    textbook_flop: int | None  # None: "Backpropagating through GPT-2" has no such term
     manual_flop: int | None  # None: no node of this capture matches (the work is inside another row)
     fused_flop: int | None
     note: str
@@ -64,7 +64,7 @@ def _formulas(roles: dict[str, int]) -> dict[str, tuple[str, Where]]:
 
 
 def terms_both_ways(fused: Capture, manual: Capture) -> list[TermRow]:
-    """Every op row of seed 004 (summed over layers), measured with fused and with manual attention.
+    """Every op row of "Backpropagating through GPT-2" (summed over layers), measured with fused and with manual attention.
 
     Both captures must be GPT-2 models of the same sizes: one with attention "sdpa" or "mha", one "manual".
     """
@@ -79,7 +79,7 @@ def terms_both_ways(fused: Capture, manual: Capture) -> list[TermRow]:
         preset="", device=manual.device
     ):
         raise ValueError("the two captures must differ only in attention; pick the same sizes for both.")
-    seed = seed004_backward_terms(manual.config)
+    seed = gpt2_article_backward_terms(manual.config)
     config = manual.config
     b, s, n_h, d, layers = config.batch, config.seq, config.heads, config.head_dim, config.layers
     rows = []
@@ -131,7 +131,7 @@ def terms_both_ways(fused: Capture, manual: Capture) -> list[TermRow]:
         TermRow(
             "cross-entropy (log-softmax)",
             "4·b·s·V",
-            seed["cross_entropy (not in seed total)"],
+            seed["cross_entropy (not in the article's total)"],
             *(_sum(c, lambda n, x: x["op"] == "LogSoftmaxBackward0") for c in (manual, fused)),
             "the textbook derivation counts it but leaves it out of its total",
         )

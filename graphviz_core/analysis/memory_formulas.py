@@ -1,7 +1,7 @@
-"""Activation-memory formulas from the seeds, as pure functions of the config.
+"""Activation-memory formulas from the source articles, as pure functions of the config.
 
 Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", Eq. 1), quoted by
-seed 002: one transformer layer keeps s·b·h·(34 + 5·a·s/h) bytes with 16-bit activations and dropout. Its
+"Backprop as a Graph": one transformer layer keeps s·b·h·(34 + 5·a·s/h) bytes with 16-bit activations and dropout. Its
 parts: attention 11sbh + 5as²b (QKV input 2sbh, Q and K 4sbh, softmax output 2as²b, its dropout mask as²b and
 output 2as²b, V 2sbh, projection input 2sbh, dropout mask sbh), MLP 19sbh (input 2sbh, GELU input 8sbh,
 second linear input 8sbh, dropout mask sbh), two LayerNorm inputs 4sbh.
@@ -15,7 +15,7 @@ from graphviz_core.config import ModelConfig
 
 def korthikanti_layer_bytes(config: ModelConfig) -> int:
     """As published, 16-bit activations with dropout: 34sbh, plus 5as²b where attention materialises the
-    scores (`manual`); seed 002 quotes 34sbh alone for FlashAttention, which never stores them."""
+    scores (`manual`); "Backprop as a Graph" quotes 34sbh alone for FlashAttention, which never stores them."""
     s, b, h, a = config.seq, config.batch, config.hidden, config.heads
     return 34 * s * b * h + (5 * a * s * s * b if config.attention == "manual" else 0)
 
@@ -32,8 +32,8 @@ def layer_bytes_without_dropout(config: ModelConfig) -> int:
     return (32 * s * b * h + scores) * BYTES_PER[config.dtype] // 2
 
 
-def seed002_as_written_bytes(config: ModelConfig) -> int:
-    """Seed 002's "34·s·b·h·(bytes/elem)" per layer: Korthikanti's 34sbh is already bytes, so at bf16 this
+def as_written_34sbh_bytes(config: ModelConfig) -> int:
+    """"Backprop as a Graph"'s "34·s·b·h·(bytes/elem)" per layer: Korthikanti's 34sbh is already bytes, so at bf16 this
     counts every activation twice (its Llama-70B example: 80·34·8192·8192·2 ≈ 365 GB)."""
     return 34 * config.seq * config.batch * config.hidden * BYTES_PER[config.dtype]
 

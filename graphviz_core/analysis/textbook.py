@@ -1,4 +1,4 @@
-"""Measured numbers next to the textbook formulas (seed 002's activation memory, seed 004's backward
+"""Measured numbers next to the textbook formulas ("Backprop as a Graph"'s activation memory, "Backpropagating through GPT-2"'s backward
 FLOPs), each difference with its reason. Reads only a Capture's graph and config."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import re
 from dataclasses import dataclass
 
 from graphviz_core.analysis.memory_formulas import (
+    as_written_34sbh_bytes,
     korthikanti_layer_bytes,
     layer_bytes_without_dropout,
     llama_layer_bytes,
-    seed002_as_written_bytes,
 )
 from graphviz_core.capture.device import BYTES_PER
-from graphviz_core.capture.flop_formulas import seed004_backward_terms, seed004_backward_total
+from graphviz_core.capture.flop_formulas import gpt2_article_backward_terms, gpt2_article_backward_total
 from graphviz_core.capture.result import Capture
 
 _BLOCK = re.compile(r"^(blocks\.\d+|block)(\.|$)")
@@ -89,7 +89,7 @@ def memory_per_layer(capture: Capture) -> list[Comparison]:
         Comparison("Korthikanti et al. as published (16-bit, with dropout)", korthikanti_layer_bytes(config), measured,
                    "34sbh" + (" + 5as²b" if config.attention == "manual" else "") + " assumes 2-byte activations and "
                    "dropout after attention and MLP; these blocks have no dropout."),
-        Comparison("34·s·b·h × bytes per element (a common slip)", seed002_as_written_bytes(config), measured,
+        Comparison("34·s·b·h × bytes per element (a common slip)", as_written_34sbh_bytes(config), measured,
                    f"34sbh is already in bytes (2-byte activations); multiplying by bytes/elem again counts every "
                    f"activation twice: {34 * BYTES_PER[config.dtype]}sbh at {config.dtype}, where "
                    f"{17 * BYTES_PER[config.dtype]}sbh is that formula at this width."),
@@ -166,11 +166,11 @@ def _llama_memory_per_layer(capture: Capture) -> list[Comparison]:
 
 
 def backward_flops(capture: Capture) -> list[Comparison]:
-    """Seed 004's backward FLOP terms (gpt2 only) against the FLOPs measured inside the matching nodes."""
+    """"Backpropagating through GPT-2"'s backward FLOP terms (gpt2 only) against the FLOPs measured inside the matching nodes."""
     config = capture.config
     if not config.family.gpt2_backward_terms:
         return []
-    seed = seed004_backward_terms(config)
+    seed = gpt2_article_backward_terms(config)
     fused = config.attention != "manual"
     core = (seed["layers x query@key"] + seed["layers x attn@value"] + seed["layers x softmax"]
             + seed["layers x scaling"])
@@ -207,7 +207,7 @@ def backward_flops(capture: Capture) -> list[Comparison]:
     if capture.flops.backward_recompute:
         rows.append(Comparison("checkpointing: forward recomputed in backward", None, capture.flops.backward_recompute,
                                "already inside the rows above, in the node that triggered the recompute."))
-    rows.append(Comparison("total backward", seed004_backward_total(config),
+    rows.append(Comparison("total backward", gpt2_article_backward_total(config),
                            capture.flops.backward,
                            "the textbook closed form vs everything that ran; the rows above account for the gap."))
     return rows

@@ -1,11 +1,11 @@
-"""FLOP formulas: the registry the capture's dispatch mode looks up, and seed 004's textbook backward terms.
+"""FLOP formulas: the registry the capture's dispatch mode looks up, and "Backpropagating through GPT-2"'s textbook backward terms.
 
 Measured FLOPs come from `torch.utils.flop_counter`'s formula registry (matmuls, convolutions, fused
 attention on CUDA), extended here with formulas for what it misses:
 
 - the CPU fused attention (`_scaled_dot_product_flash_attention_for_cpu` and its backward), which
   flop_counter counts as 0 — so CPU, CUDA and meta captures count the same work;
-- seed 004's per-element counts for the backward kernels it derives (GELU 19, LayerNorm 11, softmax and
+- "Backpropagating through GPT-2"'s per-element counts for the backward kernels it derives (GELU 19, LayerNorm 11, softmax and
   log-softmax 4 FLOPs per element);
 - one FLOP per output element for elementwise arithmetic (add, sub, mul, div).
 
@@ -104,7 +104,7 @@ def per_element(count: int) -> Formula:
 
 
 def layer_norm_backward_flops(grad_out, *args, out_val=None, **kwargs) -> int:
-    """Seed 004: 8 FLOPs/element for the input gradient, 2 for gamma's, 1 for beta's (11·b·s·h in all)."""
+    """"Backpropagating through GPT-2": 8 FLOPs/element for the input gradient, 2 for gamma's, 1 for beta's (11·b·s·h in all)."""
     output_mask = args[-1] if args and isinstance(args[-1], (list, tuple)) else kwargs.get("output_mask", (1, 1, 1))
     per_elem = 8 * bool(output_mask[0]) + 2 * bool(output_mask[1]) + 1 * bool(output_mask[2])
     return per_elem * _numel(grad_out)
@@ -126,10 +126,10 @@ _EXTRA: dict[object, Formula] = {
                                           aten._scaled_dot_product_efficient_attention_backward,
                                           aten._scaled_dot_product_flash_attention_backward,
                                           aten._scaled_dot_product_cudnn_attention_backward)},
-    aten.gelu_backward: per_element(19),  # seed 004: 76·b·s·h over a (b, s, 4h) tensor
+    aten.gelu_backward: per_element(19),  # "Backpropagating through GPT-2": 76·b·s·h over a (b, s, 4h) tensor
     aten.native_layer_norm_backward: layer_norm_backward_flops,
-    aten._softmax_backward_data: per_element(4),  # seed 004, softmax: 4·b·nh·s²
-    aten._log_softmax_backward_data: per_element(4),  # seed 004, log-softmax: 4·b·s·V
+    aten._softmax_backward_data: per_element(4),  # "Backpropagating through GPT-2", softmax: 4·b·nh·s²
+    aten._log_softmax_backward_data: per_element(4),  # "Backpropagating through GPT-2", log-softmax: 4·b·s·V
     **{op: per_element(1) for op in (aten.add, aten.add_, aten.sub, aten.sub_, aten.mul, aten.mul_, aten.div, aten.div_)},
 }
 
@@ -166,12 +166,12 @@ def op_info(func: object) -> tuple[Formula | None, str]:
     return info
 
 
-def seed004_backward_terms(config: ModelConfig) -> dict[str, int]:
-    """Seed 004's backward FLOPs for a GPT-2 stack, term by term (its 'Final Tally').
+def gpt2_article_backward_terms(config: ModelConfig) -> dict[str, int]:
+    """"Backpropagating through GPT-2"'s backward FLOPs for a GPT-2 stack, term by term (its 'Final Tally').
 
     Per layer: pre_attn_ln 11bsh, qkv_proj 12bsh², query@key 4·b·nh·s²·d, softmax 4·b·nh·s², scaling
     b·nh·s², attn@value 4·b·nh·s²·d, attn_out 4bsh², pre_mlp_ln 11bsh, mlp_up 16bsh², gelu 76bsh,
-    mlp_down 16bsh². Then final_ln 11bsh and lm_head 4bshV. Seed 004 derives cross_entropy's 4bsV
+    mlp_down 16bsh². Then final_ln 11bsh and lm_head 4bshV. "Backpropagating through GPT-2" derives cross_entropy's 4bsV
     (log-softmax) but leaves it out of its total; it is listed here so the gap can be shown.
     """
     b, s, h, n_h, d, V, L = config.batch, config.seq, config.hidden, config.heads, config.head_dim, config.vocab, config.layers
@@ -191,11 +191,11 @@ def seed004_backward_terms(config: ModelConfig) -> dict[str, int]:
     terms = {f"layers x {name}": L * value for name, value in per_layer.items()}
     terms["final_ln"] = 11 * b * s * h
     terms["lm_head"] = 4 * b * s * h * V
-    terms["cross_entropy (not in seed total)"] = 4 * b * s * V
+    terms["cross_entropy (not in the article's total)"] = 4 * b * s * V
     return terms
 
 
-def seed004_backward_total(config: ModelConfig) -> int:
-    """Seed 004's closed form: n_L(48bsh² + 8·b·nh·s²·d + 5·b·nh·s² + 98bsh) + 11bsh + 4bshV."""
+def gpt2_article_backward_total(config: ModelConfig) -> int:
+    """"Backpropagating through GPT-2"'s closed form: n_L(48bsh² + 8·b·nh·s²·d + 5·b·nh·s² + 98bsh) + 11bsh + 4bshV."""
     b, s, h, n_h, d, V, L = config.batch, config.seq, config.hidden, config.heads, config.head_dim, config.vocab, config.layers
     return L * (48 * b * s * h**2 + 8 * b * n_h * s**2 * d + 5 * b * n_h * s**2 + 98 * b * s * h) + 11 * b * s * h + 4 * b * s * h * V

@@ -67,7 +67,7 @@ class SelfAttention(nn.Module):
         self.causal = causal
         self.kind = config.attention
         # Selective checkpointing recomputes the core attention only: the s x s part that is cheap to
-        # recompute and expensive to keep (Korthikanti et al. 2022; seed 002).
+        # recompute and expensive to keep (Korthikanti et al. 2022; "Backprop as a Graph").
         self.recompute_core = config.checkpoint == "selective"
         if self.kind == "mha":
             self.mha = nn.MultiheadAttention(config.hidden, config.heads, batch_first=True)
@@ -102,7 +102,7 @@ class SelfAttention(nn.Module):
         return self.proj(y)
 
     def _mha(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        # need_weights=False lets nn.MultiheadAttention take the fused SDPA path (seed 000).
+        # need_weights=False lets nn.MultiheadAttention take the fused SDPA path ("Why Your Transformer Block Has 50 Backward Nodes").
         out, _ = self.mha(x, x, x, need_weights=False, attn_mask=mask, is_causal=mask is not None)
         return out
 
@@ -162,7 +162,7 @@ class MLP(nn.Module):
 
 
 class BlockModel(nn.Module):
-    """One transformer block on random (B, T, h) inputs (seed 000's subject); not causal, as an encoder."""
+    """One transformer block on random (B, T, h) inputs ("Why Your Transformer Block Has 50 Backward Nodes"'s subject); not causal, as an encoder."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -175,7 +175,7 @@ class BlockModel(nn.Module):
 
 
 class GPT2(nn.Module):
-    """GPT-2 as in seed 004: token + position embeddings, pre-LN blocks, final LayerNorm, tied lm_head."""
+    """GPT-2 as in "Backpropagating through GPT-2": token + position embeddings, pre-LN blocks, final LayerNorm, tied lm_head."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

@@ -4,7 +4,7 @@
 exp, log, sqrt, tanh, sigmoid, relu, sin, cos, abs -- checked node by node against a whitelist on Python's
 `ast`; nothing is ever passed to `eval`. `trace_expression` builds the expression from one float64 torch
 scalar per variable, runs backward with node hooks, and records each step in the order autograd runs it
-(seed 003's walkthrough), plus a central finite difference per variable.
+("Transformer Math"'s walkthrough), plus a central finite difference per variable.
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ _BINARY = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
-# Seed 003's two examples and a fan-out, each with the values it is worked with. The names say the idea;
-# the seeds are for the README, not for a newcomer choosing a preset.
+# "Transformer Math"'s two examples and a fan-out, each with the values it is worked with. The names say the idea.
 EXPRESSION_PRESETS: dict[str, tuple[str, dict[str, float]]] = {
     "chain rule, worked by hand: L = (a·b + c)²": ("(a*b + c)**2", {"a": 2.0, "b": -3.0, "c": 10.0}),
     "one neuron's squared error: L = (w·x + b − y)²": ("(w*x + b - y)**2", {"w": 3.0, "x": 2.0, "b": 1.0, "y": 4.0}),
@@ -73,7 +72,7 @@ class Call:
 Expr = Num | Var | BinOp | Neg | Call
 
 
-ROOT = "L"  # the name of the whole expression, as in seed 003's L = (a*b + c)**2
+ROOT = "L"  # the name of the whole expression, as in "Transformer Math"'s L = (a*b + c)**2
 
 # What a newcomer typed, in words (Python's AST class names mean nothing to them).
 _OPERATOR_WORDS = {
@@ -324,7 +323,7 @@ def _fmt(x: float) -> str:
 
 
 def _names(expr: Expr, variables: Iterable[str]) -> dict[int, str]:
-    """Names for intermediates, in evaluation order: the next free letters after the variables (seed 003's
+    """Names for intermediates, in evaluation order: the next free letters after the variables ("Transformer Math"'s
     d, e), then t1, t2... (skipping any a variable has taken) once letters run out; the root is always L."""
     taken = set(variables) | {ROOT}
     spare = iter([c for c in "defghijkmnopqrstuvwxyz" if c not in taken]
@@ -440,7 +439,7 @@ def trace_expression(
     """Run forward + backward on `text` with real torch autograd and record every backward step.
 
     `detach`: variables used through `.detach()` (their path disappears, their gradient stays None).
-    `backward_passes`: 2 runs backward twice without zeroing, so .grad accumulates (seed 001: += not =).
+    `backward_passes`: 2 runs backward twice without zeroing, so .grad accumulates ("Backprop as Graph Transformation": += not =).
     """
     expr = parse_expression(text)
     variables = variables_of(expr)
@@ -682,7 +681,7 @@ def _difference_text(trace: Trace, name: str) -> str:
 
 
 def step_table(trace: Trace, revealed_steps: int) -> list[dict[str, str]]:
-    """Seed 003's table (gradient, computation, value) for the steps revealed so far.
+    """"Transformer Math"'s table (gradient, computation, value) for the steps revealed so far.
 
     Rows are numbered from 1, as the stepper's "Step k of n" is. With two backward passes each pass starts
     again at dL/dL = 1 and its sums count only its own paths; the += then adds to what pass 1 left.

@@ -1,4 +1,4 @@
-"""The toy-expression page's widgets: expression and values, the detach / backward-twice toggles (seed 001),
+"""The toy-expression page's widgets: expression and values, the detach / backward-twice toggles ("Backprop as Graph Transformation"),
 and a backward stepper."""
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def expression_inputs() -> Trace | None:
     st.session_state[f"{KEY}.preset"] = next((name for name in EXPRESSION_PRESETS if _holds(name)), EDITED)
     options = [*EXPRESSION_PRESETS, *([EDITED] if st.session_state[f"{KEY}.preset"] == EDITED else [])]
     st.selectbox("Preset", options, key=f"{KEY}.preset", on_change=_load_preset,
-                 help="Worked examples from the project's notes on backprop (seeds/, 003). Edit the expression or "
+                 help="Worked examples from the articles “Transformer Math” and “Backprop as Graph Transformation”. Edit the "
+                      "expression or "
                       "a value and the box says so; pick an example again to load it.")
     text = st.text_input("Expression", key=f"{KEY}.text",
                          help="numbers, variables, + - * / **, unary minus, parentheses, and "
@@ -85,10 +86,11 @@ def expression_inputs() -> Trace | None:
     current = [v for v in st.session_state.get(f"{KEY}.detach", []) if v in variables]
     st.session_state[f"{KEY}.detach"] = current
     detach = left.multiselect("Detach a variable (its path disappears; its .grad stays None)", variables,
-                              key=f"{KEY}.detach", help="x.detach(): a common way to stop gradients by accident (seed 001).")
+                              key=f"{KEY}.detach", help="x.detach(): a common way to stop gradients by accident "
+                              "(“Backprop as Graph Transformation”).")
     twice = right.toggle("Run backward twice, no zeroing (.grad +=)", key=f"{KEY}.twice",
                          help="Backward twice without zeroing .grad: it adds up (+= not =), as when "
-                              "optimizer.zero_grad() is forgotten (seed 001).")
+                              "optimizer.zero_grad() is forgotten (“Backprop as Graph Transformation”).")
     try:
         return trace_expression(text, values, detach=detach, backward_passes=2 if twice else 1)
     except ValueError as exc:
@@ -113,7 +115,7 @@ def _toggle_play(total: int) -> None:
 
 
 def backward_stepper(trace: Trace) -> None:
-    """Step controls, the graph with the current step highlighted, the step table (seed 003), and the final check."""
+    """Step controls, the graph with the current step highlighted, the step table ("Transformer Math"), and the final check."""
     total = len(trace.steps)
     if total == 0:
         # A constant, or every path detached: autograd runs no node, so a stepper would have nothing to step.

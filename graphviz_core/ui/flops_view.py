@@ -261,7 +261,7 @@ def _both_attentions(capture: Capture) -> None:
                 {
                     "op": r.term,
                     "formula": r.formula,
-                    "textbook": cell(r.seed_flop),
+                    "textbook": cell(r.textbook_flop),
                     "manual attention": cell(r.manual_flop),
                     f"fused ({fused.config.attention}), dense count": cell(r.fused_flop),
                     "note": r.note,

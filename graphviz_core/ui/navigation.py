@@ -32,7 +32,7 @@ REQUIRE_LOGIN_ENV = "GRAPHVIZ_CORE_REQUIRE_LOGIN"
 def require_sign_in() -> None:
     """With GRAPHVIZ_CORE_REQUIRE_LOGIN=1 (off by default), nothing but a sign-in button is shown until the visitor
     signed in through Streamlit's OpenID Connect login (st.login; the provider is set in .streamlit/secrets.toml's
-    [auth] table and needs the Authlib package; README, "Run it for your team")."""
+    [auth] table and needs the Authlib package; docs/team-server.md, "Require sign-in in the app itself")."""
     if os.environ.get(REQUIRE_LOGIN_ENV, "").strip() not in ("1", "true", "yes"):
         return
     if getattr(st.user, "is_logged_in", False):  # the attribute exists only where a login provider is configured
@@ -41,7 +41,7 @@ def require_sign_in() -> None:
     if not _login_configured():  # fail closed: sign-in was asked for, and nobody can sign in yet
         st.error(
             f"This server requires sign-in ({REQUIRE_LOGIN_ENV}) but no login provider is configured: its operator "
-            "adds an [auth] table to .streamlit/secrets.toml (README, 'Run it for your team')."
+            "adds an [auth] table to .streamlit/secrets.toml (docs/team-server.md, 'Require sign-in in the app itself')."
         )
         st.stop()
     st.info("This server asks you to sign in before it runs anything.")

@@ -20,7 +20,7 @@ from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS, graph_frame, serve_ap
 # app pages at 1x (text and charts, already legible at 1440 wide).
 GRAPH_SIZE, GRAPH_SCALE = (1600, 1000), 2
 PAGE_SIZE, PAGE_SCALE = (1440, 1000), 1
-TOY_STEPS = (1, 3, 6)  # seed 003's (a*b + c)**2 has 6 backward steps: the first, the middle, the last
+TOY_STEPS = (1, 3, 6)  # "Transformer Math"'s (a*b + c)**2 has 6 backward steps: the first, the middle, the last
 # Above this many nodes a whole graph fitted into one picture is unreadable: show shape ops hidden, modules
 # collapsed and the first layer expanded instead (the page's own view controls, so the picture is reproducible).
 COLLAPSE_ABOVE = 300
@@ -116,7 +116,7 @@ def app_pictures(out: Path) -> dict[str, str]:
                 (out / file).write_bytes(_compact(page.screenshot(type="png")))
                 captions[file] = caption
             page.goto(f"{url}/toy_expressions")
-            graph_frame(page, 6, timeout_s=120)  # seed 003: L, e, d and the variables a, b, c
+            graph_frame(page, 6, timeout_s=120)  # "Transformer Math": L, e, d and the variables a, b, c
             _settled(page)
             step = 0
             for target in TOY_STEPS:
