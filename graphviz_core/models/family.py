@@ -101,7 +101,6 @@ class Family:
     attentions: tuple[str, ...] = ("sdpa",)  # the first is the default
     spelled_out_attention: str | None = None  # the attention that runs the core op by op: "manual" or "eager"
     labels: dict[str, str] = {}  # form labels that differ from FIELD_LABELS
-    help: dict[str, str] = {}  # what a field means for this family, where that differs ("depth", "classes")
     presets: tuple[Preset, ...] = ()
     default_fields: dict = {}  # what `--model NAME` starts from when no preset is named
     offered: bool = True  # in the form's family box and `--model`'s choices

@@ -27,7 +27,6 @@ class _Vision(TransformersFamily):
     language_model = False
     lacks = ("seq",)
     labels = {"vocab": "Classes"}
-    help = {"vocab": "the number of classes"}
 
     def validate(self, config: ModelConfig) -> None:
         super().validate(config)
@@ -98,8 +97,6 @@ class ResNet(_Vision):
     hf_module = "resnet"
     config_class, model_class = "ResNetConfig", "ResNetForImageClassification"
     labels = {"vocab": "Classes", "layers": "Depth (18, 34, 50, 101, 152)", "hidden": "Stem width (channels)"}
-    help = {"vocab": "the number of classes", "layers": "its depth (18, 34, 50, 101, 152)",
-            "hidden": "the stem width (64 in ResNet-50)"}
     has_attention = False
     stacked_layers = False
     min_batch = 2
