@@ -54,7 +54,10 @@ def load_factory(spec: str) -> tuple[nn.Module, tuple, Callable]:
         raise ValueError(f"--model-file takes PATH:FACTORY (e.g. models/my_net.py:make), got {spec!r}.")
     path = Path(path_text)
     if not path.is_file():
-        raise ValueError(f"model file {path_text} does not exist.")
+        what = ("is a folder, not a Python file" if path.is_dir() else
+                "is not a regular file (a FIFO, socket or device), not a Python file" if path.exists() else
+                "does not exist")
+        raise ValueError(f"model file {path_text} {what}.")
     module_name = f"graphviz_core_user_{abs(hash(path.resolve()))}"
     try:
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
