@@ -77,10 +77,10 @@ def test_fused_attention_differs_from_seed_004_only_by_its_recompute():
     assert core.textbook == L * (8 * b * a * s * s * d + 5 * b * a * s * s)
 
 
-def test_seed_004_closed_form_is_the_sum_of_its_terms():
+def test_the_gpt2_articles_closed_form_is_the_sum_of_its_terms():
     from graphviz_core.capture.flop_formulas import gpt2_article_backward_terms, gpt2_article_backward_total
 
     config = config_from_preset("gpt2-small")
     terms = gpt2_article_backward_terms(config)
     # n_L(48bsh² + 8·b·nh·s²·d + 5·b·nh·s² + 98bsh) + 11bsh + 4bshV: every term but cross-entropy's 4bsV
-    assert gpt2_article_backward_total(config) == sum(v for k, v in terms.items() if "not in seed" not in k)
+    assert gpt2_article_backward_total(config) == sum(v for k, v in terms.items() if "not in the article's total" not in k)
