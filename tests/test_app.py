@@ -154,3 +154,20 @@ def test_only_the_open_tab_is_drawn_and_panel_choices_survive_switching_tabs():
     assert at.selectbox(key="memory.optimizer").value == "sgd"
     assert "Step peak (SGD)" in [m.label for m in at.metric]  # the headline follows the optimizer picked
     assert not at.exception and not at.warning
+
+
+def test_the_line_under_the_figures_names_the_checkpointing_that_produced_them():
+    from tests.conftest import explorer_tab
+
+    # qwen2-tiny selective vs full: the headline figures read the same (Saved for backward 177.3 KiB) while the Memory
+    # tab's Saved + held differs, so the line under the figures is what tells the two results apart
+    lines = {}
+    for policy in ("selective", "full"):
+        at = explorer_tab("Graph", preset="qwen2-tiny", checkpoint=policy)
+        assert not at.exception
+        lines[policy] = plain(next(c.value for c in at.caption if c.value.startswith("Loss ")))
+        assert lines[policy].endswith(f"· float32 · cpu · sdpa attention (fused) · checkpoint {policy}"), lines[policy]
+        assert "qwen2 · 2 layers · h=64 · 4 heads / 2 kv · b=2 · s=32" in lines[policy]
+    at = explorer_tab("Graph", preset="qwen2-tiny")
+    line = plain(next(c.value for c in at.caption if c.value.startswith("Loss ")))
+    assert "config: preset qwen2-tiny · qwen2 · " in line and line.endswith("· no checkpointing"), line

@@ -68,15 +68,20 @@ def test_an_invalid_b_is_refused_with_a_sentence_and_the_comparison_stays():
 
 
 def test_config_headers_say_which_attention_and_checkpointing_each_side_runs():
+    from graphviz_core.export.render import run_description
+
     at = AppTest.from_file(PAGE, default_timeout=120).run()
     labels = [e.label for e in at.expander if e.label.startswith("Config ")]
-    # the first-visit pair is gpt2-tiny with sdpa (A) against manual attention (B): the headers must differ
-    assert labels[0].startswith("Config A: sdpa attention (fused) · gpt2-tiny · gpt2 · 2 layers"), labels
-    assert labels[1].startswith("Config B: manual attention (spelled-out) · gpt2 · 2 layers"), labels
+    # the first-visit pair is gpt2-tiny with sdpa (A) against manual attention (B): the headers must differ, each the
+    # preset's name (where it is one) and the description the explorer's line and the exported pictures use
+    a, b = at.session_state["compare.a.applied"], at.session_state["compare.b.applied"]
+    assert labels == [f"Config A: gpt2-tiny · {run_description(a)}", f"Config B: {run_description(b)}"]
+    assert labels[0].endswith("· sdpa attention (fused) · no checkpointing"), labels
+    assert labels[1].endswith("· manual attention (spelled-out) · no checkpointing"), labels
     at.button(key="compare.pair.No checkpointing vs selective").click().run()
     labels = [e.label for e in at.expander if e.label.startswith("Config ")]
-    assert "checkpoint" not in labels[0]  # none is not named
-    assert labels[1].startswith("Config B: sdpa attention (fused) · checkpoint selective · "), labels
+    assert labels[0].endswith("· sdpa attention (fused) · no checkpointing"), labels
+    assert labels[1].endswith("· sdpa attention (fused) · checkpoint selective"), labels
 
 
 @pytest.mark.browser

@@ -175,18 +175,33 @@ def test_a_served_page_loads_vis_network_by_url_and_keeps_only_the_tooltip_style
 
 def test_the_subtitle_of_a_vision_model_shows_its_image_size_and_no_sequence_or_attention():
     from graphviz_core.config import config_from_preset
-    from graphviz_core.export.render import graph_subtitle
+    from graphviz_core.export.render import run_description
 
     resnet = config_from_preset("resnet-tiny", device="auto")
-    subtitle = graph_subtitle(resnet, "cpu")
-    # the summary line's description, with the device the capture ran on in place of "auto"
-    assert subtitle == resnet.describe().replace("auto", "cpu")
+    subtitle = run_description(resnet, "cpu")
+    # the family's own words with the device the capture ran on in place of "auto", then the checkpointing
+    assert subtitle == resnet.describe().replace("auto", "cpu") + " · no checkpointing"
     assert f"{resnet.image_size}px" in subtitle and "s=" not in subtitle and "attention" not in subtitle
     assert "sdpa" not in subtitle and "depth 18" in subtitle
     gpt2 = config_from_preset("gpt2-tiny")
     # a language model keeps its sequence length and says which attention ran
-    assert f"s={gpt2.seq}" in graph_subtitle(gpt2, "cpu") and "sdpa attention" in graph_subtitle(gpt2, "cpu")
-    assert graph_subtitle(config_from_preset("gpt2-tiny", checkpoint="full"), "cpu").endswith("checkpoint full")
+    assert f"s={gpt2.seq}" in run_description(gpt2, "cpu") and "sdpa attention (fused)" in run_description(gpt2, "cpu")
+    assert run_description(config_from_preset("gpt2-tiny", checkpoint="full"), "cpu").endswith("checkpoint full")
+
+
+def test_the_description_names_everything_that_produced_the_result():
+    from graphviz_core.config import ModelConfig, config_from_preset
+    from graphviz_core.export.render import run_description
+
+    # qwen2-tiny selective vs full: the two results differ (Saved + held 503.5 vs 213.5 KiB), so must their lines
+    selective = run_description(config_from_preset("qwen2-tiny", checkpoint="selective"), "cpu")
+    full = run_description(config_from_preset("qwen2-tiny", checkpoint="full"), "cpu")
+    assert selective.endswith("· float32 · cpu · sdpa attention (fused) · checkpoint selective")
+    assert full.endswith("· float32 · cpu · sdpa attention (fused) · checkpoint full")
+    eager = run_description(config_from_preset("qwen2-tiny", attention="eager", dtype="bfloat16"), "cpu")
+    assert eager.endswith("· bfloat16 · cpu · eager attention (spelled-out) · no checkpointing")
+    # a user's own module decides its attention and checkpointing: neither is claimed for it
+    assert run_description(ModelConfig(model="custom", preset="net.py:build"), "cpu") == "custom module net.py:build · b=2 · float32 · cpu"
 
 
 def test_the_side_panel_counts_nodes_and_edges_with_thousands_separators():
@@ -201,11 +216,11 @@ def test_the_side_panel_counts_nodes_and_edges_with_thousands_separators():
 
 def test_the_view_svg_and_dot_downloads_carry_the_subtitle_under_the_title():
     from graphviz_core.export.formats import CATEGORY_COLOURS, to_dot
-    from graphviz_core.export.render import graph_subtitle
+    from graphviz_core.export.render import run_description
     from graphviz_core.ui.graph_view import _view_dot_options
 
     capture = captured("mlp", layers=1)
-    subtitle = graph_subtitle(capture.config, capture.device)
+    subtitle = run_description(capture.config, capture.device)
     drawing = dict(title="autograd graph: mlp", subtitle=subtitle, colour_by=None, size_by=None, highlight=set())
     dot = to_dot(capture.graph, **_view_dot_options(capture.graph, drawing))
     # the legend's rows: the title in bold, then the subtitle (escaped like every label text)

@@ -397,25 +397,23 @@ def render_html(
 ATTENTION_WORDS = {"sdpa": "fused", "mha": "nn.MultiheadAttention", "manual": "spelled-out", "eager": "spelled-out"}
 
 
-def kernel_parts(config, explain: bool = False) -> list[str]:
-    """What describe() leaves out, where it applies: the attention kernel ("sdpa attention", `explain`: "(fused)"
-    after it) and the checkpointing."""
-    parts = []
+def run_description(config, device: str | None = None) -> str:
+    """Everything that produced a result, in one line: the page's line under the figures, the compare page's headers
+    and every exported picture use it. The family's own words (a vision model shows its image size, no sequence or
+    attention), batch, dtype and the device (`device`: the one a capture ran on, in place of a requested `auto`), then
+    the attention kernel where the family has one and the checkpointing, named even when off (a user's own module
+    decides both itself: neither is claimed for it)."""
+    parts = [config.describe(device=device)]
+    if config.family.user_code:
+        return parts[0]
     if applies("attention", config.model):
-        parts.append(f"{config.attention} attention" + (f" ({ATTENTION_WORDS[config.attention]})" if explain else ""))
-    if config.checkpoint != "none":
-        parts.append(f"checkpoint {config.checkpoint}")
-    return parts
-
-
-def graph_subtitle(config, device: str) -> str:
-    """The line under a graph's title: the summary's description of the config (family-aware: a vision model
-    shows its image size, no sequence or attention), then attention and checkpointing where they apply."""
-    return " · ".join([config.describe(device=device), *kernel_parts(config)])
+        parts.append(f"{config.attention} attention ({ATTENTION_WORDS.get(config.attention, config.attention)})")
+    parts.append("no checkpointing" if config.checkpoint == "none" else f"checkpoint {config.checkpoint}")
+    return " · ".join(parts)
 
 
 def render_standalone_html(capture) -> str:
     """The capture's full graph as a standalone page (CLI `--format html`, the download button)."""
     config = capture.config
     name = config.preset or config.model
-    return render_html(capture.graph, title=f"autograd graph: {name}", subtitle=graph_subtitle(config, capture.device))
+    return render_html(capture.graph, title=f"autograd graph: {name}", subtitle=run_description(config, capture.device))

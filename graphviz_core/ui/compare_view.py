@@ -16,7 +16,7 @@ import streamlit as st
 from graphviz_core.analysis.compare import Comparison, Headline, LayerPair, compare_captures
 from graphviz_core.capture.result import Capture
 from graphviz_core.config import DEFAULT_PRESET, ModelConfig, applies, config_from_preset
-from graphviz_core.export.render import kernel_parts, render_html
+from graphviz_core.export.render import render_html, run_description
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.config_form import config_form, set_config
 from graphviz_core.ui.format import (
@@ -68,10 +68,9 @@ QUICK_PAIRS: dict[str, Callable[[ModelConfig], tuple[ModelConfig, ModelConfig]]]
 }
 
 
-def config_summary(config: ModelConfig) -> str:
-    """describe() led by what the quick pairs change and describe() leaves out: attention, and checkpointing."""
-    name = [config.preset] if config.preset else []
-    return " · ".join([*kernel_parts(config, explain=True), *name, config.describe()])
+def config_summary(config: ModelConfig, device: str | None = None) -> str:
+    """The preset's name, where it is one, then the description every page and picture uses (run_description)."""
+    return " · ".join([*([config.preset] if config.preset else []), run_description(config, device)])
 
 
 def _load_pair(label: str) -> None:
@@ -333,7 +332,7 @@ def _graphs(c: Comparison) -> None:
                 render_html(
                     capture.graph,
                     title=f"{config.preset or config.model}: {len(own):,} nodes only here",
-                    subtitle=config_summary(config),
+                    subtitle=config_summary(config, capture.device),
                     highlight=set(own),
                     vis_src=vis_src(),
                 ),

@@ -8,7 +8,7 @@ import streamlit as st
 
 from graphviz_core.capture.result import Capture
 from graphviz_core.export.formats import PNG_SCALE, PNG_SIZE, png_problem, to_dot, to_graphml, to_json, to_png, to_svg
-from graphviz_core.export.render import METRICS, graph_subtitle, render_html, render_standalone_html
+from graphviz_core.export.render import METRICS, render_html, render_standalone_html, run_description
 from graphviz_core.graph.views import collapse_modules, focus_module, hide_categories, module_groups, search_nodes
 from graphviz_core.ui.format import escape_markdown
 from graphviz_core.ui.graph_pages import graph_page
@@ -63,7 +63,7 @@ def graph_view(capture: Capture) -> None:
     st.caption(note)
     drawing = dict(
         title=f"autograd graph: {capture.config.preset or capture.config.model}",
-        subtitle=graph_subtitle(capture.config, capture.device),
+        subtitle=run_description(capture.config, capture.device),
         colour_by=None if colour == BY_CATEGORY else colour,
         size_by=None if size == NONE else size,
         highlight=matches,

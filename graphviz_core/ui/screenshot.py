@@ -67,7 +67,7 @@ def preset_graph_png(name: str, size: tuple[int, int] = GRAPH_SIZE, scale: int =
     from graphviz_core.capture.engine import capture_backward
     from graphviz_core.config import config_from_preset
     from graphviz_core.export.formats import to_png
-    from graphviz_core.export.render import graph_subtitle, render_html
+    from graphviz_core.export.render import render_html, run_description
     from graphviz_core.ui.graph_view import apply_view
 
     capture = capture_backward(config_from_preset(name))
@@ -78,7 +78,7 @@ def preset_graph_png(name: str, size: tuple[int, int] = GRAPH_SIZE, scale: int =
         graph = apply_view(capture, focus=None, hide_shape=True, collapse=True, expanded=layer)
         shown = (f"{graph.number_of_nodes():,} of {capture.graph.number_of_nodes():,} nodes: shape ops hidden, "
                  f"modules collapsed" + (f", {layer} expanded" if layer else ""))
-    subtitle = f"{graph_subtitle(config, capture.device)} · {shown}"
+    subtitle = f"{run_description(config, capture.device)} · {shown}"
     html = render_html(graph, title=f"autograd graph: {name}", subtitle=subtitle, height_px=size[1])
     return to_png(html, width=size[0], height=size[1], scale=scale), subtitle
 

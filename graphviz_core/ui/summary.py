@@ -10,7 +10,8 @@ from graphviz_core.analysis.flop_analysis import NOT_COUNTED_NOTE, uncounted_cat
 from graphviz_core.analysis.memory_formulas import meta_layer_norm_statistics
 from graphviz_core.capture.result import Capture
 from graphviz_core.export.formats import CATEGORY_COLOURS
-from graphviz_core.ui.format import format_bytes, format_flops, format_seconds
+from graphviz_core.export.render import run_description
+from graphviz_core.ui.format import escape_markdown, format_bytes, format_flops, format_seconds
 
 
 def show_summary(capture: Capture) -> None:
@@ -27,11 +28,14 @@ def show_summary(capture: Capture) -> None:
                      help="wall time on this device, instrumentation included (the FLOPs and time tab measures it)")
     if t.note():
         st.caption(":material/warning: " + t.note())
+    # what produced every figure above: the same description as the graph's subtitle and the compare page's headers
+    config = ("preset " + capture.config.preset + " · " if capture.config.preset else "") + run_description(
+        capture.config, capture.device)
     if capture.loss is not None:
-        st.caption(f"Loss {capture.loss:.4f} on {capture.device} · {capture.config.dtype} · config: "
-                   + (f"preset {capture.config.preset}, " if capture.config.preset else "") + capture.config.describe())
+        st.caption(f"Loss {capture.loss:.4f} on {capture.device} · config: {escape_markdown(config)}")
     else:
-        st.caption("meta device: shapes only — time, gradient norms and the loss value are not measured.")
+        st.caption(f"meta device: shapes only — time, gradient norms and the loss value are not measured · config: "
+                   f"{escape_markdown(config)}")
         norms, extra = meta_layer_norm_statistics(capture.graph, capture.device, capture.config.dtype)
         if norms:
             st.caption(
