@@ -395,9 +395,150 @@ def test_toy_page_checks_one_pass_against_the_finite_difference_when_backward_ra
     assert float(row["|pass 1 − numerical|"]) < 1e-6
 
 
-def test_a_negative_base_to_a_fractional_power_is_a_sentence_not_a_crash():
-    # Found by the generated test: (b ** a) ** 0 at b = -1, a = 0.5. The local derivative of b ** a by b is
-    # a·b^(a-1) = 0.5·(-1)^(-0.5), which Python's float maths makes complex (float() of it raised TypeError);
-    # autograd's own gradient there is NaN, which the trace reports as not finite.
-    with pytest.raises(ValueError, match="not finite"):
-        trace_expression("(b ** a) ** 0", {"a": 0.5, "b": -1.0})
+def test_a_negative_base_to_a_fractional_power_traces_up_to_the_node_that_made_nan():
+    # Found by the generated test: (b ** a) ** 0 at b = -1, a = 0.5. Forward: d = b ** a = (-1)^0.5 = nan (real
+    # floats), L = d ** 0 = 1. Backward: L's step sends 0·d^(-1) = 0 (torch's pow by exponent 0), then d = b ** a
+    # sends a·b^(a-1) = 0.5·(-1)^(-0.5) = nan to b (Python's float maths makes it complex: the local is shown as nan)
+    # and b^a·ln b = nan to a. The trace stops at d, step 2, and names it.
+    trace = trace_expression("(b ** a) ** 0", {"a": 0.5, "b": -1.0})
+    assert [(s.node, s.op) for s in trace.steps] == [("L", "PowBackward1"), ("d", "PowBackward1")]
+    assert trace.steps[0].edges[0].grad == 0.0  # L sends 0 to d: finite
+    assert trace.non_finite_step == 1 and trace.non_finite_node(2) == "d" and trace.non_finite_node(1) is None
+    assert [(e.to, math.isnan(e.grad)) for e in trace.steps[1].edges] == [("b", True), ("a", True)]
+    assert trace.value == 1.0  # nan ** 0 = 1
+    assert trace.non_finite_sentence.startswith("The gradient is not finite from step 2 on: d = b ** a (PowBackward1) "
+                                                "sends nan to b (local derivative 0.5·(-1)^(-0.5)); nan to a")
+
+
+def test_sqrt_at_zero_traces_up_to_and_through_the_node_with_the_infinite_gradient(capsys):
+    # issue 27 item 2 / issue 25 item 15: x**0.5 at x = 0 was "a gradient is not finite at these values", exit 2,
+    # no JSON. L = x ** 0.5 = 0; its step sends dL/dx = 0.5·0^(-0.5) = 0.5·inf = inf: step 1 of 1 (x's += is not
+    # shown: it only adds the inf).
+    import json
+
+    from graphviz_core.cli import main
+
+    trace = trace_expression("x**0.5", {"x": 0.0})
+    assert trace.value == 0.0 and len(trace.steps) == 1 and trace.non_finite_step == 0
+    assert (trace.steps[0].edges[0].to, trace.steps[0].edges[0].grad) == ("x", math.inf)
+    assert trace.grads == {"x": math.inf}
+    assert main(["expr", "x**0.5", "x=0", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    data = json.loads(captured.out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert {"expression", "value", "grads", "numerical_grads", "steps"} <= set(data)
+    assert data["value"] == 0.0 and data["grads"] == {"x": None} and data["non_finite_step"] == 0
+    assert [(s["node"], s["formula"]) for s in data["steps"]] == [("L", "L = x ** 0.5")]
+    edge = data["steps"][0]["edges"][0]
+    assert (edge["to"], edge["grad"], edge["local"], edge["local_text"]) == ("x", None, None, "0.5·0^(-0.5)")
+    assert "steps[0].edges[0].grad: inf as a float (written as null)" in data["notes"]
+    assert ("steps[0]: The gradient is not finite from step 1 on: L = x ** 0.5 (PowBackward1) sends inf to x "
+            "(local derivative 0.5·0^(-0.5))") in " ".join(data["notes"])
+    # the forward values and the finite difference are all there: sqrt(1e-6)/1e-6 = 1000, one-sided
+    assert data["numerical_grads"]["x"] == pytest.approx(1000.0) and data["finite_differences"]["x"]["method"] == "forward"
+
+
+def test_the_steps_before_the_infinite_gradient_are_kept_and_the_table_and_graph_mark_it():
+    # sqrt(x) + y at x = 0, y = 2: L = d + y sends 1 to d and 1 to y (step 1), y.grad += 1 (step 2), then
+    # d = sqrt(x) sends 1/(2·sqrt(0)) = inf to x (step 3): three steps, the third marked
+    trace = trace_expression("sqrt(x) + y", {"x": 0.0, "y": 2.0})
+    assert [s.node for s in trace.steps] == ["L", "y", "d"] and trace.non_finite_step == 2
+    rows = step_table(trace, 3)
+    assert rows[-1] == {"step": "3", "gradient": "dL/dx (via d)", "computation": "dL/dd × dd/dx = 1 × 1/(2·sqrt(0))",
+                        "value": "inf ⚠ not finite"}
+    assert not any("not finite" in r["value"] for r in rows[:-1])
+    assert "⚠" not in trace_graph(trace, 2).nodes["d"]["label"]  # not before its step
+    graph = trace_graph(trace, 3)
+    assert graph.nodes["d"]["label"].endswith("⚠ sends a gradient that is not finite")
+    assert graph.edges["d", "x"]["label"] == "inf ⚠ not finite" and graph.edges["L", "y"]["label"] == "1"
+
+
+@pytest.mark.parametrize(("x", "in_formula", "alone"), [
+    (2.0, "2", "2"),
+    (16.0, "16", "16"),  # an integer without ".0"
+    (-2.0, "(-2)", "-2"),  # a negative after an operator in brackets, once
+    (0.0, "0", "0"),
+    (-0.0, "0", "0"),  # IEEE's signed zero: relu(a)*relu(-a) at a = 0 is -0.0
+    (-1e-300 * 1e-300, "0", "0"),  # underflows to -0.0
+    (1e-7, "1e-7", "1e-7"),  # Python's :g writes 1e-07
+    (1e20, "1e20", "1e20"),  # and 1e+20
+    (-2.5e-7, "(-2.5e-7)", "-2.5e-7"),
+    (0.1 + 0.2, "0.3", "0.3"),  # six significant digits
+    (math.nan, "nan", "nan"),
+    (math.inf, "inf", "inf"),
+    (-math.inf, "(-inf)", "-inf"),
+])
+def test_one_number_formatter_for_formulas(x, in_formula, alone):
+    from graphviz_core.toy.expressions import number_text
+
+    assert number_text(x, bracket_negative=True) == in_formula
+    assert number_text(x) == alone
+
+
+def test_zero_is_printed_as_0_never_minus_0(capsys):
+    # issue 25 item 15: relu(a)*relu(-a) at a = 0: d = relu(0) = 0, e = -a = -0.0, f = relu(-0.0) = -0.0 (torch keeps
+    # the sign), L = d * f = -0.0; the page read "L = -0." and the table "1 × -0"
+    import json
+    import re
+
+    from graphviz_core.cli import main
+
+    trace = trace_expression("relu(a)*relu(-a)", {"a": 0.0})
+    minus_zero = re.compile(r"-0(?![.\d])")
+    texts = [v for row in step_table(trace, len(trace.steps)) for v in row.values()]
+    graph = trace_graph(trace, len(trace.steps))
+    texts += [label for _, label in graph.nodes(data="label")] + [label for *_, label in graph.edges(data="label")]
+    texts += [cell for _, rows in graph.nodes(data="details") for row in rows for cell in row]
+    assert "dL/dL × dL/dd = 1 × 0" in texts
+    assert [t for t in texts if minus_zero.search(t)] == []
+    assert main(["expr", "relu(a)*relu(-a)", "a=0"]) == 0
+    out = capsys.readouterr().out
+    assert not minus_zero.search(out), [line for line in out.splitlines() if minus_zero.search(line)]
+    data = json.loads(out)
+    assert data["value"] == 0.0 and [e["local_text"] for e in data["steps"][0]["edges"]] == ["0", "0"]
+
+
+def test_a_negative_inside_a_function_gets_one_pair_of_brackets():
+    # issue 27 item 8: the page read "1 × 1 - tanh((-2))²". tanh(a) at a = -2: dL/da = 1 - tanh(-2)² = 0.0706508
+    trace = trace_expression("tanh(a)", {"a": -2.0})
+    assert trace.steps[0].edges[0].local_text == "1 - tanh(-2)²"
+    assert step_table(trace, 1)[-1]["computation"] == "dL/dL × dL/da = 1 × 1 - tanh(-2)²"
+    assert step_table(trace, 1)[-1]["value"] == "0.0706508"
+    # a negative after an operator keeps its one pair: a * b at b = -3 sends b = (-3) to a; -a sends (-1)
+    assert trace_expression("a*b", {"a": 2.0, "b": -3.0}).steps[0].edges[0].local_text == "(-3)"
+    assert trace_expression("-a", {"a": 2.0}).steps[0].edges[0].local_text == "(-1)"
+    # exponents: sqrt(a) at a = 1e-7 reads 1/(2·sqrt(1e-7)), not 1e-07
+    assert trace_expression("sqrt(a)", {"a": 1e-7}).steps[0].edges[0].local_text == "1/(2·sqrt(1e-7))"
+
+
+def test_toy_page_steps_up_to_the_infinite_gradient_and_marks_its_node():
+    # issue 25 item 15: x**0.5 at x = 0 showed only "a gradient is not finite at these values"; no stepper
+    from streamlit.testing.v1 import AppTest
+
+    page = str(Path(__file__).resolve().parent.parent / "pages" / "toy_expressions.py")
+    at = AppTest.from_file(page, default_timeout=120).run()
+    at.text_input(key="expr.text").set_value("x**0.5").run()
+    at.number_input(key="expr.var.x").set_value(0.0).run()
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    warnings = [w.value.replace("\\", "") for w in at.warning]
+    assert any(w.startswith("The gradient is not finite from step 1 on: L = x ** 0.5") for w in warnings), warnings
+    at.button[3].click().run()  # End »: step 1 of 1
+    assert any("Step 1 of 1" in m.value for m in at.markdown), [m.value for m in at.markdown]
+    steps = at.dataframe[0].value
+    assert list(steps["value"]) == ["1", "inf ⚠ not finite"]
+    final = at.dataframe[-1].value
+    assert list(final["backprop (autograd)"]) == ["inf ⚠ not finite"] and list(final["|difference|"]) == ["n/a"]
+
+
+def test_toy_page_errors_begin_with_a_capital_letter():
+    # issue 27 item 8: "Expression: syntax error at column 4: ..." and "the expression evaluates to nan ..."
+    from streamlit.testing.v1 import AppTest
+
+    page = str(Path(__file__).resolve().parent.parent / "pages" / "toy_expressions.py")
+    at = AppTest.from_file(page, default_timeout=120).run()
+    at.text_input(key="expr.text").set_value("a +* b").run()
+    errors = [e.value.replace("\\", "") for e in at.error]  # Markdown-escaped
+    assert errors == ["Expression: Syntax error at column 4: invalid syntax."]
+    at.text_input(key="expr.text").set_value("log(a)").run()
+    at.number_input(key="expr.var.a").set_value(-1.0).run()
+    assert [e.value for e in at.error][0].startswith("The expression evaluates to nan at these values"), at.error

@@ -37,3 +37,18 @@ def test_values_survive_a_syntax_error_and_the_preset_box_says_when_it_was_edite
     at.selectbox(key="expr.preset").set_value(FAN_OUT).run()
     assert (at.text_input(key="expr.text").value, values(at)) == ("a*b + a**2", {"a": 3.0, "b": -2.0})
     assert not at.exception
+
+
+def test_the_page_prints_zero_as_0_not_minus_0():
+    # issue 25 item 15: relu(a)*relu(-a) at a = 0 is -0.0 (relu(-0.0) keeps the sign); the headline read
+    # "L = -0." and the step table "1 × -0"
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    at.text_input(key="expr.text").set_value("relu(a)*relu(-a)").run()
+    at.number_input(key="expr.var.a").set_value(0.0).run()
+    at.button[3].click().run()  # End »
+    assert not at.exception
+    headline = next(m.value for m in at.markdown if "Forward:" in m.value)
+    assert headline.startswith("**Forward:** L = 0. **Step 5 of 5:**"), headline  # L, f, e, d, a: 5 nodes
+    table = at.dataframe[0].value
+    assert "dL/dL × dL/dd = 1 × 0" in list(table["computation"])
+    assert not any("-0" in cell for cell in [*table["computation"], *table["value"]])

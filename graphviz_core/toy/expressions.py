@@ -133,7 +133,7 @@ def _convert(node: ast.AST, counter: list[int], source: str) -> Expr:
         except OverflowError:  # an integer literal with hundreds of digits
             value = math.inf
         if not math.isfinite(value) or abs(value) > MAX_CONSTANT:
-            raise ValueError(f"the number {node.value!r}{_where(node)} is too large (limit {MAX_CONSTANT:g}).")
+            raise ValueError(f"the number {node.value!r}{_where(node)} is too large (limit {number_text(MAX_CONSTANT)}).")
         return Num(value)
     if isinstance(node, ast.Name):
         if node.id.startswith("_") or not _NAME.match(node.id):
@@ -290,6 +290,27 @@ class Trace:
     backward_passes: int = 1
     grads_after_each_pass: tuple[dict[str, float | None], ...] = field(default=())
     finite_differences: dict[str, FiniteDifference] = field(default_factory=dict)
+    # The step whose node sent a gradient that is not finite (sqrt or log at 0, 0 to a negative power): `steps`
+    # end with it, since everything backward does after it only carries that inf or nan on. None: all finite.
+    non_finite_step: int | None = None
+
+    def non_finite_node(self, revealed_steps: int) -> str | None:
+        """The node that sent the gradient that is not finite, once the stepper has reached its step."""
+        if self.non_finite_step is None or revealed_steps <= self.non_finite_step:
+            return None
+        return self.steps[self.non_finite_step].node
+
+    @property
+    def non_finite_sentence(self) -> str:
+        """What went wrong at `non_finite_step`, in one sentence; "" when every gradient is finite."""
+        if self.non_finite_step is None:
+            return ""
+        step = self.steps[self.non_finite_step]
+        sent = "; ".join(f"{number_text(e.grad)} to {e.to} (local derivative {e.local_text})"
+                         for e in step.edges if not math.isfinite(e.grad))
+        sent = sent or f"on the {number_text(step.upstream)} it received"
+        return (f"The gradient is not finite from step {step.index + 1} on: {step.formula} ({step.op}) sends {sent}, "
+                f"and backward only carries it on from there, so the steps stop at that node.")
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -303,6 +324,8 @@ class Trace:
         data = _finite_only(self.to_dict(), "", notes)
         data["notes"] = notes + [f"finite_differences.{name}: {fd.note}" for name, fd in self.finite_differences.items()
                                  if fd.note]
+        if self.non_finite_step is not None:
+            data["notes"].append(f"steps[{self.non_finite_step}]: {self.non_finite_sentence}")
         return data
 
 
@@ -311,6 +334,8 @@ def _finite_only(value, path: str, notes: list[str]):
     if isinstance(value, float) and not math.isfinite(value):
         notes.append(f"{path}: {value} as a float (written as null)")
         return None
+    if isinstance(value, float) and value == 0:
+        return 0.0  # never -0.0: zero is 0
     if isinstance(value, dict):
         return {k: _finite_only(v, f"{path}.{k}" if path else str(k), notes) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -318,8 +343,25 @@ def _finite_only(value, path: str, notes: list[str]):
     return value
 
 
+def number_text(x: float, *, digits: int = 6, bracket_negative: bool = False) -> str:
+    """How the toy writes a number, in formulas, tables, the graph and notes: `digits` significant digits, zero as
+    0 (never -0), an exponent without padding or plus sign (1e-7, 1e20), nan and inf by name.
+
+    `bracket_negative`: a negative in brackets, for a number that follows an operator (1 × (-2), 2^(-0.5)); a
+    number alone, or already inside a function's brackets (tanh(-2)), is written bare.
+    """
+    if x == 0:  # -0.0 == 0: IEEE's signed zero means nothing to a reader
+        return "0"
+    text = f"{x:.{digits}g}"
+    mantissa, e, exponent = text.partition("e")
+    if e:
+        text = f"{mantissa}e{int(exponent)}"
+    return f"({text})" if bracket_negative and x < 0 else text
+
+
 def _fmt(x: float) -> str:
-    return f"{x:g}" if x >= 0 else f"({x:g})"
+    """A number after an operator: a negative in brackets, once."""
+    return number_text(x, bracket_negative=True)
 
 
 def _names(expr: Expr, variables: Iterable[str]) -> dict[int, str]:
@@ -352,22 +394,34 @@ def _safe(compute) -> float:
         return math.nan
 
 
+def _divide(a: float, b: float) -> float:
+    """a / b as IEEE floats (and autograd) divide: 1/0 = inf, 0/0 = nan, where Python raises."""
+    if b != 0:
+        return a / b
+    return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a) * math.copysign(1.0, b)
+
+
+def _power(x: float, exponent: float) -> float:
+    """x ** exponent as IEEE floats: 0 to a negative power is inf, where Python raises."""
+    return math.inf if x == 0 and exponent < 0 else x**exponent
+
+
 def _local_derivatives(node: Expr, args: list[float], result: float) -> list[tuple[float, str]]:
     """∂result/∂arg for each argument, with the computation written out (for the step table)."""
     if isinstance(node, Neg):
-        return [(-1.0, "-1")]
+        return [(-1.0, _fmt(-1.0))]
     if isinstance(node, Call):
         x = args[0]
         table = {
-            "exp": (lambda: math.exp(x), f"exp({_fmt(x)})"),
-            "log": (lambda: 1 / x, f"1/{_fmt(x)}"),
-            "sqrt": (lambda: 1 / (2 * result), f"1/(2·sqrt({_fmt(x)}))"),
-            "tanh": (lambda: 1 - result**2, f"1 - tanh({_fmt(x)})²"),
+            "exp": (lambda: math.exp(x), f"exp({number_text(x)})"),
+            "log": (lambda: _divide(1.0, x), f"1/{_fmt(x)}"),
+            "sqrt": (lambda: _divide(1.0, 2 * result), f"1/(2·sqrt({number_text(x)}))"),
+            "tanh": (lambda: 1 - result**2, f"1 - tanh({number_text(x)})²"),
             "sigmoid": (lambda: result * (1 - result), f"σ·(1-σ) = {_fmt(result)}·{_fmt(1 - result)}"),
-            "relu": (lambda: 1.0 if x > 0 else 0.0, f"1 if {_fmt(x)} > 0 else 0"),
-            "sin": (lambda: math.cos(x), f"cos({_fmt(x)})"),
-            "cos": (lambda: -math.sin(x), f"-sin({_fmt(x)})"),
-            "abs": (lambda: math.copysign(1.0, x) if x else 0.0, f"sign({_fmt(x)})"),
+            "relu": (lambda: 1.0 if x > 0 else 0.0, f"1 if {number_text(x)} > 0 else 0"),
+            "sin": (lambda: math.cos(x), f"cos({number_text(x)})"),
+            "cos": (lambda: -math.sin(x), f"-sin({number_text(x)})"),
+            "abs": (lambda: math.copysign(1.0, x) if x else 0.0, f"sign({number_text(x)})"),
         }
         compute, text = table[node.function]
         return [(_safe(compute), text)]
@@ -375,17 +429,17 @@ def _local_derivatives(node: Expr, args: list[float], result: float) -> list[tup
     if node.op == "+":
         return [(1.0, "1"), (1.0, "1")]
     if node.op == "-":
-        return [(1.0, "1"), (-1.0, "-1")]
+        return [(1.0, "1"), (-1.0, _fmt(-1.0))]
     if node.op == "*":
         return [(y, _fmt(y)), (x, _fmt(x))]
     if node.op == "/":
-        return [(_safe(lambda: 1 / y), f"1/{_fmt(y)}"), (_safe(lambda: -x / y**2), f"-{_fmt(x)}/{_fmt(y)}²")]
+        return [(_safe(lambda: _divide(1.0, y)), f"1/{_fmt(y)}"), (_safe(lambda: _divide(-x, y**2)), f"-{_fmt(x)}/{_fmt(y)}²")]
     if x == 0 and y > 0:
         # x^y·ln x -> 0 as x -> 0+ (for y > 0): the limit, as PyTorch's pow backward also gives 0 there
         by_y = (0.0, f"0^{_fmt(y)}·ln 0 → 0 (the limit as the base → 0)")
     else:
         by_y = (_safe(lambda: result * math.log(x)), f"{_fmt(x)}^{_fmt(y)}·ln {_fmt(x)}")
-    return [(_safe(lambda: y * x ** (y - 1)), f"{_fmt(y)}·{_fmt(x)}^{_fmt(y - 1)}"), by_y]
+    return [(_safe(lambda: y * _power(x, y - 1)), f"{_fmt(y)}·{_fmt(x)}^{_fmt(y - 1)}"), by_y]
 
 
 def _formula(node: Expr, child_text: list[str]) -> str:
@@ -480,16 +534,22 @@ def trace_expression(
     else:
         per_pass = [{v: None for v in variables}] * backward_passes
     grads = per_pass[-1]
-    if any(g is not None and not math.isfinite(g) for g in grads.values()):
-        raise ValueError("a gradient is not finite at these values (e.g. sqrt or log at 0); change the values.")
+    non_finite = next((s.index for s in steps if not math.isfinite(s.upstream)
+                       or any(not math.isfinite(e.grad) for e in s.edges)), None)
+    if non_finite is not None:
+        del steps[non_finite + 1:]
     at_zero = sorted({rec[0].function for rec in record.values()
                       if isinstance(rec[0], Call) and rec[0].function in KINKS and rec[5][0] == 0.0})
     differences = {v: finite_difference(lambda x, v=v: _evaluate_float(expr, {**values, v: x}), float(values[v]), v,
-                                        epsilon, autograd=per_pass[0][v], kinked_functions=at_zero)
+                                        epsilon, autograd=_finite_or_none(per_pass[0][v]), kinked_functions=at_zero)
                    for v in variables}
     return Trace(text.strip(), {v: float(values[v]) for v in variables}, value, intermediates, tuple(steps), grads,
                  {v: d.value for v, d in differences.items()}, epsilon, tuple(sorted(detached)), backward_passes,
-                 tuple(per_pass), differences)
+                 tuple(per_pass), differences, non_finite)
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
 
 
 def _hook_steps(root, record, tensors, detached, steps, current_pass):
@@ -571,47 +631,47 @@ def finite_difference(f, x: float, name: str, epsilon: float = FINITE_DIFFERENCE
             return _one_sided(f, x, fx, name, h0)
         central, h = rough
         return FiniteDifference(central, "central", h, note=(
-            f"The slopes on either side of {name} = {x:g} never settled (steps {h0:g} down to {h:g}): the expression "
+            f"The slopes on either side of {name} = {number_text(x)} never settled (steps {number_text(h0)} down to {number_text(h)}): the expression "
             f"changes too fast here (a pole or a jump nearby), so this central difference is rough."))
     central = (up - down) / (2 * h)
     kink = abs(right2 - left2) > tolerance and abs(right2 - left2) > 0.75 * abs(right - left)
     if kink:
         note = _kink_note(name, x, h, left2, right2, central, autograd, kinked_functions)
     elif h < h0:
-        why = (f"Stepping {name} = {x:g} by ±{h0:g} leaves the domain (the expression is not finite there)"
+        why = (f"Stepping {name} = {number_text(x)} by ±{number_text(h0)} leaves the domain (the expression is not finite there)"
                if left_domain else
-               f"At the step ±{h0:g} the slopes on either side of {name} = {x:g} had not settled (the expression "
-               f"bends sharply, or breaks, within {h0:g} of it)")
-        note = f"{why}, so the central difference uses the smaller step {h:g}."
+               f"At the step ±{number_text(h0)} the slopes on either side of {name} = {number_text(x)} had not settled (the expression "
+               f"bends sharply, or breaks, within {number_text(h0)} of it)")
+        note = f"{why}, so the central difference uses the smaller step {number_text(h)}."
     else:
         note = ""
     return FiniteDifference(central, "central", h, left2, right2, kink, note)
 
 
 def _kink_note(name, x, h, left, right, central, autograd, kinked_functions) -> str:
-    where = (f"at {name} = {x:g}" if kinked_functions else f"at or within {h:g} of {name} = {x:g}")
-    note = (f"The expression has a kink {where}: its slope is {left:.6g} from the left and {right:.6g} from the "
+    where = (f"at {name} = {number_text(x)}" if kinked_functions else f"at or within {number_text(h)} of {name} = {number_text(x)}")
+    note = (f"The expression has a kink {where}: its slope is {number_text(left)} from the left and {number_text(right)} from the "
             f"right, so it has no derivative there.")
     if autograd is not None:
         close = 1e-3 * max(1.0, abs(left), abs(right))
         side = ("the left-hand slope" if abs(autograd - left) <= close else
                 "the right-hand slope" if abs(autograd - right) <= close else "a value between the two sides")
         why = "; ".join(KINKS[k] for k in kinked_functions)
-        note += f" Autograd reports {autograd:g}, {side}" + (f", because PyTorch defines {why}." if why else ".")
-    return note + f" The central difference ({central:.6g}) averages the two sides; neither number is wrong."
+        note += f" Autograd reports {number_text(autograd)}, {side}" + (f", because PyTorch defines {why}." if why else ".")
+    return note + f" The central difference ({number_text(central)}) averages the two sides; neither number is wrong."
 
 
 def _one_sided(f, x: float, fx: float, name: str, epsilon: float) -> FiniteDifference:
     if math.isfinite(up := f(x + epsilon)):
         return FiniteDifference((up - fx) / epsilon, "forward", epsilon,
-                                note=f"The expression is not finite just below {name} = {x:g}, so the difference "
-                                     f"looks forward only: (L({name} + h) − L({name})) / h with h = {epsilon:g}.")
+                                note=f"The expression is not finite just below {name} = {number_text(x)}, so the difference "
+                                     f"looks forward only: (L({name} + h) − L({name})) / h with h = {number_text(epsilon)}.")
     if math.isfinite(down := f(x - epsilon)):
         return FiniteDifference((fx - down) / epsilon, "backward", epsilon,
-                                note=f"The expression is not finite just above {name} = {x:g}, so the difference "
-                                     f"looks backward only: (L({name}) − L({name} − h)) / h with h = {epsilon:g}.")
+                                note=f"The expression is not finite just above {name} = {number_text(x)}, so the difference "
+                                     f"looks backward only: (L({name}) − L({name} − h)) / h with h = {number_text(epsilon)}.")
     return FiniteDifference(None, "none", epsilon,
-                            note=f"The expression is not finite on either side of {name} = {x:g} (steps {epsilon:g} "
+                            note=f"The expression is not finite on either side of {name} = {number_text(x)} (steps {number_text(epsilon)} "
                                  f"down to 1e-13), so there is no finite difference to check autograd against.")
 
 
@@ -631,24 +691,27 @@ def trace_graph(trace: Trace, revealed_steps: int) -> nx.DiGraph:
     upstream = {s.node: s.upstream for s in done if s.op != "AccumulateGrad"}
     accumulated = {s.node: s.accumulated for s in done if s.op == "AccumulateGrad"}
     edge_grads = {(s.node, e.to): e.grad for s in done for e in s.edges}
+    broken = trace.non_finite_node(revealed_steps)
     graph = nx.DiGraph()
     for item in reversed(trace.intermediates):  # the root (L) first, as in a capture
-        lines = [f"{item.name} = {item.formula}", f"= {item.value:g}"]
+        lines = [f"{item.name} = {item.formula}", f"= {number_text(item.value)}"]
         if item.name in upstream:
-            lines.append(f"dL/d{item.name} = {upstream[item.name]:g}")
+            lines.append(f"dL/d{item.name} = {number_text(upstream[item.name])}")
+        if item.name == broken:
+            lines.append("⚠ sends a gradient that is not finite")
         graph.add_node(item.name, **_schema_node(item.op or "constant", TOY_CATEGORIES[item.kind] if item.op else "other",
                                                  "\n".join(lines), _node_rows(trace, item.name)))
     for name, value in trace.values.items():
-        lines = [f"{name} = {value:g}"]
+        lines = [f"{name} = {number_text(value)}"]
         if name in trace.detached:
             lines.append("detached: grad None")
         elif name in accumulated:
-            lines.append(f"grad = {accumulated[name]:g}")
+            lines.append(f"grad = {number_text(accumulated[name])}")
         graph.add_node(name, **_schema_node("AccumulateGrad", "accumulate_grad", "\n".join(lines), _node_rows(trace, name)))
     for item in trace.intermediates:
         for child in item.inputs:
             grad = edge_grads.get((item.name, child))
-            graph.add_edge(item.name, child, label="" if grad is None else f"{grad:g}")
+            graph.add_edge(item.name, child, label="" if grad is None else gradient_text(grad))
     return graph
 
 
@@ -661,14 +724,14 @@ def _node_rows(trace: Trace, name: str) -> list[list[str]]:
     rows = [["name", name]]
     for item in trace.intermediates:
         if item.name == name:
-            rows += [["formula", f"{name} = {item.formula}"], ["value", f"{item.value:g}"], ["autograd node", item.op or "(constant)"]]
+            rows += [["formula", f"{name} = {item.formula}"], ["value", number_text(item.value)], ["autograd node", item.op or "(constant)"]]
     if name in trace.values:
-        rows += [["value", f"{trace.values[name]:g}"],
-                 ["gradient", "None (detached)" if trace.grads.get(name) is None else f"{trace.grads[name]:g}"],
+        rows += [["value", number_text(trace.values[name])],
+                 ["gradient", "None (detached)" if trace.grads.get(name) is None else number_text(trace.grads[name])],
                  ["finite difference", _difference_text(trace, name)]]
     for step in trace.steps:
         if step.node == name:
-            rows.append([f"step {step.index + 1}", f"upstream dL/d{name} = {step.upstream:g}"])
+            rows.append([f"step {step.index + 1}", f"upstream dL/d{name} = {number_text(step.upstream)}"])
     return rows
 
 
@@ -677,7 +740,7 @@ def _difference_text(trace: Trace, name: str) -> str:
     fd = trace.finite_differences.get(name)
     if fd is None or fd.value is None:
         return "none (the expression is not finite near this value)"
-    return f"{fd.value:.8g} ({fd.method}, h = {fd.step:g})" + (", a kink: no derivative here" if fd.kink else "")
+    return f"{number_text(fd.value, digits=8)} ({fd.method}, h = {number_text(fd.step)})" + (", a kink: no derivative here" if fd.kink else "")
 
 
 def step_table(trace: Trace, revealed_steps: int) -> list[dict[str, str]]:
@@ -708,13 +771,21 @@ def step_table(trace: Trace, revealed_steps: int) -> list[dict[str, str]]:
             parts = contributions.get(step.node, [step.upstream])
             how = " + ".join(_fmt(p) for p in parts) + (f" (sum over {len(parts)} paths)" if len(parts) > 1 else "")
             if step.before is not None:
-                how += f"; .grad was {step.before:g}, so {_fmt(step.before)} + {_fmt(step.upstream)}"
+                how += f"; .grad was {number_text(step.before)}, so {_fmt(step.before)} + {_fmt(step.upstream)}"
             rows.append({**prefix, "step": str(step.index + 1), "gradient": f"{step.node}.grad",
-                         "computation": f"{step.node}.grad += {how}", "value": f"{step.accumulated:g}"})
+                         "computation": f"{step.node}.grad += {how}", "value": number_text(step.accumulated)})
             continue
         for edge in step.edges:
             contributions.setdefault(edge.to, []).append(edge.grad)
             rows.append({**prefix, "step": str(step.index + 1), "gradient": f"dL/d{edge.to} (via {step.node})",
                          "computation": f"dL/d{step.node} × d{step.node}/d{edge.to} = {_fmt(step.upstream)} × {edge.local_text}",
-                         "value": f"{edge.grad:g}"})
+                         "value": gradient_text(edge.grad)})
     return rows
+
+
+NOT_FINITE_MARK = "⚠ not finite"
+
+
+def gradient_text(grad: float) -> str:
+    """A gradient for the table and the graph's edges, marked where it is not finite (inf or nan)."""
+    return number_text(grad) if math.isfinite(grad) else f"{number_text(grad)} {NOT_FINITE_MARK}"

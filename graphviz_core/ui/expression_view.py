@@ -3,6 +3,8 @@ and a backward stepper."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import streamlit as st
 
@@ -10,6 +12,8 @@ from graphviz_core.export.render import render_html
 from graphviz_core.toy.expressions import (
     EXPRESSION_PRESETS,
     Trace,
+    gradient_text,
+    number_text,
     parse_expression,
     step_table,
     trace_expression,
@@ -74,7 +78,7 @@ def expression_inputs() -> Trace | None:
     try:
         variables = variables_of(parse_expression(text))
     except ValueError as exc:
-        st.error("Expression: " + escape_markdown(exc))
+        st.error("Expression: " + escape_markdown(sentence(exc)))
         return None
     values = {}
     if variables:
@@ -94,8 +98,15 @@ def expression_inputs() -> Trace | None:
     try:
         return trace_expression(text, values, detach=detach, backward_passes=2 if twice else 1)
     except ValueError as exc:
-        st.error(escape_markdown(exc))
+        st.error(escape_markdown(sentence(exc)))
         return None
+
+
+def sentence(error: object) -> str:
+    """An error as the page shows it: a sentence that begins with a capital letter (the core's errors begin in
+    lower case, to follow "graphviz-core: " on the command line)."""
+    text = str(error)
+    return text[:1].upper() + text[1:]
 
 
 PLAY_INTERVAL_S = 0.9  # one backward step per tick while playing
@@ -119,10 +130,12 @@ def backward_stepper(trace: Trace) -> None:
     total = len(trace.steps)
     if total == 0:
         # A constant, or every path detached: autograd runs no node, so a stepper would have nothing to step.
-        st.markdown(f"**Forward:** L = {trace.value:g}. There are no backward steps: no variable reaches L "
+        st.markdown(f"**Forward:** L = {number_text(trace.value)}. There are no backward steps: no variable reaches L "
                     "through an operation autograd records (constants only, or every path detached).")
         return
     st.session_state[f"{KEY}.step"] = min(st.session_state.get(f"{KEY}.step", 0), total)
+    if trace.non_finite_step is not None:
+        st.warning(escape_markdown(trace.non_finite_sentence))
     # Streamlit sends a fragment's run_every to the browser only when the fragment is called from a full app
     # run; a fragment rerun (a click on one of its buttons, or a tick) keeps the timer of the last full run.
     # So the timer is decided here, remembered, and the fragment asks for a full run whenever Play/Pause (or
@@ -155,12 +168,13 @@ def backward_stepper(trace: Trace) -> None:
         step = st.slider("Backward step", 0, total, key=f"{KEY}.step",
                          help="0 = after the forward pass; each step is one autograd node running")
         current = trace.steps[step - 1] if step else None
-        st.markdown(f"**Forward:** L = {trace.value:g}. " + (
+        st.markdown(f"**Forward:** L = {number_text(trace.value)}. " + (
             f"**Step {step} of {total}:** `{current.op}` for **{escape_markdown(current.node)}** "
-            f"(upstream gradient {current.upstream:g})" if current else f"{total} backward steps to go."))
+            f"(upstream gradient {number_text(current.upstream)})" if current else f"{total} backward steps to go."))
+        broken = trace.non_finite_node(step)
         graph = trace_graph(trace, step)
         st.iframe(render_html(graph, title=f"L = {trace.expression}", subtitle="forward values on nodes, gradients on edges",
-                              highlight={current.node} if current else frozenset(), height_px=430,
+                              highlight={current.node, broken} - {None} if current else frozenset(), height_px=430,
                               hint=TOY_HINT, legend_labels=TOY_LEGEND, highlight_is_search=False, vis_src=vis_src()),
                   height=450)
         narrow = st.column_config.TextColumn(width="small")
@@ -186,11 +200,11 @@ def final_gradients(trace: Trace) -> None:
         fd = trace.finite_differences[name]
         rows.append({
             "variable": name,
-            "backprop (autograd)": "None (detached)" if grad is None else f"{grad:g}",
-            "numerical (finite difference)": "none" if fd.value is None else f"{fd.value:.9g}",
-            "how": f"{fd.method}, h = {fd.step:g}" if fd.value is not None else "no finite step",
+            "backprop (autograd)": "None (detached)" if grad is None else gradient_text(grad),
+            "numerical (finite difference)": "none" if fd.value is None else number_text(fd.value, digits=9),
+            "how": f"{fd.method}, h = {number_text(fd.step)}" if fd.value is not None else "no finite step",
             "|difference|" if trace.backward_passes == 1 else "|pass 1 − numerical|":
-                "n/a" if one_pass is None or fd.value is None else
+                "n/a" if one_pass is None or fd.value is None or not math.isfinite(one_pass) else
                 (f"{abs(one_pass - fd.value):.2e}" + (" (kink: no derivative)" if fd.kink else "")),
         })
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
@@ -202,9 +216,13 @@ def final_gradients(trace: Trace) -> None:
     if trace.backward_passes == 2:
         first, second = trace.grads_after_each_pass
         st.info("Backward ran twice without zeroing: .grad accumulated (+=). After pass 1: "
-                + escape_markdown(", ".join(f"{k} = {v}" for k, v in first.items())) + "; after pass 2: "
-                + escape_markdown(", ".join(f"{k} = {v}" for k, v in second.items())) + ". Zeroing (optimizer.zero_grad()) "
+                + escape_markdown(_grads_text(first)) + "; after pass 2: "
+                + escape_markdown(_grads_text(second)) + ". Zeroing (optimizer.zero_grad()) "
                 "between passes would leave the pass-1 values.")
     if trace.detached:
         st.info(f"Detached: {escape_markdown(', '.join(trace.detached))} — no path from L reaches it, so its .grad is None; the "
                 "finite difference still moves L, which is exactly what detaching hides from the optimizer.")
+
+
+def _grads_text(grads: dict[str, float | None]) -> str:
+    return ", ".join(f"{name} = {'None' if g is None else number_text(g)}" for name, g in grads.items())
