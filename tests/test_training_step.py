@@ -43,7 +43,9 @@ def test_the_captured_step_adds_adamw_state_to_the_measured_peak():
     # gpt2-tiny: wte 512x64 (tied lm_head) + wpe 32x64 + 2 blocks x 49_984 + ln_f 128 = 134_912 parameters
     assert step.parameter_count == 512 * 64 + 32 * 64 + 2 * (4 * 64 * 64 + 4 * 64 + 8 * 64 * 64 + 5 * 64 + 4 * 64) + 128
     assert step.parameter_count == 134_912
-    assert step.step_peak_bytes == capture.memory.peak_bytes + 8 * 134_912
+    # AdamW: two fp32 moments per parameter (8 x 134_912) + a float32 step count per tensor (4 x 28 tensors)
+    assert step.parameter_tensors == 28
+    assert step.step_peak_bytes == capture.memory.peak_bytes + 8 * 134_912 + 4 * 28
 
 
 def test_a_70b_class_step_fits_none_of_the_single_accelerators():
@@ -54,8 +56,11 @@ def test_a_70b_class_step_fits_none_of_the_single_accelerators():
     # RMSNorm weights 2h (855_654_400), final norm h = 70_553_706_496 parameters (Meta's published count)
     assert step.parameter_count == 2 * V * h + L * (2 * h * h + 2 * h * kv + 3 * h * inter + 2 * h) + h == 70_553_706_496
     assert step.mixed_precision and step.dtype == "bfloat16"
-    # 16 B per parameter before any activation: 1_128_859_303_936 B, about 8x the largest single card
-    assert step.sum_of_parts_bytes - step.activation_peak_bytes == 16 * 70_553_706_496
+    # 16 B per parameter before any activation: 1_128_859_303_936 B, about 8x the largest single card; plus
+    # AdamW's 4 B step count per tensor: embedding, lm_head, 9 per layer (q, k, v, o, gate, up, down, 2 norms),
+    # the final norm = 2 + 80 * 9 + 1 = 723 tensors
+    assert step.parameter_tensors == 2 + L * 9 + 1 == 723
+    assert step.sum_of_parts_bytes - step.activation_peak_bytes == 16 * 70_553_706_496 + 4 * 723
     fits = accelerator_fits(step.step_peak_bytes)
     assert [f.name for f in fits] == list(ACCELERATORS)
     assert not any(f.fits for f in fits)

@@ -4,8 +4,12 @@ Per parameter, at the model's dtype: the weight and its gradient. With a 16-bit 
 training keeps an fp32 master copy of every weight (4 bytes) that the optimizer updates. Optimizer state
 is fp32: SGD keeps none, SGD with momentum one buffer (4 bytes), Adam and AdamW two moments (8 bytes) —
 the "16 bytes per parameter" of mixed-precision Adam (ZeRO, Rajbhandari et al. 2020, section 3.1: 2 + 2 +
-4 + 4 + 4). The forward + backward part is measured (the memory timeline's peak); optimizer state and
-master weights are alive for the whole step, so they add to it.
+4 + 4 + 4) — and Adam and AdamW also a `step` count per parameter *tensor* (torch >= 2 keeps it as a float32
+scalar tensor in the optimizer's state). The forward + backward part is measured (the memory timeline's
+peak); optimizer state and master weights are alive for the whole step, so they add to it.
+
+`optimizer_state_bytes` is the one rule for the optimizer's state: this module and the parallel simulation's
+closed form (graphviz_core.parallel.simulate) both use it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ from graphviz_core.capture.result import Capture
 
 # fp32 state tensors the optimizer keeps per parameter
 OPTIMIZER_STATES = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
+# Step counts the optimizer keeps per parameter tensor: torch's Adam and AdamW hold state["step"], a float32
+# scalar tensor (4 bytes) for each parameter tensor; SGD's only state is its momentum buffer.
+STEP_COUNTERS = {"sgd": 0, "sgd-momentum": 0, "adam": 1, "adamw": 1}
+STEP_COUNTER_BYTES = 4
 OPTIMIZER_NAMES = {"sgd": "SGD", "sgd-momentum": "SGD with momentum", "adam": "Adam", "adamw": "AdamW"}
 DEFAULT_OPTIMIZER = "adamw"
 FP32_BYTES = 4
@@ -39,10 +47,11 @@ class TrainingStep:
     dtype: str
     mixed_precision: bool  # 16-bit weights with fp32 master weights
     parameter_count: int
+    parameter_tensors: int  # tensors the optimizer updates: each gets its own step count (Adam, AdamW)
     parameter_bytes: int
     gradient_bytes: int
     master_weight_bytes: int
-    optimizer_state_bytes: int
+    optimizer_state_bytes: int  # moments (fp32, per parameter) + step counts (per tensor): optimizer_state_bytes()
     activation_peak_bytes: int  # measured: the most bytes live besides parameters and gradients
     forward_backward_peak_bytes: int  # measured: the timeline's peak (parameters and gradients included)
     step_peak_bytes: int  # forward_backward_peak_bytes + master weights + optimizer state
@@ -57,10 +66,35 @@ class AcceleratorFit:
     headroom_bytes: int  # negative when it does not fit
 
 
+def optimizer_state_bytes(optimizer: str, moment_bytes: int, parameter_tensors: int) -> int:
+    """The bytes torch's `optimizer` keeps between steps: OPTIMIZER_STATES tensors shaped like the parameters
+    (`moment_bytes`: the bytes of one such tensor for every parameter, e.g. 4 x parameters in fp32), plus a
+    4-byte step count per parameter tensor for Adam and AdamW."""
+    if optimizer not in OPTIMIZER_STATES:
+        raise ValueError(f"unknown optimizer {optimizer!r}; choose one of: {', '.join(OPTIMIZER_STATES)}.")
+    return OPTIMIZER_STATES[optimizer] * moment_bytes + STEP_COUNTERS[optimizer] * STEP_COUNTER_BYTES * parameter_tensors
+
+
+def optimizer_state_note(optimizer: str, parameter_tensors: int) -> str:
+    """What `optimizer_state_bytes` counts, in words ("two fp32 moments (8 B) per parameter + a 4 B step count for
+    each of 28 tensors")."""
+    moments = {0: "none", 1: "one fp32 buffer (4 B) per parameter", 2: "two fp32 moments (8 B) per parameter"}
+    note = moments[OPTIMIZER_STATES[optimizer]]
+    if STEP_COUNTERS[optimizer]:
+        note += f" + a {STEP_COUNTER_BYTES} B step count for each of {parameter_tensors:,} tensors"
+    return note
+
+
 def training_step(
-    parameter_count: int, dtype: str, optimizer: str, forward_backward_peak_bytes: int, activation_peak_bytes: int
+    parameter_count: int,
+    dtype: str,
+    optimizer: str,
+    forward_backward_peak_bytes: int,
+    activation_peak_bytes: int,
+    parameter_tensors: int = 0,
 ) -> TrainingStep:
-    """The step's memory from a parameter count and the measured forward + backward peaks."""
+    """The step's memory from a parameter count (in `parameter_tensors` tensors; 0 leaves the step counts out,
+    a lower bound) and the measured forward + backward peaks."""
     if optimizer not in OPTIMIZER_STATES:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose one of: {', '.join(OPTIMIZER_STATES)}.")
     if dtype not in BYTES_PER:
@@ -68,12 +102,13 @@ def training_step(
     mixed = BYTES_PER[dtype] < FP32_BYTES
     weights = parameter_count * BYTES_PER[dtype]
     master = parameter_count * FP32_BYTES if mixed else 0
-    state = parameter_count * FP32_BYTES * OPTIMIZER_STATES[optimizer]
+    state = optimizer_state_bytes(optimizer, parameter_count * FP32_BYTES, parameter_tensors)
     return TrainingStep(
         optimizer=optimizer,
         dtype=dtype,
         mixed_precision=mixed,
         parameter_count=parameter_count,
+        parameter_tensors=parameter_tensors,
         parameter_bytes=weights,
         gradient_bytes=weights,
         master_weight_bytes=master,
@@ -94,6 +129,7 @@ def training_step_of(capture: Capture, optimizer: str = DEFAULT_OPTIMIZER) -> Tr
         optimizer,
         capture.memory.peak_bytes,
         timeline.activation_peak_bytes if timeline else 0,
+        parameter_tensors=capture.summary.parameters,
     )
 
 

@@ -332,6 +332,7 @@ class _Phases:
             memory=MemorySummary(
                 saved_bytes=saved.saved_bytes if saved else 0,
                 parameter_bytes=parameter_bytes,
+                buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
                 gradient_bytes=parameter_bytes,
                 peak_bytes=peak,
                 baseline_bytes=baseline,

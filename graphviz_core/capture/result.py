@@ -35,7 +35,8 @@ class GraphSummary:
 @dataclass(frozen=True)
 class MemorySummary:
     saved_bytes: int  # tensors saved for backward, storages de-duplicated, parameters excluded
-    parameter_bytes: int
+    parameter_bytes: int  # parameters reached by backward
+    buffer_bytes: int  # the model's buffers (BatchNorm running statistics, rotary tables): no gradient, not parameters
     gradient_bytes: int  # .grad of every parameter reached
     peak_bytes: int  # CUDA max_memory_allocated over forward + backward; elsewhere the timeline's peak
     baseline_bytes: int | None  # allocated before the forward (parameters, inputs); CUDA only

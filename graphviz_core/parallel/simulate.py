@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from graphviz_core.analysis.training_step import optimizer_state_bytes
 from graphviz_core.capture.gc_pause import no_cyclic_gc
 from graphviz_core.config import ModelConfig
 from graphviz_core.models.registry import build_model, compute_loss, make_batch
@@ -53,11 +54,14 @@ TIMELINE_POINTS = 300  # enough for a chart; a 70B step issues ~10^5 ops
 COLUMN_PARALLEL = ("qkv", "q_proj", "k_proj", "v_proj", "fc", "gate_proj", "up_proj")
 ROW_PARALLEL = ("proj", "o_proj", "down_proj")
 
-# FSDPMemTracker's / MemTracker's kinds of storage -> the parts this report names.
+# FSDPMemTracker's / MemTracker's kinds of storage -> the parts this report names. Module buffers (BatchNorm's
+# running statistics, rotary tables) are in the "parameters" part, as the page labels it ("parameters and
+# buffers"), and are also counted on their own (PhaseMemory.buffer_bytes, PerRank.buffer_bytes).
+BUFFER_KIND = "Buffer"
 _KIND_OF = {
     "Sharded Param": "parameters",
     "Parameter": "parameters",
-    "Buffer": "parameters",
+    BUFFER_KIND: "parameters",
     "Unsharded Param": "gathered_parameters",
     "Sharded Grad": "gradients",
     "Gradient": "gradients",
@@ -91,7 +95,15 @@ class PhaseMemory:
 
     phase: str
     peak_bytes: int
-    parts_bytes: dict[str, int]  # PARTS -> bytes at that peak
+    parts_bytes: dict[str, int]  # PARTS -> bytes at that peak ("parameters" holds the buffers too)
+    buffer_bytes: int = 0  # module buffers at that peak, inside parts_bytes["parameters"]
+
+    def to_dict(self) -> dict:
+        """The JSON of one phase: parameters and buffers each on their own (`parameters_bytes` + `buffers_bytes`
+        is parts_bytes["parameters"]), so the parts sum to peak_bytes."""
+        parts = {f"{k}_bytes": v for k, v in self.parts_bytes.items()}
+        parts["parameters_bytes"] -= self.buffer_bytes
+        return {"peak_bytes": self.peak_bytes, "buffers_bytes": self.buffer_bytes, **parts}
 
 
 @dataclass(frozen=True)
@@ -113,7 +125,8 @@ class PerRank:
     rank: int
     mesh: dict[str, int]  # mesh dimension -> ranks along it
     parameter_count: int  # of the whole model
-    parameter_bytes: int  # this rank's (sharded) parameters after the step
+    parameter_bytes: int  # this rank's (sharded) parameters after the step, buffers not included
+    buffer_bytes: int  # this rank's module buffers (BatchNorm statistics, rotary tables): every rank holds them whole
     gradient_bytes: int
     optimizer_bytes: int
     peak_bytes: int  # the most bytes live on this rank at any point of the step
@@ -144,13 +157,11 @@ class PerRank:
             "mesh": dict(self.mesh),
             "parameter_count": self.parameter_count,
             "parameter_bytes": self.parameter_bytes,
+            "buffer_bytes": self.buffer_bytes,
             "gradient_bytes": self.gradient_bytes,
             "optimizer_bytes": self.optimizer_bytes,
             "peak_bytes": self.peak_bytes,
-            "phases": {
-                p.phase: {"peak_bytes": p.peak_bytes, **{f"{k}_bytes": v for k, v in p.parts_bytes.items()}}
-                for p in self.phases
-            },
+            "phases": {p.phase: p.to_dict() for p in self.phases},
             "expected": dataclasses.asdict(self.expected),
             "backward_nodes_by_category": dict(self.backward_nodes_by_category),
             "collective_bytes": self.collective_bytes(),
@@ -181,6 +192,7 @@ class PerRank:
             alone = self.single_device
             out["single_device"] = {
                 "parameter_bytes": alone.parameter_bytes,
+                "buffer_bytes": alone.buffer_bytes,
                 "gradient_bytes": alone.gradient_bytes,
                 "optimizer_bytes": alone.optimizer_bytes,
                 "peak_bytes": alone.peak_bytes,
@@ -448,6 +460,11 @@ def _parts(snapshot: dict) -> dict[str, int]:
     return parts
 
 
+def _buffers(snapshot: dict) -> int:
+    """The module buffers' bytes in a tracker snapshot."""
+    return sum(nbytes for kind, nbytes in snapshot.items() if getattr(kind, "value", kind) == BUFFER_KIND)
+
+
 def measure_step(
     workload: Workload,
     parallel: ParallelConfig,
@@ -512,9 +529,10 @@ def measure_step(
             recorder.phase = peaks.phase = "optimizer"
             optimizer.step()
             peaks.observe()
-            end = _parts(next(iter(tracker.get_tracker_snapshot("current").values())))
+            snapshot = next(iter(tracker.get_tracker_snapshot("current").values()))
+            end, end_buffers = _parts(snapshot), _buffers(snapshot)
     phases = tuple(
-        PhaseMemory(phase, peaks.peaks[phase][0], _parts(peaks.peaks[phase][1]))
+        PhaseMemory(phase, peaks.peaks[phase][0], _parts(peaks.peaks[phase][1]), _buffers(peaks.peaks[phase][1]))
         for phase in PHASES
         if phase in peaks.peaks
     )
@@ -529,7 +547,8 @@ def measure_step(
         rank=0,
         mesh=mesh_sizes,
         parameter_count=parameter_count,
-        parameter_bytes=end["parameters"],
+        parameter_bytes=end["parameters"] - end_buffers,
+        buffer_bytes=end_buffers,
         gradient_bytes=end["gradients"],
         optimizer_bytes=end["optimizer"],
         peak_bytes=max(p.peak_bytes for p in phases),
@@ -625,11 +644,12 @@ def _expectation(parallel: ParallelConfig, whole_bytes: int, tp_bytes: int, tens
         params, formula = whole_bytes, "one device holds everything"
     params = int(params)
     # torch's AdamW keeps two moments shaped and typed like each (sharded) parameter, plus a float32 scalar
-    # `step` per parameter tensor. Gradients match the parameters they belong to.
+    # `step` per parameter tensor: the training step's rule (optimizer_state_bytes). Gradients match the
+    # parameters they belong to.
     return Expectation(
         params,
         params,
-        2 * params + 4 * tensors,
+        optimizer_state_bytes("adamw", params, tensors),
         formula
         + f"; gradients = parameters; AdamW state = 2 x parameters + a 4-byte step for each of {tensors} tensors",
     )
