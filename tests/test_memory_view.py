@@ -56,3 +56,30 @@ def test_the_panels_peak_in_a_browser_equals_the_cli_json(page, streamlit_url, t
     assert peak_step["label"] in text.inner_text()
     # the timeline chart drew (Vega renders into a canvas or svg inside the tab)
     page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=30_000)
+
+
+def test_resnet_tiny_says_why_saved_and_held_is_above_the_activation_peak():
+    from graphviz_core.ui.format import format_bytes
+
+    capture = captured("resnet-tiny")
+    saved_and_held = capture.memory.saved_bytes + capture.memory.checkpoint_held_bytes
+    # The two figures measure different things: autograd saves each BatchNorm's running mean and variance (buffers of
+    # the model, alive before the forward and after the step, as parameters are), while the timeline counts only the
+    # storages the step creates. resnet-tiny has 20 BatchNorms over 8 + 4x8 + 5x16 + 5x32 + 5x64 = 600 channels (the
+    # stem, then per stage 4 convolutions' norms plus a shortcut's from stage 1 on): 600 x 2 statistics x 4 bytes = 4,800
+    assert saved_and_held > capture.timeline.activation_peak_bytes
+    at = explorer_tab("Memory", 180, preset="resnet-tiny")
+    assert not at.exception
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["Saved + held"] == format_bytes(saved_and_held) == "141.5 KiB"
+    assert shown["Activation peak"] == format_bytes(capture.timeline.activation_peak_bytes) == "137.4 KiB"
+    why = [c.value for c in at.caption if c.value.startswith("Saved + held is above the activation peak")]
+    assert len(why) == 1 and f"autograd also saves {format_bytes(4800)} of tensors" in why[0], why
+
+
+def test_no_explanation_where_saved_and_held_is_within_the_activation_peak():
+    capture = captured("vit-tiny")  # no buffers saved: 109.8 KiB saved within a 117.1 KiB activation peak
+    assert capture.memory.saved_bytes + capture.memory.checkpoint_held_bytes <= capture.timeline.activation_peak_bytes
+    at = explorer_tab("Memory", 180, preset="vit-tiny")
+    assert not at.exception
+    assert not [c.value for c in at.caption if c.value.startswith("Saved + held is above")]
