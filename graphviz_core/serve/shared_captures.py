@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from graphviz_core.capture.admission import CaptureCancelled, Ticket
+from graphviz_core.capture.admission import CaptureCancelled, Ticket, return_freed_memory
 from graphviz_core.capture.device import resolve_device
 from graphviz_core.capture.result import Capture
 from graphviz_core.capture.workers import capture_anywhere
@@ -58,6 +58,21 @@ def retained_bytes(obj: object) -> int:
         total += sys.getsizeof(o)
         stack.extend(gc.get_referents(o))
     return total
+
+
+def without_frames(exc: BaseException) -> BaseException:
+    """`exc` (and the exceptions chained to it) without its traceback. A traceback holds every frame it passed
+    through, and their locals: for a stopped capture, the model and its autograd graph. Kept with a Job, they would
+    live as long as anyone holds the Job's error; the message is all a waiter shows."""
+    seen: set[int] = set()
+    chain: list[BaseException | None] = [exc]
+    while chain:
+        link = chain.pop()
+        if link is not None and id(link) not in seen:
+            seen.add(id(link))
+            link.__traceback__ = None
+            chain += [link.__cause__, link.__context__]
+    return exc
 
 
 @dataclass(frozen=True)
@@ -199,16 +214,20 @@ class SharedCaptures:
             capture = self._capture(job.config, progress=lambda phase: setattr(job, "phase", phase), ticket=job.ticket)
             job.result = self._keep(job.config, capture)
         except CaptureCancelled as exc:
-            job.error = exc
+            job.error = without_frames(exc)
             log.info("capture of %s cancelled: %s", job.config, exc)
         except BaseException as exc:  # noqa: BLE001 - handed to every waiter, shown there
-            job.error = exc
             if not isinstance(exc, ValueError):
                 log.exception("capture of %s failed", job.config)
+            job.error = without_frames(exc)
         finally:
             with self._lock:
                 if self._jobs.get(cache_key(job.config)) is job:
                     del self._jobs[cache_key(job.config)]
+            if job.error is not None:
+                # What the stopped run built (the model, its activations) is garbage now that no frame holds it:
+                # give it back, so a capture stopped by its user or the run time limit costs the server nothing.
+                return_freed_memory()
             job.done.set()
 
     def _keep(self, config: ModelConfig, capture: Capture) -> Cached:

@@ -3,6 +3,7 @@ parameters excluded); and the inputs checkpointed regions hold to re-run their f
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from graphviz_core.models.teaching import KEPT_BYTES, RECOMPUTED
 class _Packed:
     """What the saved-tensor pack hook hands autograd: the tensor (autograd frees it as usual) and an id."""
 
-    __slots__ = ("index", "tensor")
+    __slots__ = ("index", "tensor", "__weakref__")
 
     def __init__(self, index: int, tensor: torch.Tensor) -> None:
         self.index = index
@@ -45,6 +46,7 @@ class SavedTensors(Instrument):
     def start(self, run: Run) -> None:
         super().start(run)
         self.saves: list[_Save] = []
+        self.packed: list[weakref.ref] = []  # what autograd still holds, emptied by release()
         self.checkpoint_held: dict[int, int] = {}  # storage key -> bytes of inputs checkpointed regions keep
         self.collecting: list[int] | None = None
         self.counted_bytes: Counter[str] = Counter()
@@ -62,7 +64,9 @@ class SavedTensors(Instrument):
         self.saves.append(
             _Save(tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), key, nbytes, key in self.run.param_storages)
         )
-        return _Packed(len(self.saves) - 1, tensor)
+        packed = _Packed(len(self.saves) - 1, tensor)
+        self.packed.append(weakref.ref(packed))
+        return packed
 
     def unpack(self, packed: _Packed) -> torch.Tensor:
         if self.collecting is not None:
@@ -149,4 +153,12 @@ class SavedTensors(Instrument):
         return held + getattr(self.run.model, KEPT_BYTES, 0)
 
     def release(self) -> None:
+        """Also empty every save autograd still holds. A saved output holds its own grad_fn, which holds the save: a
+        cycle through C++ that no collector sees. A backward that ran frees it; one stopped before its end (Cancel,
+        the run time limit) would keep the whole graph's tensors for the life of the process."""
         self.saved_of.clear()
+        for ref in self.packed:
+            packed = ref()
+            if packed is not None:
+                packed.tensor = None
+        self.packed = []
