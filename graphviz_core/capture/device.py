@@ -22,6 +22,7 @@ CPU_BUDGET_ENV = "GRAPHVIZ_CORE_CPU_BUDGET_BYTES"
 CUDA_BUDGET_ENV = "GRAPHVIZ_CORE_CUDA_BUDGET_BYTES"
 BYTES_PER = {"float32": 4, "bfloat16": 2, "float16": 2}
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_SELF_CGROUP = Path("/proc/self/cgroup")  # this process's cgroup on each hierarchy
 # Share of the free memory a capture may plan to use: the estimate is rough and the server needs headroom.
 CPU_BUDGET_SHARE = 0.6
 
@@ -89,28 +90,62 @@ def memory_budget_bytes(device: str) -> int | None:
     return int(room * CPU_BUDGET_SHARE)
 
 
-def container_room_bytes(root: Path | None = None) -> int | None:
-    """Bytes this process's cgroup may still allocate before its limit (reclaimable page cache counted as
-    free); None when no limit is set. Reads cgroup v2 (`memory.max`) or v1 (`memory/memory.limit_in_bytes`).
+def container_room_bytes(root: Path | None = None, self_cgroup: Path | None = None) -> int | None:
+    """Bytes this process may still allocate before a cgroup memory limit stops it: the least room over its own
+    cgroup and each of its ancestors (a limit anywhere above applies too), reclaimable page cache counted as free;
+    None when none of them sets a limit.
+
+    `self_cgroup` (/proc/self/cgroup) names the process's cgroup on each hierarchy: cgroup v2's `0::/path`, read under
+    `root` (`memory.max`), and v1's memory controller `N:...memory...:/path`, read under `root/memory`
+    (`memory.limit_in_bytes`). A path that does not exist under the mount (a container that sees its host's names)
+    leaves the folders that do: the mount itself is then the container's own cgroup.
     """
     root = root or CGROUP_ROOT
-    for limit_file, usage_file, inactive_key in (
-        ("memory.max", "memory.current", "inactive_file"),
-        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "total_inactive_file"),
-    ):
-        raw = _read(root / limit_file)
-        if raw is None:
-            continue
-        if raw == "max" or int(raw) >= 2**60:  # v1 writes "no limit" as a page-rounded 2**63
-            return None
-        limit = int(raw)
-        usage = int(_read(root / usage_file) or 0)
-        stat = _read(root / Path(limit_file).parent / "memory.stat") or ""
-        inactive = next(
-            (int(v) for k, v in (line.split() for line in stat.splitlines() if line) if k == inactive_key), 0
+    own = _own_cgroups(self_cgroup or PROC_SELF_CGROUP)
+    rooms = [
+        room
+        for mount, path, files in (
+            (root, own.get("v2", "/"), ("memory.max", "memory.current", "inactive_file")),
+            (root / "memory", own.get("v1", "/"), ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")),
         )
-        return max(0, limit - usage + inactive)
-    return None
+        for folder in _self_and_ancestors(mount, path)
+        if (room := _room(folder, *files)) is not None
+    ]
+    return min(rooms) if rooms else None
+
+
+def _own_cgroups(self_cgroup: Path) -> dict[str, str]:
+    """{"v2": path, "v1": path of the memory controller} from /proc/self/cgroup's `id:controllers:path` lines."""
+    own: dict[str, str] = {}
+    for line in (_read(self_cgroup) or "").splitlines():
+        number, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if number == "0" and controllers == "":
+            own["v2"] = path
+        elif "memory" in controllers.split(","):
+            own["v1"] = path
+    return own
+
+
+def _self_and_ancestors(mount: Path, path: str) -> list[Path]:
+    """The folders of `path`'s cgroup and of each cgroup above it, up to the mount, that exist under `mount`."""
+    parts = [part for part in path.split("/") if part and part not in (".", "..")]
+    folders = [mount.joinpath(*parts[:depth]) for depth in range(len(parts), -1, -1)]
+    return [folder for folder in folders if folder.is_dir()]
+
+
+def _room(folder: Path, limit_file: str, usage_file: str, inactive_key: str) -> int | None:
+    """Limit minus usage plus reclaimable cache for one cgroup folder; None when it sets no limit."""
+    raw = _read(folder / limit_file)
+    if raw is None or raw == "max" or not raw.isdigit() or int(raw) >= 2**60:  # v1 writes "none" as ~2**63
+        return None
+    usage = _read(folder / usage_file) or "0"
+    inactive = 0
+    for line in (_read(folder / "memory.stat") or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key == inactive_key and value.strip().isdigit():
+            inactive = int(value)
+    return max(0, int(raw) - (int(usage) if usage.isdigit() else 0) + inactive)
 
 
 def _read(path: Path) -> str | None:
