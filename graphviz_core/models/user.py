@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -43,8 +44,20 @@ def checked_loss(loss_fn: Callable[..., torch.Tensor], name: str) -> Callable[..
 
 
 def first_line(exc: BaseException) -> str:
+    """The first line of `exc`'s message; on a server that imports trusted models, with every absolute path cut to
+    its last part, so a browser never learns where the server keeps its files."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else "(no message)"
+    line = text.splitlines()[0] if text else "(no message)"
+    return without_paths(line) if trusted_dir() is not None else line
+
+
+# An absolute path (not the `/` of "3/4" or "a/b"): a slash not preceded by a word character, then names and slashes.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/(?:[^\s/'\"`:,;()<>]+/)*([^\s/'\"`:,;()<>]*)")
+
+
+def without_paths(text: str) -> str:
+    """`text` with each absolute path replaced by its last part (`/srv/models/net.py` -> `net.py`)."""
+    return _ABSOLUTE_PATH.sub(lambda m: m.group(1) or "/", text)
 
 
 def load_factory(spec: str) -> tuple[nn.Module, tuple, Callable]:
@@ -98,14 +111,21 @@ def trusted_dir() -> Path | None:
     return path if path.is_dir() else None
 
 
+def _inside(folder: Path, name: str) -> Path | None:
+    """The file `name` in `folder`, symbolic links followed, or None when it is not a file or lies outside the
+    folder (a link to code elsewhere is not code the operator put there)."""
+    path = (folder / name).resolve()
+    return path if path.is_file() and path.is_relative_to(folder) else None
+
+
 def trusted_factories() -> list[str]:
     """`file.py:function` for every top-level function without required arguments in the trusted folder's
-    .py files, found by parsing (nothing is imported to list them)."""
+    .py files that lie inside it (links resolved), found by parsing (nothing is imported to list them)."""
     folder = trusted_dir()
     if folder is None:
         return []
     found = []
-    for path in sorted(folder.glob("*.py")):
+    for path in sorted(p for p in folder.glob("*.py") if _inside(folder, p.name) is not None):
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (OSError, SyntaxError, UnicodeDecodeError):
@@ -126,8 +146,16 @@ def trusted_source(spec: str) -> Source:
         raise ValueError(
             f"this server runs no user code; start it with {TRUSTED_DIR_ENV}=FOLDER to allow the models in FOLDER."
         )
-    if spec not in trusted_factories():
+    folder = trusted_dir()
+    if folder is None or spec not in trusted_factories():
         raise ValueError(f"{spec!r} is not a model in the trusted folder.")
-    model, inputs, loss_fn = load_factory(str(trusted_dir() / spec))
+    file_name, _, function = spec.partition(":")
+    path = _inside(folder, file_name)
+    if path is None:  # the listing and this load look at the folder at two moments: a link may have changed between
+        raise ValueError(f"{spec!r} is not a model in the trusted folder.")
+    try:
+        model, inputs, loss_fn = load_factory(f"{path}:{function}")
+    except ValueError as exc:  # its sentences name the file by its path on this server: name it as the list does
+        raise ValueError(without_paths(str(exc).replace(str(path), file_name))) from None
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     return Source(model.train(), inputs, checked_loss(loss_fn, spec))
