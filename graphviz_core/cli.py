@@ -7,12 +7,17 @@ Every subcommand exits 0 on success and 2 with one line on stderr for bad input,
 from __future__ import annotations
 
 import argparse
+import contextlib
+import re
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 from graphviz_core.config import ATTENTIONS, CHECKPOINTS, DEVICES, DTYPES, MODELS, PRESETS, resolve_config
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program stopped by Ctrl-C
 INT_FLAGS = ("hidden", "heads", "layers", "vocab", "batch", "seq", "context", "seed", "kv_heads", "intermediate",
              "experts", "experts_per_token", "image_size")
 FLAG_HELP = {
@@ -110,8 +115,9 @@ def _memory_command(args: argparse.Namespace) -> str:
         budget = int(args.budget_gib * 2**30)
     elif args.accelerator:
         budget = next(v for k, v in ACCELERATORS.items() if k.split(" (")[0] == args.accelerator)
-    report = memory_report(_config_of(args), args.optimizer, args.checkpoints, budget)
-    return json.dumps(report, indent=1)
+    config = _config_of(args)
+    report = memory_report(config, args.optimizer, args.checkpoints, budget)
+    return json.dumps({**report, "config": _config_echo(config)}, indent=1)
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -177,12 +183,20 @@ def _compare_command(args: argparse.Namespace) -> str:
                 setattr(b_args, name, getattr(args, name))
     config_a, config_b = _config_of(args), _config_of(b_args)
     capture_b = capture_later(config_b)  # a meta dry run goes to a second process at once, beside A
-    return json.dumps(compare_captures(capture_backward(config_a), capture_b()).to_dict(), indent=1)
+    diff = compare_captures(capture_backward(config_a), capture_b()).to_dict()
+    for side, config in (("a", config_a), ("b", config_b)):
+        diff[side]["config"] = _config_echo(config)
+    return json.dumps(diff, indent=1)
+
+
+def _config_echo(config) -> dict:
+    """The config as the JSON echoes it: the fields its family takes (a ResNet has no heads or sequence length)."""
+    return {name: value for name, value in config.to_dict().items() if config.family.takes(name)}
 
 
 def _graph_command(args: argparse.Namespace) -> str | bytes:
     from graphviz_core.capture.engine import capture_backward
-    from graphviz_core.export.formats import png_problem, to_dot, to_graphml, to_json, to_svg
+    from graphviz_core.export.formats import png_problem, to_dot, to_graphml, to_svg
 
     if args.format == "png":  # refuse before a capture that could take minutes
         size = _png_size(args.png_size)
@@ -197,9 +211,7 @@ def _graph_command(args: argparse.Namespace) -> str | bytes:
             raise ValueError(f"--model-file brings its own model and inputs; drop {', '.join(given)}.")
         if _parallel_of(args) is not None:
             raise ValueError("parallelism flags simulate the built-in and Hugging Face models; drop them with --model-file.")
-        from graphviz_core.capture.user import capture_file
-
-        capture = capture_file(args.model_file)
+        capture = _capture_model_file(args.model_file, args.ctrl_c)
     else:
         config = _config_of(args)
         parallel = _parallel_of(args)
@@ -209,15 +221,15 @@ def _graph_command(args: argparse.Namespace) -> str | bytes:
             check_parallel(config, parallel)  # refuse a bad layout before the capture runs
         capture = capture_backward(config)
     if args.format == "json":
-        if parallel is None:
-            return to_json(capture)
         import json
 
         from graphviz_core.export.formats import capture_to_dict
-        from graphviz_core.parallel.simulate import simulate_parallel
 
-        out = capture_to_dict(capture)
-        out["per_rank"] = simulate_parallel(config, parallel).to_dict()
+        out = {**capture_to_dict(capture), "config": _config_echo(capture.config)}
+        if parallel is not None:
+            from graphviz_core.parallel.simulate import simulate_parallel
+
+            out["per_rank"] = simulate_parallel(config, parallel).to_dict()
         return json.dumps(out, indent=1)
     if args.format == "graphml":
         return to_graphml(capture.graph)
@@ -235,35 +247,133 @@ def _graph_command(args: argparse.Namespace) -> str | bytes:
     return render_standalone_html(capture)
 
 
-def _png_size(text: str) -> tuple[int, int]:
-    """'1600x1000' -> (1600, 1000); a sentence for anything else."""
-    import re
+PNG_SIDE_PIXELS = (100, 8000)  # what graphviz_core.export.formats.png_problem accepts (a test holds the two together)
 
-    match = re.fullmatch(r"\s*(\d{1,5})\s*[xX×]\s*(\d{1,5})\s*", text)
+
+def _png_size(text: str) -> tuple[int, int]:
+    """'1600x1000' -> (1600, 1000); a sentence that states the range for anything else (png_problem refuses sizes
+    outside it, also with the range)."""
+    match = re.fullmatch(r"\s*(\d{1,9})\s*[xX×]\s*(\d{1,9})\s*", text)
     if not match:
-        raise ValueError(f"--png-size takes WIDTHxHEIGHT in pixels, e.g. 1600x1000, not {text!r}.")
+        low, high = PNG_SIDE_PIXELS
+        raise ValueError(f"--png-size takes WIDTHxHEIGHT in CSS pixels, each side {low}..{high} (e.g. 1600x1000), "
+                         f"not {text!r}.")
     return int(match.group(1)), int(match.group(2))
+
+
+class _CtrlC:
+    """Whether a SIGINT really arrived: a KeyboardInterrupt without one was raised by code (a user's model)."""
+
+    arrived = False
+
+
+@contextlib.contextmanager
+def _noting_ctrl_c() -> Iterator[_CtrlC]:
+    """Notes a real Ctrl-C, then interrupts as Python's own handler does. Only the main thread may set a signal
+    handler; elsewhere (or where SIGINT is ignored) nothing is noted and nothing changes."""
+    noted = _CtrlC()
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
+        yield noted
+        return
+
+    def note(signum, frame):
+        noted.arrived = True
+        if callable(previous):
+            return previous(signum, frame)  # Python's default_int_handler raises KeyboardInterrupt
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _capture_model_file(spec: str, ctrl_c: _CtrlC):
+    """`--model-file PATH:FACTORY`, loaded and captured; the user's code stopping the program instead of returning
+    (KeyboardInterrupt without a Ctrl-C, sys.exit(), another BaseException) becomes one sentence (a ValueError).
+
+    A KeyboardInterrupt is the user's Ctrl-C when a SIGINT really arrived (`ctrl_c`, noted by main); that one still
+    interrupts, wherever it lands."""
+    from graphviz_core.capture.user import capture_module
+    from graphviz_core.models.user import load_factory
+
+    factory = spec.rpartition(":")[2]
+    phase = f"while loading it (importing the file and calling {factory}())"
+    try:
+        model, inputs, loss_fn = load_factory(spec)
+        phase = "during the capture (forward, loss and backward)"
+        return capture_module(model, inputs, loss_fn, name=spec)
+    except Exception:
+        raise
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt) and ctrl_c.arrived:
+            raise
+        raise ValueError(_stopped_sentence(spec, exc, phase)) from None
+
+
+def _stopped_sentence(spec: str, exc: BaseException, phase: str) -> str:
+    from graphviz_core.models.user import first_line
+
+    if isinstance(exc, SystemExit):
+        code = "" if exc.code is None else _short(repr(exc.code), 40)
+        what = f"called sys.exit({code}) {phase}"
+    else:
+        what = f"raised {type(exc).__name__} {phase}" + (f": {first_line(exc)}" if str(exc).strip() else "")
+    return f"{spec} {what}; a model file must return its model, not stop the program."
+
 
 
 def _expr_command(args: argparse.Namespace) -> str:
     import json
 
-    from graphviz_core.toy.expressions import parse_assignments, trace_expression
+    from graphviz_core.toy.expressions import parse_assignments, parse_expression, trace_expression, variables_of
 
-    trace = trace_expression(args.expression, parse_assignments(args.values))
+    values = parse_assignments(args.values)
+    variables = variables_of(parse_expression(args.expression))
+    if unused := [name for name in values if name not in variables]:
+        has = f"its variables are {', '.join(variables)}" if variables else "it has no variables"
+        listed = " and ".join(", ".join(f"{n}={values[n]:g}" for n in unused).rsplit(", ", 1))
+        one = len(unused) == 1
+        raise ValueError(f"{listed} {'is not a variable' if one else 'are not variables'} of the expression ({has}); "
+                         f"drop {'it' if one else 'them'}.")
+    trace = trace_expression(args.expression, values)
     # NaN/inf are not JSON: to_json_dict writes them as null and says where, in "notes"
     return json.dumps(trace.to_json_dict(), indent=1, allow_nan=False)
 
 
 def _say(line: str) -> None:
-    """The one line a user sees on stderr."""
+    """The one line a user sees on stderr, with a very long number or quoted value cut short (a 5,000-digit seed)."""
+    line = re.sub(r"\d{30,}", lambda m: _short(m[0], 20), line)
+    line = re.sub(r"'([^']{100,})'", lambda m: repr(_short(m[1], 60)), line)
     sys.stderr.write(line.rstrip("\n") + "\n")
 
 
+def _short(text: str, keep: int) -> str:
+    """`text`, or its first `keep` characters and how long it was."""
+    if len(text) <= keep:
+        return text
+    unit = "digits" if text.isdigit() else "characters"
+    return f"{text[:keep]}… ({len(text):,} {unit})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    with _noting_ctrl_c() as ctrl_c:
+        try:
+            return _main(argv, ctrl_c)
+        except KeyboardInterrupt:
+            if not ctrl_c.arrived:
+                raise  # not a Ctrl-C, nor from a model file (those are sentences): a bug to see whole
+            _say("graphviz-core: interrupted (Ctrl-C).")
+            return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        args.ctrl_c = ctrl_c
         commands = {"graph": _graph_command, "expr": _expr_command, "compare": _compare_command,
                     "memory": _memory_command}
         text = commands[args.command](args)

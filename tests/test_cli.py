@@ -175,3 +175,67 @@ def test_dot_of_a_view_carries_the_screens_fills_highlight_and_an_escaped_legend
     if shutil.which("dot"):
         svg = to_svg(graph, **options)
         assert "&lt;script&gt;" in svg and "<script" not in svg and "most FLOPs" in svg
+
+
+def test_png_size_that_is_not_a_size_states_the_range(capsys):
+    # issue 25 item 7: "--png-size takes WIDTHxHEIGHT in pixels, e.g. 1600x1000, not 'big'." said no range
+    from graphviz_core.export.formats import png_problem
+
+    for size in ("big", "123456789012x100"):
+        assert main(["graph", "--preset", "mlp", "--format", "png", "--png-size", size]) == 2
+        assert "each side 100..8000" in capsys.readouterr().err
+    # the stated range is the one png_problem applies: 100 and 8000 pass, 99 and 8001 do not
+    assert all("out of range" not in (png_problem(w, h, 1) or "") for w, h in ((100, 100), (8000, 8000)))
+    assert all("100..8000 pixels a side" in png_problem(w, h, 1) for w, h in ((99, 100), (100, 8001)))
+    assert main(["graph", "--preset", "mlp", "--format", "png", "--png-size", "123456x100"]) == 2
+    assert "100..8000 pixels a side" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "sentence"), [
+    # issue 25 item 7: both were accepted silently (c ignored; the last a won)
+    (["a*b", "a=1", "b=2", "c=3"],
+     "graphviz-core: c=3 is not a variable of the expression (its variables are a, b); drop it."),
+    (["a*b", "a=1", "b=2", "c=3", "d=-4.5"],
+     "graphviz-core: c=3 and d=-4.5 are not variables of the expression (its variables are a, b); drop them."),
+    (["2*3", "x=1"], "graphviz-core: x=1 is not a variable of the expression (it has no variables); drop it."),
+    (["a*b", "a=1", "a=2", "b=2"], "graphviz-core: a is given twice (a=1, then a=2); give each variable one value."),
+])
+def test_expr_refuses_unused_and_duplicate_values(args, sentence, capsys):
+    assert main(["expr", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == sentence and captured.out == ""
+
+
+@pytest.mark.parametrize(("digits", "where"), [(5000, "argument --seed: invalid int value"),  # over int()'s 4,300
+                                               (1000, "seed must be between 0 and 2,147,483,647")])
+def test_a_huge_seed_is_not_echoed_whole(digits, where, capsys):
+    # issue 25 item 7: the 5,000 digits came back in the error line
+    assert main(["graph", "--seed", "9" * digits]) == 2
+    err = capsys.readouterr().err
+    assert where in err and f"99999999999999999999… ({digits:,} digits)" in err and len(err) < 200, err
+
+
+@pytest.mark.parametrize(("args", "has", "lacks"), [
+    # issue 27 item 6: a ResNet's echo showed heads 4 and seq 32; it has neither, nor attention
+    (["--preset", "resnet-tiny"], {"hidden", "layers", "vocab", "batch", "image_size", "seed"},
+     {"heads", "seq", "attention", "kv_heads", "context", "experts", "intermediate", "tied"}),
+    (["--preset", "gpt2-tiny"], {"heads", "seq", "attention", "context"},
+     {"kv_heads", "experts", "experts_per_token", "image_size", "intermediate", "tied"}),
+    (["--preset", "llama-tiny"], {"heads", "seq", "kv_heads", "intermediate", "tied"}, {"context", "image_size"}),
+])
+def test_the_config_echo_shows_the_familys_own_fields(args, has, lacks):
+    from graphviz_core.config import resolve_config
+
+    config = resolve_config(args[1])
+    for command in (["graph", *args, "--device", "meta"], ["memory", *args, "--device", "meta"]):
+        echoed = json.loads(run_cli(*command).stdout)["config"]
+        assert has <= set(echoed) and not lacks & set(echoed), (command, echoed)
+        assert all(config.family.takes(name) for name in echoed)  # the family's answer, field by field
+        assert echoed["hidden"] == config.hidden and echoed["preset"] == args[1]
+
+
+def test_compare_echoes_each_sides_fields(capsys):
+    assert main(["compare", "--preset", "resnet-tiny", "--device", "meta", "--vs", "--preset", "gpt2-tiny",
+                 "--device", "meta"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "heads" not in data["a"]["config"] and data["b"]["config"]["heads"] == 4  # gpt2-tiny: 4 heads

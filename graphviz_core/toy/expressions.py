@@ -201,12 +201,17 @@ def _walk(expr: Expr) -> Iterable[Expr]:
 
 
 def parse_assignments(items: Iterable[str]) -> dict[str, float]:
-    """["a=2", "b=-3"] -> {"a": 2.0, "b": -3.0}, with a sentence for anything malformed."""
-    values = {}
+    """["a=2", "b=-3"] -> {"a": 2.0, "b": -3.0}, with a sentence for anything malformed or given twice."""
+    values: dict[str, float] = {}
+    given: dict[str, str] = {}
     for item in items:
         name, sep, raw = item.partition("=")
         if not sep or not _NAME.match(name.strip()):
             raise ValueError(f"expected NAME=VALUE, got {item!r}.")
+        if name.strip() in given:
+            raise ValueError(f"{name.strip()} is given twice ({given[name.strip()]}, then {item.strip()}); "
+                             f"give each variable one value.")
+        given[name.strip()] = item.strip()
         try:
             value = float(raw)
         except ValueError:
