@@ -1,0 +1,78 @@
+"""The app's pages opened by URL (/compare, /parallel) connect to the server at once, with no 404 on the way.
+
+Streamlit's frontend, loaded at a page's URL, looks for its server by probing `<path>/_stcore/health` and
+`<path>/_stcore/host-config` from the deepest path up (`/compare/_stcore/health` first, then `/_stcore/health`): each
+probe of a page's path answers 404, which the browser logs as a console error, and the connection waits for it. The
+frontend skips the search when the page says where its server is (`window.__streamlit.BACKEND_BASE_URL`, the setting
+Streamlit reads for an app embedded elsewhere). So each page's URL is answered with Streamlit's own index.html plus
+one line of script that sets it: the page's own address less its page name, so a base path (`server.baseUrlPath`) or
+a proxy's prefix is kept. Every other path is Streamlit's as before.
+
+`install()` adds these routes to the server Streamlit is about to start; call it before `streamlit run` (serve.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PAGES = Path(__file__).resolve().parents[2] / "pages"
+# Runs before Streamlit's module script (module scripts are deferred): its settings are read once, when it loads.
+BASE_SCRIPT = """<script>
+(function () {{
+  var given = window.__streamlit || {{}}, page = {page};
+  var url = new URL(window.location.href), path = url.pathname.replace(/\\/+$/, "");
+  if (given.BACKEND_BASE_URL || path.slice(-page.length) !== page) {{ return; }}
+  url.search = "";
+  url.hash = "";
+  url.pathname = path.slice(0, -page.length) || "/";
+  window.__streamlit = Object.assign({{}}, given, {{BACKEND_BASE_URL: url.href}});
+}})();
+</script>"""
+
+
+def page_paths(pages: Path = PAGES) -> tuple[str, ...]:
+    """The URL path of every page of the app: st.Page names it after its file (pages/compare.py -> compare)."""
+    return tuple(sorted(path.stem for path in pages.glob("*.py") if not path.stem.startswith("_")))
+
+
+def index_html(page: str, index: str) -> str:
+    """Streamlit's `index` with the script that names the server for a page at `…/<page>`."""
+    script = BASE_SCRIPT.format(page=json.dumps("/" + page))
+    head = index.index("<head>") + len("<head>")
+    return index[:head] + script + index[head:]
+
+
+def page_routes(base_url: str = "") -> list:
+    """A route per page answering GET with index.html and its script (no-cache, as Streamlit serves it)."""
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Route
+    from streamlit import file_util
+    from streamlit.url_util import make_url_path
+
+    index = (Path(file_util.get_static_dir()) / "index.html").read_text(encoding="utf-8")
+    routes = []
+    for page in page_paths():
+        body = index_html(page, index)
+
+        async def answer(request, body: str = body) -> HTMLResponse:
+            return HTMLResponse(body, headers={"Cache-Control": "no-cache"})
+
+        routes.append(Route(make_url_path(base_url, page), answer, methods=["GET"], name=f"page-{page}"))
+    return routes
+
+
+def install() -> None:
+    """Put the page routes ahead of Streamlit's own in the server `streamlit run` starts (once per process)."""
+    from streamlit import config
+    from streamlit.web.server.starlette import starlette_app
+
+    streamlit_routes = starlette_app.create_streamlit_routes
+    if getattr(streamlit_routes, "with_page_routes", False):
+        return
+
+    def with_page_routes(runtime):
+        return [*page_routes(config.get_option("server.baseUrlPath") or ""), *streamlit_routes(runtime)]
+
+    with_page_routes.with_page_routes = True
+    starlette_app.create_streamlit_routes = with_page_routes
