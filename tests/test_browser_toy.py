@@ -106,3 +106,28 @@ def test_the_toy_graph_speaks_of_variables_not_parameters_or_residual_adds(page,
     assert "Detach a variable" in body and "Run backward twice, no zeroing" in body
     preset = page.get_by_role("combobox", name="Preset").input_value()  # an <input>: not part of inner_text
     assert preset == "chain rule, worked by hand: L = (a·b + c)²"
+
+
+def test_a_gradient_that_is_not_finite_is_stepped_to_and_its_node_marked(page, streamlit_url):
+    # issue 25 item 15: x**0.5 at x = 0 showed only "a gradient is not finite at these values", no stepper and
+    # nothing naming the node. L = x ** 0.5 sends 0.5·0^(-0.5) = inf to x: one step, and L is the node.
+    page.goto(f"{streamlit_url}/toy_expressions")
+    graph_frame(page, 6)
+    expression = page.get_by_role("textbox", name="Expression")
+    expression.fill("x**0.5")
+    expression.press("Enter")
+    value = page.get_by_role("spinbutton", name="x", exact=True)
+    value.wait_for(timeout=30_000)
+    value.fill("0")
+    value.press("Enter")
+    page.get_by_text("The gradient is not finite from step 1 on").wait_for(timeout=30_000)
+    page.get_by_role("button", name="End »").click()
+    wait_for_step(page, 1, timeout_s=30)
+    assert shown_step(page) == (1, 1)
+    frame = graph_frame(page, 2)  # L and x
+    node = frame.evaluate("window.network.body.data.nodes.get('L')")
+    assert node["label"].endswith("⚠ sends a gradient that is not finite"), node["label"]
+    assert node["borderWidth"] == 5 and node["color"]["border"] == "#e6007e"  # highlighted
+    edge = frame.evaluate("window.network.body.data.edges.get().map(e => e.label)")
+    assert edge == ["inf ⚠ not finite"]
+    assert page.get_by_text("Final gradients").count() == 1
