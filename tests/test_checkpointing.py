@@ -45,13 +45,13 @@ def test_full_checkpointing_table_matches_checkpoint_applied_by_hand():
     hand_full, flops_full = _by_hand(config, checkpointed=True)
     # Outside the checkpoints the hook sees the saves of checkpoint's own input saver (each layer's input,
     # 4*8*64*4 = 8_192 B, the first being the batch input) and the loss's two inputs.
-    assert full.saved_and_held_bytes == hand_full
-    assert none.saved_and_held_bytes == hand_none
+    assert full.kept_for_backward_bytes == hand_full
+    assert none.kept_for_backward_bytes == hand_none
     # none: per layer input 8_192 + GELU input 4*8*256*4 = 32_768 + second linear input 32_768 = 73_728,
     # x 3 layers = 221_184, plus the output/target the MSE loss saves (8_192 + 8_192) = 237_568
     assert none.saved_bytes == 3 * (8_192 + 32_768 + 32_768) + 2 * 8_192 == 237_568
     # full: every layer holds only its input (3 x 8_192) and the loss still saves its two: 40_960
-    assert full.saved_and_held_bytes == 3 * 8_192 + 2 * 8_192 == 40_960
+    assert full.kept_for_backward_bytes == 3 * 8_192 + 2 * 8_192 == 40_960
     # The recompute is the extra backward work by hand (flop_counter counts only matmuls: the recomputed
     # first linear of each layer, 2*32*64*256 = 1_048_576 FLOPs; the second linear is never re-run: early stop).
     assert flops_full - flops_none == 3 * 2 * 32 * 64 * 256
@@ -64,8 +64,8 @@ def test_selective_on_gpt2_counts_what_it_holds_and_mha_also_recomputes_the_in_p
     mha = compare_checkpointing(config_from_preset("gpt2-tiny", attention="mha"))
     for table in (sdpa, mha):
         none, selective = table.row("none"), table.row("selective")
-        assert selective.saved_and_held_bytes == selective.saved_bytes + selective.held_bytes
-        assert selective.held_bytes > 0 and selective.saved_and_held_bytes <= none.saved_and_held_bytes
+        assert selective.kept_for_backward_bytes == selective.saved_bytes + selective.held_bytes
+        assert selective.held_bytes > 0 and selective.kept_for_backward_bytes <= none.kept_for_backward_bytes
     # sdpa: each block's core holds q, k and v, 3 x (2*4*32*16*4 = 16_384) = 49_152 B, 2 blocks
     assert sdpa.row("selective").held_bytes == 2 * 3 * 2 * 4 * 32 * 16 * 4
     assert mha.row("selective").recompute_flops > sdpa.row("selective").recompute_flops
@@ -109,7 +109,7 @@ def test_cli_memory_checkpoints_json_is_the_comparison_and_bad_budget_is_one_lin
     table = compare_checkpointing(config_from_preset("gpt2-tiny"))
     assert [r["policy"] for r in report["checkpoints"]["rows"]] == ["none", "full", "selective"]
     for row, expected in zip(report["checkpoints"]["rows"], table.rows, strict=True):
-        assert row["saved_and_held_bytes"] == expected.saved_and_held_bytes
+        assert row["kept_for_backward_bytes"] == expected.kept_for_backward_bytes
         assert row["recompute_flops"] == expected.recompute_flops
     assert report["peak_bytes"] == report["timeline"]["peak_bytes"]
     assert main(["memory", "--preset", "gpt2-tiny", "--budget-gib", "0"]) == 2

@@ -1,8 +1,9 @@
 """Checkpointing side by side: the same config captured with no, full and selective checkpointing, one row each.
 
 Each policy is a real capture (on `meta` unless asked otherwise: shapes only, so any size is quick). A
-checkpointed region keeps its *inputs* for recomputation instead of its saved tensors, so the honest
-activation figure is saved + held, not saved alone. Recompute FLOPs are the forward ops re-run inside
+checkpointed region keeps its *inputs* for recomputation instead of its saved tensors (and a selective policy
+the outputs it chose to keep, stored by the checkpoint itself), so the figure to compare across policies is
+what the forward leaves for backward, saved + held (`kept_for_backward_bytes`), not saved alone. Recompute FLOPs are the forward ops re-run inside
 backward; PyTorch's non-reentrant checkpoint stops re-running a region as soon as it has rebuilt the last
 tensor the backward needs (`torch.utils.checkpoint`'s early stop), so a region's last ops (e.g. the final
 linear of a block, whose output nothing saved) never run again and recompute is less than a full forward.
@@ -24,9 +25,9 @@ class PolicyMemory:
     """One checkpoint policy's memory and compute, from its own capture."""
 
     policy: str
+    kept_for_backward_bytes: int  # the headline: what the forward leaves alive for backward, saved + held
     saved_bytes: int  # tensors saved for backward
-    held_bytes: int  # inputs checkpointed regions keep for recomputation
-    saved_and_held_bytes: int  # what the activations really cost: saved + held
+    held_bytes: int  # what checkpointed regions keep to recompute the rest: their inputs, a policy's kept outputs
     activation_peak_bytes: int  # timeline: most bytes live besides parameters and gradients
     forward_backward_peak_bytes: int  # timeline peak, parameters and gradients included
     step_peak_bytes: int  # plus optimizer state and master weights (see training_step)
@@ -36,6 +37,11 @@ class PolicyMemory:
     recompute_over_forward: float  # recompute_flops / forward_flops
     extra_time_fraction: float  # recompute / (forward + backward without it): extra step time at one FLOP rate
     extra_time_s: float | None  # extra_time_fraction x a measured step time, when one is given
+
+    @property
+    def saved_and_held_bytes(self) -> int:
+        """kept_for_backward_bytes, by the name the Memory tab's table reads."""
+        return self.kept_for_backward_bytes
 
 
 @dataclass(frozen=True)
@@ -63,9 +69,9 @@ def policy_memory(capture: Capture, optimizer: str = "adamw", step_time_s: float
     fraction = flops.backward_recompute / without if without else 0.0
     return PolicyMemory(
         policy=capture.config.checkpoint,
+        kept_for_backward_bytes=memory.kept_for_backward_bytes,
         saved_bytes=memory.saved_bytes,
         held_bytes=memory.checkpoint_held_bytes,
-        saved_and_held_bytes=memory.saved_bytes + memory.checkpoint_held_bytes,
         activation_peak_bytes=step.activation_peak_bytes,
         forward_backward_peak_bytes=step.forward_backward_peak_bytes,
         step_peak_bytes=step.step_peak_bytes,

@@ -15,16 +15,18 @@ from graphviz_core.config import ModelConfig
 def memory_report(
     config: ModelConfig, optimizer: str = "adamw", checkpoints: bool = False, budget_bytes: int | None = None
 ) -> dict:
-    """Keys: config, device, peak_bytes, timeline, training_step, accelerators; `checkpoints` (one row per
+    """Keys: config, device, kept_for_backward_bytes (saved + held for recompute), saved_bytes,
+    checkpoint_held_bytes, peak_bytes, timeline, training_step, accelerators; `checkpoints` (one row per
     policy, captured on meta) with checkpoints=True; `fit` (largest batch and seq per policy) with a budget."""
     capture = capture_backward(config)
     step = training_step_of(capture, optimizer)
     report = {
         "config": config.to_dict(),
         "device": capture.device,
-        "peak_bytes": capture.memory.peak_bytes,
+        "kept_for_backward_bytes": capture.memory.kept_for_backward_bytes,  # the headline: saved + held
         "saved_bytes": capture.memory.saved_bytes,
         "checkpoint_held_bytes": capture.memory.checkpoint_held_bytes,
+        "peak_bytes": capture.memory.peak_bytes,
         "timeline": capture.timeline.to_dict(),
         "training_step": dataclasses.asdict(step),
         "accelerators": [dataclasses.asdict(f) for f in accelerator_fits(step.step_peak_bytes)],

@@ -34,6 +34,10 @@ class GraphSummary:
 
 @dataclass(frozen=True)
 class MemorySummary:
+    """The capture's bytes. The headline is `kept_for_backward_bytes`: what the forward leaves alive for the
+    backward, saved tensors plus what checkpointing holds to recompute the rest: the one number to compare across
+    checkpoint policies (saved_bytes alone drops what a checkpoint keeps itself)."""
+
     saved_bytes: int  # tensors saved for backward, storages de-duplicated, parameters excluded
     parameter_bytes: int  # parameters reached by backward
     buffer_bytes: int  # the model's buffers (BatchNorm running statistics, rotary tables): no gradient, not parameters
@@ -42,6 +46,10 @@ class MemorySummary:
     baseline_bytes: int | None  # allocated before the forward (parameters, inputs); CUDA only
     checkpoint_held_bytes: int  # inputs that checkpointed regions keep for recomputation (not saved tensors)
     saved_bytes_by_category: dict[str, int]
+    kept_for_backward_bytes: int = field(init=False)  # saved_bytes + checkpoint_held_bytes
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kept_for_backward_bytes", self.saved_bytes + self.checkpoint_held_bytes)
 
 
 @dataclass(frozen=True)

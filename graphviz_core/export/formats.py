@@ -79,7 +79,9 @@ def capture_to_dict(capture: Capture, graph: nx.DiGraph | None = None, view: Map
             "device": capture.device,
             "loss": capture.loss,
             "summary": dataclasses.asdict(capture.summary),
-            "memory": {**dataclasses.asdict(capture.memory), **memory_details(capture)},
+            # the headline first: what the forward leaves alive for backward (saved + held for recompute)
+            "memory": {"kept_for_backward_bytes": capture.memory.kept_for_backward_bytes,
+                       **dataclasses.asdict(capture.memory), **memory_details(capture)},
             "flops": dataclasses.asdict(capture.flops),
             "time": dataclasses.asdict(capture.time),
             "backward_order": list(capture.backward_order),
