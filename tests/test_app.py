@@ -86,7 +86,7 @@ def test_toy_expressions_shows_a_bad_expression_as_an_error():
     at = AppTest.from_file(EXPRESSIONS, default_timeout=60).run()
     at.text_input(key="expr.text").set_value("__import__('os')").run()
     assert not at.exception
-    assert any("unknown function '__import__'" in plain(e.value) for e in at.error)
+    assert any("Unknown function '__import__'" in plain(e.value) for e in at.error)  # a sentence: capital first
 
 
 def test_graph_explorer_shows_the_textbook_comparison_with_real_numbers():
