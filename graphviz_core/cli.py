@@ -1,7 +1,8 @@
 """The `graphviz-core` command line: `graph` captures and exports, `expr` traces a toy expression, `compare`
 diffs two configs.
 
-Every subcommand exits 0 on success and 2 with one line on stderr for bad input, never a traceback.
+Every subcommand exits 0 on success and 2 with one line on stderr for bad input, never a traceback; Ctrl-C ends it
+with one line and 130.
 """
 
 from __future__ import annotations
@@ -322,7 +323,6 @@ def _stopped_sentence(spec: str, exc: BaseException, phase: str) -> str:
     else:
         what = f"raised {type(exc).__name__} {phase}" + (f": {first_line(exc)}" if str(exc).strip() else "")
     return f"{spec} {what}; a model file must return its model, not stop the program."
-
 
 
 def _expr_command(args: argparse.Namespace) -> str:
