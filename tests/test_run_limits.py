@@ -4,11 +4,17 @@ limit, cancel and queue as real captures, in this process and in the worker proc
 from __future__ import annotations
 
 import gc
+import threading
 import time
 
+import pytest
+
+from graphviz_core.capture import workers
 from graphviz_core.capture.admission import (
     RUN_TIMEOUT_ENV,
     CaptureCancelled,
+    Ticket,
+    admission,
     return_freed_memory,
     rss_bytes,
 )
@@ -57,3 +63,87 @@ def test_captures_stopped_by_the_run_time_limit_give_back_what_they_held(monkeyp
     # Each stopped capture held ~300 MiB: three kept would be ~900 MiB more; 10% of the start is the allowance for
     # the allocator's own bookkeeping.
     assert after <= 1.10 * start, f"RSS {start / 2**20:.0f} MiB before, {after / 2**20:.0f} MiB after"
+
+
+# 256 llama-tiny layers on meta: ~20,000 autograd nodes, all Python (64 layers took 2.9 s here, so ~12 s alone).
+HUGE_DRY_RUN = config_from_preset("llama-tiny", device="meta", layers=256).replace(preset="")
+POOL_START_S = 120  # the fork server imports torch and every family's modules: ~4 s here, more under load
+
+
+@pytest.fixture
+def pool():
+    if not workers.wait_for_pool(POOL_START_S):
+        pytest.fail(f"the meta worker processes did not answer within {POOL_START_S} s")
+
+
+@pytest.fixture
+def worker_futures(monkeypatch):
+    """The futures of the dry runs handed to worker processes, as the pool's own submit returns them."""
+    seen = []
+    submit = getattr(workers._POOL, "submit", None)
+
+    def recording(executor, config):
+        future, slot = submit(executor, config)
+        seen.append(future)
+        return future, slot
+
+    monkeypatch.setattr(workers._POOL, "submit", recording, raising=False)
+    return seen
+
+
+def test_a_dry_run_in_this_process_stops_at_the_run_time_limit(monkeypatch):
+    monkeypatch.setenv(workers.PROCESSES_ENV, "0")  # no worker processes: the dry run runs here
+    monkeypatch.setenv(RUN_TIMEOUT_ENV, "1")
+    with pytest.raises(CaptureCancelled, match="run time limit of 1 s"):
+        capture_anywhere(HUGE_DRY_RUN)
+    assert admission().load("meta").running == 0
+
+
+def test_a_dry_run_in_a_worker_stops_there_at_the_run_time_limit(pool, worker_futures, monkeypatch):
+    monkeypatch.setenv(RUN_TIMEOUT_ENV, "1")
+    with pytest.raises(CaptureCancelled, match="run time limit of 1 s"):
+        capture_anywhere(HUGE_DRY_RUN, progress=lambda phase: None)
+    # the worker stopped its capture too, rather than finishing it for nobody
+    (future,) = worker_futures
+    assert isinstance(future.exception(timeout=120), CaptureCancelled)
+
+
+def test_dry_runs_queue_behind_the_workers_with_positions_and_cancel(pool, worker_futures, monkeypatch):
+    monkeypatch.setenv(RUN_TIMEOUT_ENV, "600")
+    size = workers.pool_size()
+    tickets = [Ticket() for _ in range(size + 1)]
+    errors: list = []
+
+    def dry_run(ticket):
+        try:
+            capture_anywhere(HUGE_DRY_RUN.replace(seed=ticket.id), progress=lambda phase: None, ticket=ticket)
+        except CaptureCancelled as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=dry_run, args=(t,)) for t in tickets]
+    for thread in threads[:size]:
+        thread.start()
+    _wait_until(lambda: admission().load("meta").running == size)
+    threads[size].start()
+    # one per worker runs; the next waits: "2 ahead of you" with the default two workers
+    _wait_until(lambda: tickets[size].ahead() == size)
+    assert admission().load("meta").waiting == 1
+    tickets[size].cancel("cancelled by the user")
+    threads[size].join(10)
+    assert tickets[size].state == "cancelled" and not threads[size].is_alive()
+    for ticket in tickets[:size]:
+        ticket.cancel("cancelled by the user")
+    for thread in threads:
+        thread.join(60)
+    assert len(errors) == size + 1 and all("cancelled by the user" in str(e) for e in errors)
+    assert len(worker_futures) == size  # the cancelled waiter never reached a worker
+    assert all(isinstance(f.exception(timeout=120), CaptureCancelled) for f in worker_futures)  # each worker stopped
+    load = admission().load("meta")
+    assert (load.running, load.waiting) == (0, 0)
+
+
+def _wait_until(predicate, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)

@@ -4,8 +4,10 @@ a first-in-first-out queue with visible positions, cancellation, and returning f
 Every capture calls `admit(config, device, ticket)` before it builds anything. A real capture reserves its
 estimated peak bytes (`device.estimate_peak_bytes`) against its device's budget and releases them when it
 ends, so captures running side by side can never plan to use more than the budget together; one that does
-not fit yet waits its turn. `meta` runs allocate nothing and are admitted at once, never behind real ones.
-CUDA runs one capture at a time (the device lock) on top of the byte reservation.
+not fit yet waits its turn. CUDA runs one capture at a time (the device lock) on top of the byte reservation.
+`meta` dry runs allocate no tensor memory but can run for minutes: they have a queue of their own (never behind
+real captures), as many at once as the caller says can run side by side (graphviz_core.capture.workers: one per
+worker process), and the same run time limit, cancel and queue timeout.
 
 Budgets (bytes) come from the container's memory limit (cgroup v2 `memory.max`, v1
 `memory.limit_in_bytes`) and `MemAvailable`, whichever leaves less room, or from the environment:
@@ -180,26 +182,29 @@ class Admission:
             return DeviceLoad(device, q.budget_bytes, q.reserved_bytes, q.running, len(q.waiting))
 
     @contextlib.contextmanager
-    def admit(self, config: ModelConfig, device: str, ticket: Ticket | None = None) -> Iterator[Ticket]:
+    def admit(
+        self, config: ModelConfig, device: str, ticket: Ticket | None = None, at_once: int | None = None
+    ) -> Iterator[Ticket]:
         """Hold a place for `config` on `device` for the duration of the block.
+
+        `at_once`: how many captures may run on `device` at once (default: CUDA 1, CPU as many as the budget holds,
+        meta 1). A ticket already holding its place on `device` (a dry run taken back from a worker process that
+        died) keeps it: admitting it again waits for nothing.
 
         Raises CaptureError (a sentence) for a config that can never run here, CaptureCancelled when the
         ticket is cancelled while waiting, and CaptureError when the wait exceeds the queue timeout.
         """
         ticket = ticket or Ticket()
+        if ticket.state == "running" and ticket.device == device:
+            yield ticket
+            return
         ticket.device = device
         ticket._admission = self
-        if device == "meta":  # allocates nothing: never queued, never behind a real capture
-            ticket.state = "running"
-            try:
-                ticket.check()
-                yield ticket
-            finally:
-                ticket.state = "cancelled" if ticket.cancelled else "done"
-            return
-        need = estimate_peak_bytes(config)
-        self._refuse_if_impossible(config, device, need)
-        self._wait_for_room(ticket, device, need)
+        need = 0 if device == "meta" else estimate_peak_bytes(config)
+        if device != "meta":
+            self._refuse_if_impossible(config, device, need)
+        default = {"cuda": 1, "meta": 1}.get(device)
+        self._wait_for_room(ticket, device, need, at_once or default)
         run_limit = _env_float(RUN_TIMEOUT_ENV, 900)
         ticket._deadline = time.monotonic() + run_limit if run_limit > 0 else None
         try:
@@ -244,12 +249,12 @@ class Admission:
                 queue.budget_bytes = memory_budget_bytes(device)
             return queue.budget_bytes
 
-    def _wait_for_room(self, ticket: Ticket, device: str, need: int) -> None:
+    def _wait_for_room(self, ticket: Ticket, device: str, need: int, at_once: int | None) -> None:
         timeout = _env_float(QUEUE_TIMEOUT_ENV, 600)
         max_waiting = int(_env_float(MAX_WAITING_ENV, 32))
         started = time.monotonic()
         with self._lock:
-            queue = self._devices[device]
+            queue = self._devices.setdefault(device, _DeviceQueue())  # meta's: no budget, never measured
             if len(queue.waiting) >= max_waiting:
                 raise CaptureError(
                     f"{len(queue.waiting)} captures are already waiting on {device}; try again in a minute."
@@ -260,10 +265,10 @@ class Admission:
                 while True:
                     if ticket.cancelled:
                         raise CaptureCancelled(ticket.reason)
-                    fits = queue.reserved_bytes + need <= queue.budget_bytes
-                    gpu_free = device != "cuda" or queue.running == 0
+                    fits = queue.budget_bytes is None or queue.reserved_bytes + need <= queue.budget_bytes
+                    free = at_once is None or queue.running < at_once
                     # First come, first served: only the head of the queue may start.
-                    if queue.waiting[0] is ticket and fits and gpu_free:
+                    if queue.waiting[0] is ticket and fits and free:
                         break
                     if time.monotonic() - started > timeout:
                         raise CaptureError(
@@ -305,9 +310,9 @@ def admission() -> Admission:
     return _ADMISSION
 
 
-def admit(config: ModelConfig, device: str, ticket: Ticket | None = None):
+def admit(config: ModelConfig, device: str, ticket: Ticket | None = None, at_once: int | None = None):
     """`Admission.admit` on the process's one controller."""
-    return _ADMISSION.admit(config, device, ticket)
+    return _ADMISSION.admit(config, device, ticket, at_once)
 
 
 def rss_bytes() -> int:

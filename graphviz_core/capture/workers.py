@@ -19,21 +19,27 @@ Two ways to start the other process:
 
     GRAPHVIZ_CORE_META_PROCESSES   worker processes for meta runs (default: 2 where there are 2 or more cores, else 0;
                                    0 runs every meta capture in this process)
+
+In a server every dry run goes through admission like a real capture (graphviz_core.capture.admission): a queue of
+its own with visible positions, as many running at once as there are workers, the run time limit and Cancel. A dry
+run stopped while a worker runs it is stopped there too: each task has a slot in an array the workers share, and the
+worker's capture stops at its next module or node once the server sets it.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import multiprocessing
 import os
 import pickle
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 
-from graphviz_core.capture.admission import Ticket
+from graphviz_core.capture.admission import Ticket, admit
 from graphviz_core.capture.device import resolve_device
 from graphviz_core.capture.engine import Progress, capture_backward
 from graphviz_core.capture.gc_pause import no_cyclic_gc
@@ -42,6 +48,7 @@ from graphviz_core.config import FAMILIES, ModelConfig
 
 PROCESSES_ENV = "GRAPHVIZ_CORE_META_PROCESSES"
 POLL_S = 0.05  # how often a wait for another process looks at its ticket (Cancel, a closed tab)
+STOP_SLOTS = 256  # dry runs in flight in the worker processes that can be told to stop (more run unstoppable)
 # Imported once by the fork server, so its workers start with them: the capture, and every family's own modules
 # (resolving transformers' takes ~3 s in a fresh process, most of it the first family).
 PRELOAD = [
@@ -70,9 +77,23 @@ def runs_elsewhere(config: ModelConfig) -> bool:
         return False
 
 
-def _capture_here(config: ModelConfig) -> bytes:
-    """What the other process runs: one capture, pickled here so that this side unpickles it under `_loaded`."""
-    return pickle.dumps(capture_backward(config), protocol=pickle.HIGHEST_PROTOCOL)
+_STOP = None  # in a worker process: the array of stop flags the server shares with its workers
+
+
+def _receive_stop_flags(flags) -> None:
+    """A worker's initializer: keep the server's stop flags."""
+    global _STOP
+    _STOP = flags
+
+
+def _capture_here(config: ModelConfig, slot: int = -1) -> bytes:
+    """What the other process runs: one capture, pickled here so that this side unpickles it under `_loaded`; it
+    stops (CaptureCancelled) once the server sets its stop flag `slot`."""
+    ticket = None
+    if slot >= 0 and _STOP is not None:
+        flags = _STOP
+        ticket = Ticket(wanted=lambda: not flags[slot])
+    return pickle.dumps(capture_backward(config, ticket=ticket), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _loaded(data: bytes) -> Capture:
@@ -91,6 +112,8 @@ class _Pool:
         self._ready = threading.Event()  # the workers answered
         self._settled = threading.Event()  # the last start ended, answered or not
         self._given_up = False  # a start failed (no fork server here): meta captures stay in this process
+        self._stop = None  # STOP_SLOTS flags shared with every worker: 1 = stop the dry run in that slot
+        self._free_slots = list(range(STOP_SLOTS))
 
     def ready(self) -> ProcessPoolExecutor | None:
         """The pool once its workers have answered; None until then (the first call starts it in the background)."""
@@ -99,9 +122,32 @@ class _Pool:
                 self._settled.clear()
                 context = multiprocessing.get_context("forkserver")
                 context.set_forkserver_preload(PRELOAD)
-                self._executor = ProcessPoolExecutor(max_workers=pool_size(), mp_context=context)
+                if self._stop is None:
+                    self._stop = context.RawArray("b", STOP_SLOTS)
+                self._executor = ProcessPoolExecutor(max_workers=pool_size(), mp_context=context,
+                                                     initializer=_receive_stop_flags, initargs=(self._stop,))
                 threading.Thread(target=self._start, args=(self._executor,), name="meta-pool", daemon=True).start()
             return self._executor if self._ready.is_set() else None
+
+    def submit(self, executor: ProcessPoolExecutor, config: ModelConfig) -> tuple[Future, int]:
+        """`config`'s capture in a worker, and its stop slot (-1: none free); the slot is free again once the worker
+        is done with it, stopped or not."""
+        with self._lock:
+            slot = self._free_slots.pop() if self._free_slots else -1
+        future = executor.submit(_capture_here, config, slot)
+        if slot >= 0:
+            future.add_done_callback(lambda _: self._free(slot))
+        return future, slot
+
+    def stop(self, slot: int) -> None:
+        """Tell the worker running slot `slot`'s capture to stop at its next module or node."""
+        if slot >= 0 and self._stop is not None:
+            self._stop[slot] = 1
+
+    def _free(self, slot: int) -> None:
+        with self._lock:
+            self._stop[slot] = 0
+            self._free_slots.append(slot)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         if self.ready() is None and not self._given_up:
@@ -146,31 +192,36 @@ def wait_for_pool(timeout: float | None = None) -> bool:
 def capture_anywhere(config: ModelConfig, progress: Progress | None = None, ticket: Ticket | None = None) -> Capture:
     """`capture_backward(config)`, run by a worker process when it is a meta dry run and the pool is up.
 
-    A cancelled ticket stops the wait at once (CaptureCancelled); the worker finishes that capture and drops it. A
-    pool that broke (a worker killed) is replaced, and this capture runs here instead.
+    A dry run waits for its turn in admission's meta queue (as many at once as there are workers) and runs under the
+    run time limit; a cancelled ticket stops the wait at once (CaptureCancelled) and the worker's capture at its next
+    module or node. A pool that broke (a worker killed) is replaced, and this capture runs here instead.
     """
-    executor = _POOL.ready() if runs_elsewhere(config) else None
-    if executor is None:
+    if not runs_elsewhere(config):
         return capture_backward(config, progress, ticket)
-    if progress is not None:
-        progress("capturing in a second process (shapes only)")
-    return _answer(executor.submit(_capture_here, config), config, executor, owned=False, progress=progress,
-                   ticket=ticket)
+    ticket = ticket or Ticket()
+    with admit(config, "meta", ticket, at_once=pool_size()):
+        executor = _POOL.ready()
+        if executor is None:
+            return capture_backward(config, progress, ticket)
+        if progress is not None:
+            progress("capturing in a second process (shapes only)")
+        future, slot = _POOL.submit(executor, config)
+        return _answer(future, config, executor, owned=False, progress=progress, ticket=ticket, slot=slot)
 
 
 def _answer(future: Future, config: ModelConfig, executor: ProcessPoolExecutor, owned: bool,
-            progress: Progress | None = None, ticket: Ticket | None = None) -> Capture:
+            progress: Progress | None = None, ticket: Ticket | None = None, slot: int = -1) -> Capture:
     """The capture `future` brings back; if its worker died (killed, out of memory), the server's pool is dropped
     (`owned`: the caller's own forked children, shut down by the caller) and `config` is captured here instead."""
     try:
-        return _wait(future, ticket)
+        return _wait(future, ticket, slot)
     except BrokenProcessPool:
         if not owned:
             _POOL.broken(executor)
         return capture_backward(config, progress, ticket)
 
 
-def _wait(future: Future, ticket: Ticket | None) -> Capture:
+def _wait(future: Future, ticket: Ticket | None, slot: int = -1) -> Capture:
     while True:
         try:
             return _loaded(future.result(timeout=POLL_S))
@@ -179,35 +230,52 @@ def _wait(future: Future, ticket: Ticket | None) -> Capture:
                 try:
                     ticket.check()
                 except BaseException:
-                    future.cancel()
+                    if not future.cancel():  # already running: the worker stops it at its next module or node
+                        _POOL.stop(slot)
                     raise
 
 
-def _executor_now(jobs: int) -> tuple[ProcessPoolExecutor | None, bool]:
-    """Worker processes for `jobs` meta captures starting now, and whether the caller must shut them down: forked
-    children where no other Python thread runs (the CLI), the server's pool once it is up, else none."""
-    if threading.active_count() == 1:
-        return ProcessPoolExecutor(max_workers=min(jobs, pool_size()), mp_context=multiprocessing.get_context("fork")), True
-    return _POOL.ready(), False
+def _started(configs: list[ModelConfig]) -> tuple[dict[int, Callable[[], Capture]], Callable[[], None]]:
+    """The meta dry runs among `configs`, started now elsewhere: {index: what returns its Capture}, and what to call
+    once done. Forked children where no other Python thread runs (the CLI); in a server once its pool is up, each
+    through capture_anywhere on a thread of its own (admission's queue, the run time limit, a stop that reaches the
+    worker); otherwise none (they run here when asked for)."""
+    elsewhere = [i for i, config in enumerate(configs) if runs_elsewhere(config)]
+    if elsewhere and threading.active_count() == 1:
+        children = ProcessPoolExecutor(max_workers=min(len(elsewhere), pool_size()),
+                                       mp_context=multiprocessing.get_context("fork"))
+        futures = {i: children.submit(_capture_here, configs[i]) for i in elsewhere}
+        # its children have answered (or died): wait for its manager thread, so this process is as it was
+        return ({i: functools.partial(_answer, future, configs[i], children, True) for i, future in futures.items()},
+                functools.partial(children.shutdown, wait=True, cancel_futures=True))
+    if not elsewhere or _POOL.ready() is None:
+        return {}, lambda: None
+    tickets = {i: Ticket() for i in elsewhere}
+    threads = ThreadPoolExecutor(max_workers=len(elsewhere), thread_name_prefix="dry-run")
+    futures = {i: threads.submit(capture_anywhere, configs[i], None, tickets[i]) for i in elsewhere}
+
+    def done() -> None:  # a caller that gave up early stops the dry runs it no longer waits for
+        for ticket in tickets.values():
+            ticket.cancel("cancelled: nobody is waiting for it any more")
+        threads.shutdown(wait=False)
+
+    return {i: future.result for i, future in futures.items()}, done
 
 
 def capture_many(configs: list[ModelConfig], progress: Progress | None = None) -> list[Capture]:
     """Every config's capture, in order. Meta dry runs start at once in other processes, side by side (forked
     children in the CLI, the pool in a server once it is up); the rest, and everything when there are no such
     processes, run here one after the other. A worker that died is replaced by a capture here."""
-    elsewhere = [i for i, config in enumerate(configs) if runs_elsewhere(config)]
-    executor, owned = _executor_now(len(elsewhere)) if elsewhere else (None, False)
-    futures = {i: executor.submit(_capture_here, configs[i]) for i in elsewhere} if executor is not None else {}
+    started, done = _started(configs)
     try:
         captures = []
         for i, config in enumerate(configs):
             if progress is not None:
                 progress(f"capturing {config.describe()}")
-            captures.append(_answer(futures[i], config, executor, owned) if i in futures else capture_backward(config))
+            captures.append(started[i]() if i in started else capture_backward(config))
         return captures
     finally:
-        if owned:  # its children have answered (or died): wait for its manager thread, so this process is as it was
-            executor.shutdown(wait=True, cancel_futures=True)
+        done()
 
 
 def capture_later(config: ModelConfig) -> Callable[[], Capture]:
@@ -216,18 +284,14 @@ def capture_later(config: ModelConfig) -> Callable[[], Capture]:
     A meta dry run, in a process with no other Python thread (the CLI), runs in a forked child from now on; in a
     server, in its pool once it is up; anything else is captured here when the result is asked for.
     """
-    if not runs_elsewhere(config):
+    started, done = _started([config])
+    if not started:
         return lambda: capture_backward(config)
-    executor, owned = _executor_now(1)
-    if executor is None:
-        return lambda: capture_backward(config)
-    future = executor.submit(_capture_here, config)
 
     def result() -> Capture:
         try:
-            return _answer(future, config, executor, owned)
+            return started[0]()
         finally:
-            if owned:
-                executor.shutdown(wait=True)
+            done()
 
     return result
