@@ -81,10 +81,39 @@ def preload() -> None:
         pass
 
 
+def _bound_address() -> str | None:
+    """The address the server listens on when the operator named one (`make serve HOST=10.0.0.5`), else None."""
+    from streamlit import config
+    from streamlit.web.server import server_address_is_unix_socket
+
+    address = config.get_option("server.address")
+    if not address or address in ("0.0.0.0", "::") or server_address_is_unix_socket():  # noqa: S104 - compared
+        return None
+    return address
+
+
+def no_outbound_lookups() -> None:
+    """Keep Streamlit from asking the network for this machine's addresses.
+
+    Streamlit's net_util finds the "internal IP" by connecting a UDP socket to 8.8.8.8 and the "external IP" by an
+    HTTP request to checkip.amazonaws.com. It asks them to print "Network URL" / "External URL" at start (when no
+    address is named) and, for every WebSocket whose Origin is not this page's own host, to see whether that origin
+    is this machine (streamlit/web/server/server_util.py, is_url_from_allowed_origins): any foreign page could make a
+    server on an isolated network reach out. No setting turns either off, so both are replaced before the server
+    starts: the internal address is the one the server binds to when the operator names one, the external one is
+    unknown. Same-origin pages (the app's own, and through a proxy that passes Host) never reach these checks.
+    """
+    from streamlit import net_util
+
+    net_util.get_internal_ip = _bound_address
+    net_util.get_external_ip = lambda: None
+
+
 def main(argv: list[str] | None = None) -> None:
     from streamlit.runtime import Runtime  # noqa: F401 - imported here, before the preload thread needs it
     from streamlit.web import cli
 
+    no_outbound_lookups()
     threading.Thread(target=preload, name="preload", daemon=True).start()
 
     cli.main(["run", str(APP), *(sys.argv[1:] if argv is None else argv)], prog_name="streamlit")
