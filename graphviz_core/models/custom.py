@@ -27,6 +27,10 @@ class Custom(Family):
     shardable = False
     user_code = True
 
+    def takes(self, field_name: str) -> bool:
+        """Only what the capture sets from the module itself (its batch, dtype and device) and the seed."""
+        return field_name in ("model", "preset", "batch", "dtype", "device", "seed")
+
     def validate(self, config: ModelConfig) -> None:
         """Nothing to check: the user's module decides its own shapes."""
 
