@@ -10,6 +10,7 @@ import streamlit as st
 
 from graphviz_core.capture.device import resolve_device
 from graphviz_core.capture.engine import warm_up
+from graphviz_core.ui.routes import PAGE_CSS
 
 st.set_page_config(page_title="Backprop, visible", layout="wide")
 
@@ -24,6 +25,8 @@ def _warm_up_in_background() -> threading.Thread:
 
 
 _warm_up_in_background()
+# The pages' style (PAGE_CSS: no blank band above the title); served in each page's <head> too (ui.routes)
+st.html(f"<style>{PAGE_CSS}</style>")
 
 navigation = st.navigation(
     [

@@ -250,6 +250,15 @@ def landmarks(graph: nx.DiGraph, layout: Layout) -> list[dict]:
             for (group, col), y in sorted(tops.items(), key=lambda item: (item[0][1], item[1]))]
 
 
+def _first_column_span(layout: Layout, widths: dict[str, float]) -> dict | None:
+    """Left and right edge of the first (the loss's) column of boxes, in canvas px: where the page's first view may
+    start so that the column is whole."""
+    column = _columns(layout)
+    edges = [(layout.positions[n][0] - widths[n] / 2, layout.positions[n][0] + widths[n] / 2)
+             for n in layout.positions if column[n] == 0]
+    return {"left": min(e[0] for e in edges), "right": max(e[1] for e in edges)} if edges else None
+
+
 def build_network(
     graph: nx.DiGraph,
     *,
@@ -357,7 +366,8 @@ def render_html(
     for metric in (colour_by, size_by):
         if metric is not None and metric not in METRICS:
             raise ValueError(f"unknown metric {metric!r}; choose one of: {', '.join(METRICS)}.")
-    layout = layered_layout(graph, widths=node_widths(graph))
+    widths = node_widths(graph)
+    layout = layered_layout(graph, widths=widths)
     net = build_network(graph, colour_by=colour_by, size_by=size_by, highlight=highlight, layout=layout,
                         level_of_detail=level_of_detail)
     # search matches in backward order (nearest the loss first): the page opens on the first
@@ -378,6 +388,7 @@ def render_html(
         # the loss: the first node of the first layer (backward starts there), whatever order the graph's nodes are in
         data={"nodes": nodes, "edges": edges, "options": net.options, "details": details, "matches": matches,
               "loss": layout.layers[0][0] if layout.layers else None,
+              "loss_column": _first_column_span(layout, widths),
               "selected": selected if selected in details else None, "node_links": node_links,
               "landmarks": landmarks(graph, layout),
               "lod": {"enabled": level_of_detail, "readable_scale": MIN_FIT_SCALE,

@@ -1,4 +1,5 @@
-"""The app's pages opened by URL (/compare, /parallel) connect to the server at once, with no 404 on the way.
+"""The app's pages opened by URL (/compare, /parallel) connect to the server at once, with no 404 on the way, and
+start with the app's own page style.
 
 Streamlit's frontend, loaded at a page's URL, looks for its server by probing `<path>/_stcore/health` and
 `<path>/_stcore/host-config` from the deepest path up (`/compare/_stcore/health` first, then `/_stcore/health`): each
@@ -6,7 +7,9 @@ probe of a page's path answers 404, which the browser logs as a console error, a
 frontend skips the search when the page says where its server is (`window.__streamlit.BACKEND_BASE_URL`, the setting
 Streamlit reads for an app embedded elsewhere). So each page's URL is answered with Streamlit's own index.html plus
 one line of script that sets it: the page's own address less its page name, so a base path (`server.baseUrlPath`) or
-a proxy's prefix is kept. Every other path is Streamlit's as before.
+a proxy's prefix is kept. The front page and every page also carry PAGE_CSS in their <head>, so the first paint has it
+(app.py sets the same style from the script, which arrives ~0.4 s after the first title). Every other path is
+Streamlit's as before.
 
 `install()` adds these routes to the server Streamlit is about to start; call it before `streamlit run` (serve.py).
 """
@@ -17,6 +20,10 @@ import json
 from pathlib import Path
 
 PAGES = Path(__file__).resolve().parents[2] / "pages"
+# Streamlit starts the main column 6rem (96 px) down: a blank band above every page's title that, on a laptop's 800 px,
+# pushed the figures below the fold. The toolbar above it is transparent and holds only the running indicator, at the
+# right; 1.5rem keeps the title clear of it.
+PAGE_CSS = "[data-testid='stMainBlockContainer'] { padding-top: 1.5rem !important; }"  # over Streamlit's own rule, added later
 # Runs before Streamlit's module script (module scripts are deferred): its settings are read once, when it loads.
 BASE_SCRIPT = """<script>
 (function () {{
@@ -37,14 +44,16 @@ def page_paths(pages: Path = PAGES) -> tuple[str, ...]:
 
 
 def index_html(page: str, index: str) -> str:
-    """Streamlit's `index` with the script that names the server for a page at `…/<page>`."""
-    script = BASE_SCRIPT.format(page=json.dumps("/" + page))
+    """Streamlit's `index` with the app's style and, for a page at `…/<page>` (not the front page, ""), the script that
+    names the server."""
+    script = BASE_SCRIPT.format(page=json.dumps("/" + page)) if page else ""
     head = index.index("<head>") + len("<head>")
-    return index[:head] + script + index[head:]
+    return index[:head] + f"<style>{PAGE_CSS}</style>" + script + index[head:]
 
 
 def page_routes(base_url: str = "") -> list:
-    """A route per page answering GET with index.html and its script (no-cache, as Streamlit serves it)."""
+    """A route per page, and the front page, answering GET with index.html, the style and the script (no-cache, as
+    Streamlit serves it)."""
     from starlette.responses import HTMLResponse
     from starlette.routing import Route
     from streamlit import file_util
@@ -52,13 +61,15 @@ def page_routes(base_url: str = "") -> list:
 
     index = (Path(file_util.get_static_dir()) / "index.html").read_text(encoding="utf-8")
     routes = []
-    for page in page_paths():
+    for page in ("", *page_paths()):
         body = index_html(page, index)
 
         async def answer(request, body: str = body) -> HTMLResponse:
             return HTMLResponse(body, headers={"Cache-Control": "no-cache"})
 
-        routes.append(Route(make_url_path(base_url, page), answer, methods=["GET"], name=f"page-{page}"))
+        path = make_url_path(base_url, page)
+        for url in {path, path.rstrip("/") or "/"}:
+            routes.append(Route(url, answer, methods=["GET"], name=f"page-{page or 'front'}"))
     return routes
 
 
