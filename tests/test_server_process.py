@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -104,3 +105,124 @@ def test_a_session_and_a_foreign_websocket_make_no_outbound_connection(browser, 
     assert calls, "the audit hook saw no socket call at all: the shim did not load"
     outbound = [c for c in calls if c["host"] not in LOOPBACK and not c["host"].startswith("127.")]
     assert not outbound, outbound
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process started, directly or not, by `pid` (the fork server and its workers, multiprocessing's resource
+    tracker), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _running(pids: set[int]) -> set[int]:
+    """Those of `pids` still running (a zombie waiting for its parent has ended)."""
+    alive = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                alive.add(pid)
+    return alive
+
+
+def _gone_within(pids: set[int], seconds: float) -> set[int]:
+    deadline = time.monotonic() + seconds
+    while _running(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _running(pids)
+
+
+def _open(browser, url: str, config) -> None:
+    """A visitor opening `config`'s link (the page starts its capture; nobody waits for it to end)."""
+    page = browser.new_context().new_page()
+    page.goto(link_url(url, config_params(config.replace(preset=""))), wait_until="commit")
+
+
+def _start_workers(browser, url: str, proc) -> set[int]:
+    """Open a dry run, so that the worker processes start and answer; the server's processes then."""
+    with watched_page(browser) as page:
+        page.goto(link_url(url, config_params(config_from_preset("llama-tiny", device="meta").replace(preset=""))))
+        graph_frame(page, captured("llama-tiny", device="meta").summary.nodes, timeout_s=180)
+    deadline = time.monotonic() + 120
+    while len(_descendants(proc.pid)) < 4:  # the resource tracker, the fork server and its two workers
+        assert time.monotonic() < deadline, _descendants(proc.pid)
+        time.sleep(0.2)
+    return _descendants(proc.pid)
+
+
+LONG_DRY_RUN = config_from_preset("llama-tiny", device="meta", layers=256, seed=11)  # ~12 s of Python in a worker
+LONG_CPU_CAPTURE = config_from_preset("gpt2-tiny", device="cpu", layers=48, batch=8, seq=256, seed=11)
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("how", ["SIGTERM when idle", "SIGTERM mid-capture", "Ctrl-C mid-capture"])
+def test_the_server_stops_cleanly_with_its_workers(browser, how):
+    with served(new_session=True) as (proc, url):
+        processes = _start_workers(browser, url, proc)
+        if "mid-capture" in how:
+            _open(browser, url, LONG_DRY_RUN)
+            _open(browser, url, LONG_CPU_CAPTURE)
+            time.sleep(3)  # both under way: the dry run in a worker, the CPU capture in the server
+        if how.startswith("Ctrl-C"):
+            os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches every process of the group
+        else:
+            proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+        stderr = proc.stderr.read().decode(errors="replace")
+    assert code == 0, stderr[-3000:]
+    for sign in ("terminate called", "Aborted", "core dumped", "Traceback", "KeyboardInterrupt"):
+        assert sign not in stderr, stderr[-3000:]
+    # the fork server ends once the server and the workers have closed their end of its pipe
+    assert not _gone_within(processes, 10)
+
+
+@pytest.mark.browser
+def test_after_a_sigkill_the_workers_follow_and_the_next_start_removes_their_folder(browser):
+    before = set(Path(tempfile.gettempdir()).glob("pymp-*"))
+    with served() as (proc, url):
+        processes = _start_workers(browser, url, proc)
+        left = set(Path(tempfile.gettempdir()).glob("pymp-*")) - before  # the fork server's socket lives there
+        assert left
+        proc.kill()
+        proc.wait(30)
+        assert not _gone_within(processes, 15)  # each worker sees its server gone within a second, then exits
+    assert all(path.exists() for path in left)  # nobody removed them: the server was killed
+    with served() as (proc, url):
+        assert not any(path.exists() for path in left)
+
+
+def test_only_folders_whose_sockets_nobody_holds_are_removed(tmp_path):
+    import socket
+
+    from graphviz_core.ui.serve import remove_stale_temp_dirs
+
+    def socket_file(folder: Path, keep_open: bool):
+        folder.mkdir()
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(folder / "listener-test"))
+        server.listen()
+        if not keep_open:
+            server.close()  # the file stays; /proc/net/unix no longer lists it
+        return server
+
+    socket_file(tmp_path / "pymp-killed", keep_open=False)
+    live = socket_file(tmp_path / "pymp-live", keep_open=True)
+    socket_file(tmp_path / "not-multiprocessing", keep_open=False)
+    (tmp_path / "pymp-with-a-file").mkdir()
+    (tmp_path / "pymp-with-a-file" / "notes.txt").write_text("kept")
+    (tmp_path / "pymp-empty").mkdir()  # whose is it? unknown: kept
+    try:
+        assert remove_stale_temp_dirs(tmp_path) == [tmp_path / "pymp-killed"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            "not-multiprocessing", "pymp-empty", "pymp-live", "pymp-with-a-file"]
+    finally:
+        live.close()

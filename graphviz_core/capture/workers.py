@@ -33,13 +33,15 @@ import functools
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 
-from graphviz_core.capture.admission import Ticket, admit
+from graphviz_core.capture.admission import CaptureCancelled, Ticket, admit
 from graphviz_core.capture.device import resolve_device
 from graphviz_core.capture.engine import Progress, capture_backward
 from graphviz_core.capture.gc_pause import no_cyclic_gc
@@ -78,12 +80,31 @@ def runs_elsewhere(config: ModelConfig) -> bool:
 
 
 _STOP = None  # in a worker process: the array of stop flags the server shares with its workers
+SERVER_GONE_POLL_S = 1.0  # how often a worker looks whether the server that started it is still there
 
 
-def _receive_stop_flags(flags) -> None:
-    """A worker's initializer: keep the server's stop flags."""
+def _worker_start(flags, server_pid: int) -> None:
+    """A worker's initializer: keep the server's stop flags, leave Ctrl-C to the server (which stops its workers
+    itself; a KeyboardInterrupt here printed a traceback per worker), and exit once the server is gone.
+
+    A worker outliving its server (killed with SIGKILL, or out of memory) would wait forever: it holds the write end
+    of its own task queue, so it never reads an end of file there, and the fork server stays up while one of its
+    children does. Both then held their memory (torch, transformers) and the fork server's socket indefinitely."""
     global _STOP
     _STOP = flags
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with, args=(server_pid,), name="server-watch", daemon=True).start()
+
+
+def _exit_with(server_pid: int) -> None:
+    while True:
+        time.sleep(SERVER_GONE_POLL_S)
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except PermissionError:  # a process of another user took the number: the server is gone too
+            os._exit(0)
 
 
 def _capture_here(config: ModelConfig, slot: int = -1) -> bytes:
@@ -125,7 +146,7 @@ class _Pool:
                 if self._stop is None:
                     self._stop = context.RawArray("b", STOP_SLOTS)
                 self._executor = ProcessPoolExecutor(max_workers=pool_size(), mp_context=context,
-                                                     initializer=_receive_stop_flags, initargs=(self._stop,))
+                                                     initializer=_worker_start, initargs=(self._stop, os.getpid()))
                 threading.Thread(target=self._start, args=(self._executor,), name="meta-pool", daemon=True).start()
             return self._executor if self._ready.is_set() else None
 
@@ -173,14 +194,35 @@ class _Pool:
                 self._ready.clear()
         executor.shutdown(wait=False, cancel_futures=True)
 
-    def shut_down(self) -> None:
+    def shut_down(self, timeout_s: float = 10.0) -> None:
+        """Stop every dry run in the workers, end the workers (killed if they have not ended within `timeout_s`) and
+        start no pool after this."""
         with self._lock:
-            if self._executor is not None:
-                self._executor.shutdown(wait=False, cancel_futures=True)
+            executor, self._executor = self._executor, None
+            self._given_up = True
+            self._ready.clear()
+        if executor is None:
+            return
+        if self._stop is not None:
+            self._stop[:] = [1] * STOP_SLOTS  # each running dry run stops at its next module or node
+        processes = list((executor._processes or {}).values())
+        executor.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + timeout_s
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+                process.join(5)
 
 
 _POOL = _Pool()
 atexit.register(_POOL.shut_down)
+
+
+def shut_down_workers(timeout_s: float = 10.0) -> None:
+    """Stop the server's worker processes (a server that is stopping): their dry runs stop, the workers end."""
+    _POOL.shut_down(timeout_s)
 
 
 def wait_for_pool(timeout: float | None = None) -> bool:
@@ -225,6 +267,8 @@ def _wait(future: Future, ticket: Ticket | None, slot: int = -1) -> Capture:
     while True:
         try:
             return _loaded(future.result(timeout=POLL_S))
+        except CancelledError:  # still queued when the workers were stopped (a server that is stopping)
+            raise CaptureCancelled("cancelled: the worker processes were stopped") from None
         except FutureTimeout:
             if ticket is not None:
                 try:

@@ -186,6 +186,14 @@ class SharedCaptures:
         job.ticket.cancel(reason)
         return True
 
+    def cancel_all(self, reason: str) -> list[Job]:
+        """Cancel every capture in flight (a server that is stopping); the jobs, to wait for."""
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            job.ticket.cancel(reason)
+        return jobs
+
     def in_flight(self, config: ModelConfig) -> Job | None:
         with self._lock:
             return self._jobs.get(cache_key(config))

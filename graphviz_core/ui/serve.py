@@ -10,8 +10,12 @@ process.
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import os
+import stat
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -40,6 +44,7 @@ def _import(names: tuple[str, ...]) -> None:
 
 
 SERVER_UP_WAIT_S = 5.0  # the longest the imports wait for the server to answer first
+_STOPPING = threading.Event()  # the server is stopping: the preload thread starts nothing more
 
 
 def _server_up() -> None:
@@ -72,9 +77,10 @@ def preload() -> None:
         from graphviz_core.serve.shared_captures import shared_captures
 
         deadline = time.monotonic() + PANELS_AFTER_S
-        while shared_captures().load().entries == 0 and time.monotonic() < deadline:
+        while shared_captures().load().entries == 0 and time.monotonic() < deadline and not _STOPPING.is_set():
             time.sleep(0.1)
-        time.sleep(PANELS_SETTLE_S)
+        if _STOPPING.wait(PANELS_SETTLE_S):
+            return
         # under the same lock: a capture that starts while they import waits for them (warm_up returns at once)
         warm_up(device, before=lambda: _import(PANELS))
     except Exception:  # noqa: BLE001 - the page imports the same modules and shows any error itself
@@ -109,14 +115,86 @@ def no_outbound_lookups() -> None:
     net_util.get_external_ip = lambda: None
 
 
+def remove_stale_temp_dirs(folder: Path | None = None) -> list[Path]:
+    """Remove the temporary folders (`pymp-*`) that multiprocessing left behind in `folder` (the system's temporary
+    folder) when the process that made them was killed; the removed folders.
+
+    A fork server keeps its socket in one (`listener-*`); its process removes it when it ends, unless it was killed.
+    Only folders of this user that hold nothing but sockets no process listens on any more (/proc/net/unix) are
+    removed, so a folder some live process still uses is never touched. Elsewhere than Linux, nothing is removed."""
+    listening = _listening_unix_sockets()
+    if listening is None:
+        return []
+    removed = []
+    for candidate in sorted(Path(folder or tempfile.gettempdir()).glob("pymp-*")):
+        try:
+            if candidate.is_symlink() or not candidate.is_dir() or candidate.stat().st_uid != os.getuid():
+                continue
+            entries = list(candidate.iterdir())
+            if not entries or any(not stat.S_ISSOCK(e.lstat().st_mode) or str(e) in listening for e in entries):
+                continue
+            for entry in entries:
+                entry.unlink()
+            candidate.rmdir()
+            removed.append(candidate)
+        except OSError:  # another process removed or used it meanwhile: leave it
+            continue
+    return removed
+
+
+def _listening_unix_sockets() -> set[str] | None:
+    """Paths of the Unix sockets some process holds open (Linux /proc/net/unix); None where it cannot be read."""
+    try:
+        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return None
+    return {fields[7] for fields in (line.split() for line in lines) if len(fields) >= 8}
+
+
+STOP_WAIT_S = 10.0  # the longest a stopping server waits for its captures, then for its worker processes
+
+
+def shut_down(preloading: threading.Thread | None = None) -> None:
+    """Stop what runs besides Streamlit, once its server has stopped: every capture in flight is cancelled and waited
+    for (each stops at its next module or autograd node), the preload thread ends, the worker processes end."""
+    _STOPPING.set()
+    deadline = time.monotonic() + STOP_WAIT_S
+    shared = sys.modules.get("graphviz_core.serve.shared_captures")  # not imported: nothing was captured
+    if shared is not None:
+        for job in shared.shared_captures().cancel_all("cancelled: the server is stopping"):
+            job.done.wait(max(0.0, deadline - time.monotonic()))
+    if preloading is not None:
+        preloading.join(max(0.0, deadline - time.monotonic()))
+    workers = sys.modules.get("graphviz_core.capture.workers")
+    if workers is not None:
+        workers.shut_down_workers(STOP_WAIT_S)
+
+
 def main(argv: list[str] | None = None) -> None:
+    """Start the app; on SIGTERM or Ctrl-C (Streamlit's handlers stop its server), stop everything else, then exit.
+
+    The exit skips the C++ destructors that run after Python's own: a thread still inside a torch kernel then (a
+    page's computation Streamlit could not stop) met a destroyed thread pool, and the process ended in SIGABRT
+    ("terminate called without an active exception"). Python's exit handlers still run first (multiprocessing's
+    clean-up, logging's flush)."""
     from streamlit.runtime import Runtime  # noqa: F401 - imported here, before the preload thread needs it
     from streamlit.web import cli
 
+    remove_stale_temp_dirs()  # what a server killed with SIGKILL left in /tmp
     no_outbound_lookups()
-    threading.Thread(target=preload, name="preload", daemon=True).start()
-
-    cli.main(["run", str(APP), *(sys.argv[1:] if argv is None else argv)], prog_name="streamlit")
+    preloading = threading.Thread(target=preload, name="preload", daemon=True)
+    preloading.start()
+    code = 0
+    try:
+        cli.main(["run", str(APP), *(sys.argv[1:] if argv is None else argv)], prog_name="streamlit")
+    except SystemExit as stop:  # click ends every command this way, 0 after a server stopped by a signal
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    finally:
+        shut_down(preloading)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
 
 
 if __name__ == "__main__":
