@@ -248,6 +248,16 @@ _ROUTER_SUFFIXES = ("Router",)  # MixtralTopKRouter: the gate's top-k and softma
 _ACTIVATION_SUFFIXES = ("Activation", "GELU", "SiLU")  # GPT-2's gelu_new spelled out as mul/pow/add/tanh
 _POOLING_SUFFIXES = ("Pool2d", "Pool1d")  # AdaptiveAvgPool2d runs as a mean on CPU
 _ROTARY = ("ApplyRotary",)  # graphviz_core.models.hf runs transformers' apply_rotary_pos_emb inside this module
+# Attention modules: CoreAttention (the built-in models), LlamaAttention, MistralAttention, Qwen2Attention,
+# MixtralAttention, Gemma3Attention, GPT2Attention, BertSelfAttention, ViTSelfAttention. What is computed directly in
+# one (not in its Linear, Conv1D, norm or rotary children) is the attention core: spelled out (`manual`, `eager`),
+# q·kᵀ, scale, mask, softmax, dropout and ·v are all `attention` (DESIGN.md), the op that would otherwise read as a
+# matmul, an elementwise op or a normalisation; its views and reshapes stay `shape`, dtype copies `conversion`.
+_ATTENTION_SUFFIXES = ("Attention",)
+# nn.MultiheadAttention computes its packed in-projection itself (a matmul that stays one) and runs its core as one
+# fused kernel, which the op name already calls attention.
+_NOT_ATTENTION_CORE = ("MultiheadAttention",)
+_ATTENTION_CORE_CATEGORIES = ("matmul", "normalization", "elementwise", "activation", "residual_add", "reduction")
 # An Add here joins the residual stream: transformer layers and blocks, BERT/ViT's *Output (dense + residual),
 # ResNet's residual layers.
 _RESIDUAL_SUFFIXES = ("Layer", "Block", "Output")
@@ -257,12 +267,18 @@ _LINEAR = ("Linear", "NonDynamicallyQuantizableLinear", "MultiheadAttention", "C
 _EMBEDDING_ROOTS = ("GPT2", "GPT2Model")
 
 
+def is_attention_core(module_type: str) -> bool:
+    """Whether what a module of this type computes itself is an attention core (its projections are children)."""
+    return module_type.endswith(_ATTENTION_SUFFIXES) and module_type not in _NOT_ATTENTION_CORE
+
+
 @functools.lru_cache(maxsize=4096)  # a pure function of two names: captures ask it once per node
 def category_in_module(op: str, module_type: str) -> str:
     """The category of `op` created inside a module of type `module_type` ("" where no module created it,
     e.g. the loss computed after the model's forward). The op name decides first; the module decides where
     the op alone cannot: ops inside a norm are normalization, inside the rotary embedding position, inside a
-    router routing, and an Add is residual_add only where it joins the residual stream."""
+    router routing, the arithmetic of a spelled-out attention core attention, and an Add is residual_add only
+    where it joins the residual stream."""
     category = category_of(op)
     if category in ("accumulate_grad", "attention", "conversion", "checkpoint"):
         return category
@@ -270,6 +286,8 @@ def category_in_module(op: str, module_type: str) -> str:
         return "loss" if _SUFFIX.sub("", op) == "LogSoftmax" else category
     if module_type in _ROTARY:
         return "position"
+    if is_attention_core(module_type) and category in _ATTENTION_CORE_CATEGORIES:
+        return "attention"
     if module_type.endswith(_NORM_SUFFIXES) and category in ("elementwise", "reduction", "residual_add"):
         return "normalization"
     if module_type.endswith(_ROUTER_SUFFIXES) and category != "matmul":
@@ -286,4 +304,4 @@ def category_in_module(op: str, module_type: str) -> str:
         return "embedding"
     if module_type.endswith(_RESIDUAL_SUFFIXES):
         return "residual_add"
-    return "elementwise"  # e.g. the causal mask added to the scores inside an eager attention module
+    return "elementwise"

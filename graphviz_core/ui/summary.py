@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from html import escape
 
 import streamlit as st
@@ -91,6 +92,36 @@ def show_categories(capture: Capture) -> None:
     )
     if any(row["backward_flops"] is None for row in rows):
         st.caption(f"Backward FLOPs {NOT_COUNTED_NOTE} (they are missing from the totals, not zero).")
+    note = spelled_out_attention_note(capture)
+    if note:
+        st.caption(escape_markdown(note))
+
+
+# What each op of a spelled-out attention core does, by its op name without `Backward<N>`.
+_CORE_ROLES = {"Bmm": "q·kᵀ, ·v", "Matmul": "q·kᵀ, ·v", "Mul": "scale", "Div": "scale", "MaskedFill": "mask",
+               "Add": "mask", "Where": "mask", "Softmax": "softmax", "NativeDropout": "dropout"}
+
+
+def spelled_out_attention_note(capture: Capture) -> str | None:
+    """With attention spelled out (`manual`, `eager`): the core's attention nodes per layer and what each op does,
+    beside the fused kernel's one node per layer; None otherwise."""
+    config = capture.config
+    family = config.family
+    if not family.spelled_out_attention or config.attention != family.spelled_out_attention:
+        return None
+    ops = Counter(d["op"] for _, d in capture.graph.nodes(data=True) if d["category"] == "attention")
+    if not ops:
+        return None
+    per_layer = all(n % config.layers == 0 for n in ops.values())
+    layers = config.layers if per_layer else 1
+    listed = []
+    for op, n in ops.most_common():
+        role = _CORE_ROLES.get(op.split("Backward")[0])
+        listed.append(("" if n == layers else f"{n // layers} × ") + op + (f" ({role})" if role else ""))
+    where = "per layer" if per_layer else "in all"
+    return (f"Attention spelled out ({config.attention}): {sum(ops.values()) // layers} attention nodes {where}, "
+            f"{', '.join(listed)}, where the fused kernel ({family.attentions[0]}) is one node per layer; the core's "
+            "reshapes count as shape.")
 
 
 def _flops_cell(flops: int | None) -> str:
