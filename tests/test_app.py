@@ -166,7 +166,9 @@ def test_the_line_under_the_figures_names_the_checkpointing_that_produced_them()
         at = explorer_tab("Graph", preset="qwen2-tiny", checkpoint=policy)
         assert not at.exception
         lines[policy] = plain(next(c.value for c in at.caption if c.value.startswith("Loss ")))
-        assert lines[policy].endswith(f"· float32 · cpu · sdpa attention (fused) · checkpoint {policy}"), lines[policy]
+        applied = at.session_state["config.applied"].checkpoint  # the policy's own name (the family's selective)
+        assert applied.startswith(policy)
+        assert lines[policy].endswith(f"· float32 · cpu · sdpa attention (fused) · checkpoint {applied}"), lines[policy]
         assert "qwen2 · 2 layers · h=64 · 4 heads / 2 kv · b=2 · s=32" in lines[policy]
     at = explorer_tab("Graph", preset="qwen2-tiny")
     line = plain(next(c.value for c in at.caption if c.value.startswith("Loss ")))

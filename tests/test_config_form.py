@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 from streamlit.testing.v1 import AppTest
 
-from tests.conftest import captured
+from tests.conftest import captured, plain
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
@@ -63,7 +63,7 @@ def test_an_edited_preset_is_named_by_its_fields():
     at = AppTest.from_file(APP, default_timeout=120).run()
     at.number_input(key="config.layers").set_value(1)
     run(at)
-    caption = next(c.value for c in at.caption if c.value.startswith("Loss"))
+    caption = plain(next(c.value for c in at.caption if c.value.startswith("Loss")))
     assert "preset" not in caption and "gpt2 · 1 layer · h=64" in caption
 
 
@@ -120,3 +120,47 @@ def test_the_form_keeps_its_model_from_the_explorer_to_beyond_one_gpu():
     assert not [w.value for w in at.sidebar.warning]  # the form is the model applied: nothing stale to flag
     at.switch_page("pages/graph_explorer.py").run()  # and back
     assert at.number_input(key="config.hidden").value == 64 and not at.exception
+
+
+NOT_A_PRESET = "(custom: the fields below)"  # what the preset box reads for a config that is none of the presets
+
+
+def _link(params: dict) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update(params)
+    return at.run()
+
+
+def test_a_link_by_fields_shows_the_preset_it_is_or_says_custom():
+    # mistral-tiny's own fields, named by them (as a link from a form that dropped the preset's name): the box names
+    # mistral-tiny and the address bar says so
+    at = _link({"model": "mistral", "kv_heads": "2", "intermediate": "128"})
+    assert not at.exception
+    assert at.selectbox(key="config.preset").value == "mistral-tiny"
+    assert {k: at.query_params[k] for k in at.query_params} == {"preset": "mistral-tiny"}
+    # ?model=mistral alone is Mistral at the form's defaults (kv_heads 0, intermediate 0): no preset has those fields,
+    # so the box says custom; it read gpt2-tiny beside a Mistral graph
+    at = _link({"model": "mistral"})
+    assert at.selectbox(key="config.preset").value == NOT_A_PRESET
+    assert at.selectbox(key="config.model").value == "mistral"
+    assert "config: mistral · 2 layers · h=64 · 4 heads · " in plain(next(c.value for c in at.caption if c.value.startswith("Loss")))
+    assert any(c.value.startswith("None of the presets") for c in at.sidebar.caption)
+
+
+def test_running_edited_fields_sets_the_box_to_custom_and_back_to_the_preset():
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    assert at.selectbox(key="config.preset").value == "gpt2-tiny"
+    at.number_input(key="config.layers").set_value(1)
+    run(at)
+    assert at.selectbox(key="config.preset").value == NOT_A_PRESET
+    at.number_input(key="config.layers").set_value(2)  # gpt2-tiny's 2 layers again: it is that preset once more
+    run(at)
+    assert at.selectbox(key="config.preset").value == "gpt2-tiny"
+    assert {k: at.query_params[k] for k in at.query_params} == {"preset": "gpt2-tiny"}
+
+
+def test_a_link_that_cannot_be_used_shows_the_default_and_the_address_bar_says_so():
+    at = _link({"model": "gpt2", "kv_heads": "2"})  # gpt2 has no grouped-query attention
+    assert any("config could not be used" in w.value for w in at.warning)
+    assert at.selectbox(key="config.preset").value == "gpt2-tiny"
+    assert {k: at.query_params[k] for k in at.query_params} == {"preset": "gpt2-tiny"}

@@ -194,9 +194,10 @@ def test_the_description_names_everything_that_produced_the_result():
     from graphviz_core.export.render import run_description
 
     # qwen2-tiny selective vs full: the two results differ (Saved + held 503.5 vs 213.5 KiB), so must their lines
-    selective = run_description(config_from_preset("qwen2-tiny", checkpoint="selective"), "cpu")
+    policy = config_from_preset("qwen2-tiny", checkpoint="selective").checkpoint  # the family's own selective
+    selective = run_description(config_from_preset("qwen2-tiny", checkpoint=policy), "cpu")
     full = run_description(config_from_preset("qwen2-tiny", checkpoint="full"), "cpu")
-    assert selective.endswith("· float32 · cpu · sdpa attention (fused) · checkpoint selective")
+    assert selective.endswith(f"· float32 · cpu · sdpa attention (fused) · checkpoint {policy}")
     assert full.endswith("· float32 · cpu · sdpa attention (fused) · checkpoint full")
     eager = run_description(config_from_preset("qwen2-tiny", attention="eager", dtype="bfloat16"), "cpu")
     assert eager.endswith("· bfloat16 · cpu · eager attention (spelled-out) · no checkpointing")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import streamlit as st
 import torch
@@ -55,7 +56,35 @@ def _load(key: str, config: ModelConfig) -> None:
         st.session_state[f"{key}.device"] = "auto"
 
 
+# The preset box's entry while the config on screen is none of the presets (a field was changed, a link names the config
+# by its fields): the box never names a preset the result was not made from. Listed only while it is the box's value.
+NOT_A_PRESET = "(custom: the fields below)"
+
+
+@functools.cache
+def _preset_configs() -> dict[str, ModelConfig]:
+    return {name: config_from_preset(name).replace(preset="") for name in PRESETS}
+
+
+def preset_of(config: ModelConfig) -> str:
+    """The preset whose every field `config` has (its own name first), else NOT_A_PRESET."""
+    if config.family.user_code:
+        return NOT_A_PRESET
+    bare, presets = config.replace(preset=""), _preset_configs()
+    if presets.get(config.preset) == bare:
+        return config.preset
+    return next((name for name, fields in presets.items() if fields == bare), NOT_A_PRESET)
+
+
+def _named(config: ModelConfig) -> ModelConfig:
+    """`config` named after the preset it is exactly (so its link is `?preset=…`), or by its fields alone."""
+    preset = preset_of(config)
+    return config.replace(preset="" if preset == NOT_A_PRESET else preset)
+
+
 def _load_preset(key: str) -> None:
+    if st.session_state[f"{key}.preset"] == NOT_A_PRESET:  # nothing to load: the box only says what the fields are
+        return
     _load(key, config_from_preset(st.session_state[f"{key}.preset"]))
 
 
@@ -91,15 +120,6 @@ def form_fields(key: str) -> dict:
     return fields
 
 
-def _named(config: ModelConfig, preset: str) -> ModelConfig:
-    """Keep the preset's name only while the config is exactly that preset; otherwise it is named by its fields."""
-    try:
-        same = config_from_preset(preset).replace(preset="") == config.replace(preset="")
-    except ValueError:
-        same = False
-    return config.replace(preset=preset if same else "")
-
-
 def _trusted_models(key: str, where=None) -> None:
     """Only when the server was started with GRAPHVIZ_CORE_TRUSTED_MODEL_DIR: pick one of that folder's factories.
     The options are the server's own listing; nothing typed in the browser names a file."""
@@ -123,12 +143,24 @@ def set_config(key: str, config: ModelConfig) -> None:
     """Load `config` into the form `key` and apply it, as if typed and run (call before the form is drawn, or from
     a widget callback)."""
     _load(key, config)
-    # The preset box keeps its last choice when the config is no preset (its fields say what it is).
-    st.session_state[f"{key}.preset"] = (
-        config.preset if config.preset in PRESETS else st.session_state.get(f"{key}.preset", DEFAULT_PRESET)
-    )
+    config = _named(config)
+    st.session_state[f"{key}.preset"] = preset_of(config)  # the preset it is, or "custom": never another preset
     st.session_state[f"{key}.applied"] = config
     st.session_state.pop(f"{key}.error", None)
+
+
+def _run(key: str) -> None:
+    """The form's button (a callback, so the preset box can still be set before it is drawn): apply the fields, or keep
+    the config applied before and say why not."""
+    dismiss_notices(key)
+    try:
+        config = _named(ModelConfig(**form_fields(key)))
+        check_budget(config, resolve_device(config.device))
+        st.session_state[f"{key}.applied"] = config
+        st.session_state[f"{key}.preset"] = preset_of(config)
+        st.session_state.pop(f"{key}.error", None)
+    except ValueError as exc:
+        st.session_state[f"{key}.error"] = str(exc)
 
 
 FORM_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "preset")
@@ -157,16 +189,7 @@ def config_form(key: str = "config", where=None, submit_label: str = "Run backwa
     model = st.session_state[f"{key}.model"]
     with sidebar.form(f"{key}.form"):
         _fields(key, model)
-        submitted = st.form_submit_button(submit_label, type="primary", width="stretch")
-    if submitted:
-        dismiss_notices(key)
-        try:
-            config = _named(ModelConfig(**form_fields(key)), st.session_state[f"{key}.preset"])
-            check_budget(config, resolve_device(config.device))
-            st.session_state[f"{key}.applied"] = config
-            st.session_state.pop(f"{key}.error", None)
-        except ValueError as exc:
-            st.session_state[f"{key}.error"] = str(exc)
+        st.form_submit_button(submit_label, type="primary", width="stretch", on_click=_run, args=(key,))
     applied = st.session_state[f"{key}.applied"]
     _say_what_differs(key, applied, model, notice, where, submit_label)
     show_notices(key, where)  # what a link asked for and could not have, until the next Run
@@ -177,15 +200,18 @@ def config_form(key: str = "config", where=None, submit_label: str = "Run backwa
 
 def _pickers(key: str, sidebar) -> None:
     """The preset and the model family: each loads its fields into the form."""
+    custom = st.session_state[f"{key}.preset"] == NOT_A_PRESET
     sidebar.selectbox(
         "Preset",
-        list(PRESETS),
+        [*PRESETS, *([NOT_A_PRESET] if custom else [])],
         key=f"{key}.preset",
         on_change=_load_preset,
         args=(key,),
-        help="Loads a preset into the fields below; change any field, then Run.",
+        help="Loads a preset into the fields below; change any field, then Run. Once the config run is none of the "
+        "presets, the box says so.",
     )
-    sidebar.caption(PRESETS[st.session_state[f"{key}.preset"]].description)
+    sidebar.caption("None of the presets: the fields below are the config run." if custom
+                    else PRESETS[st.session_state[f"{key}.preset"]].description)
     sidebar.selectbox(
         "Model family",
         MODELS,
