@@ -11,9 +11,14 @@ Serves app.py on 127.0.0.1 (device cpu), drives headless Chromium with one brows
 3. 8 sessions against a server whose memory budget holds one of their captures at a time: they queue, none fails;
 4. a config captured by one session, opened from its link by a second one (goal <= 1 s);
 5. a view toggle in one session while another session's capture runs (goal <= 1.5 s);
-6. the server's RSS over 100 captures in a row from one session (each a new seed of gpt2-tiny).
+6. the server's RSS over 100 captures in a row from one session (each a new seed of gpt2-tiny);
+7. faults (issue 25): the server's RSS before, during and after captures its run time limit stops; and a server in a
+   container whose cgroup memory limit is below what 8 sessions at once would need (a fake cgroup tree, read through
+   the server's own /proc/self/cgroup path): its budget, below the limit, queues them, all 8 finish, its RSS stays
+   under the limit.
 
     PYTHONPATH=. python benchmarks/bench_load.py [--sessions 8 16] [--row 100] [--cached-preset gpt2-small]
+    PYTHONPATH=. python benchmarks/bench_load.py --skip concurrent cached toggle rss   # the fault figures only
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
-from graphviz_core.capture.device import estimate_peak_bytes
+from graphviz_core.capture.device import CPU_BUDGET_SHARE, container_room_bytes, estimate_peak_bytes
 from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import ModelConfig, config_from_preset
 from graphviz_core.graph.views import hide_categories
@@ -320,12 +327,129 @@ def bench_rss(browser, base: str, pid: int, count: int) -> None:
     person.close()
 
 
+class PeakRss:
+    """The largest RSS of a process, sampled every 50 ms on a thread of its own while the block runs."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak_mib, self._done = pid, 0.0, threading.Event()
+
+    def __enter__(self) -> PeakRss:
+        def sample() -> None:
+            while not self._done.wait(0.05):
+                self.peak_mib = max(self.peak_mib, rss_mib(self.pid))
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def bench_stopped_by_limit(browser, n: int = 3, limit_s: float = 2.5) -> None:
+    """The server's RSS before, during and after n captures that its run time limit stops."""
+    config = config_from_preset("gpt2-tiny", device="cpu", layers=8, batch=32, seq=512).replace(preset="")
+    env = {"GRAPHVIZ_CORE_DEVICE": "cpu", "GRAPHVIZ_CORE_RUN_TIMEOUT_S": f"{limit_s:g}"}
+    with serve_app(env) as base:
+        pid = server_pid(base)
+        person = Person(browser)
+        person.page.goto(base)
+        graph_frame(person.page, 101)  # the default gpt2-tiny: this kind's one-time costs paid before measuring
+        time.sleep(3)
+        start = rss_mib(pid)
+        peaks, after = [], []
+        for i in range(n):
+            with PeakRss(pid) as peak:
+                person.page.goto(link_url(base, config_params(config.replace(seed=700 + i))))
+                person.page.get_by_text("run time limit").wait_for(timeout=300_000)
+            time.sleep(1)
+            peaks.append(peak.peak_mib)
+            after.append(rss_mib(pid))
+        assert not person.errors, person.errors
+        person.close()
+    print(
+        f"{n} captures stopped by a {limit_s:g} s run time limit ({config.describe()}, estimate "
+        f"{estimate_peak_bytes(config) / 2**20:.0f} MiB each): server RSS {start:.0f} MiB before, peaks "
+        + ", ".join(f"{p:.0f}" for p in peaks) + " MiB while each ran, "
+        + ", ".join(f"{a:.0f}" for a in after) + f" MiB after each ({after[-1] / start - 1:+.0%} after {n})"
+    )
+
+
+# Imported by the server (PYTHONPATH): points graphviz_core.capture.device at a fake cgroup tree once it is imported,
+# without importing it (and torch) before the server starts.
+FAKE_CGROUP_SHIM = """
+import importlib.abc, importlib.util, os, sys
+from pathlib import Path
+
+
+class _FakeCgroup(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "graphviz_core.capture.device":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module.CGROUP_ROOT = Path(os.environ["FAKE_CGROUP_ROOT"])
+            module.PROC_SELF_CGROUP = Path(os.environ["FAKE_SELF_CGROUP"])
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _FakeCgroup())
+"""
+
+
+def bench_cgroup(browser, n: int = 8, limit_gib: float = 2.0, used_mib: int = 700) -> None:
+    """n sessions at once against a server in a cgroup (v2) whose memory limit is below what they need together."""
+    configs = [
+        config_from_preset("gpt2-tiny", device="cpu", layers=8, batch=16, seq=512, seed=950 + i).replace(preset="")
+        for i in range(n)
+    ]
+    expected = {c: capture_backward(c).loss for c in configs}
+    one = estimate_peak_bytes(configs[0])
+    limit = int(limit_gib * 2**30)
+    with tempfile.TemporaryDirectory() as folder:
+        root, shim = Path(folder) / "cgroup", Path(folder) / "shim"
+        own = root / "system.slice" / "graphviz.service"
+        own.mkdir(parents=True)
+        shim.mkdir()
+        (root / "system.slice" / "memory.max").write_text("max\n")
+        (own / "memory.max").write_text(f"{limit}\n")
+        (own / "memory.current").write_text(f"{used_mib * 2**20}\n")
+        (own / "memory.stat").write_text("anon 0\ninactive_file 0\n")
+        (Path(folder) / "self-cgroup").write_text("0::/system.slice/graphviz.service\n")
+        (shim / "sitecustomize.py").write_text(FAKE_CGROUP_SHIM)
+        budget = int(container_room_bytes(root, Path(folder) / "self-cgroup") * CPU_BUDGET_SHARE)
+        env = {"GRAPHVIZ_CORE_DEVICE": "cpu", "PYTHONPATH": f"{shim}{os.pathsep}{ROOT}", "FAKE_CGROUP_ROOT": str(root),
+               "FAKE_SELF_CGROUP": str(Path(folder) / "self-cgroup")}
+        with serve_app(env) as base:
+            pid = server_pid(base)
+            queued: set = set()
+            with PeakRss(pid) as peak:
+                took = open_all(browser, base, configs, expected, 900, queued)
+            alive = Path(f"/proc/{pid}").exists()
+    print(
+        f"{n} sessions at once ({configs[0].describe()}, estimate {one / 2**20:.0f} MiB each, {n * one / 2**30:.2f} GiB "
+        f"together) against a server whose cgroup (v2, its own, below an unlimited parent) allows {limit_gib:g} GiB "
+        f"with {used_mib} MiB in use: budget {budget / 2**20:.0f} MiB (60% of the {(limit - used_mib * 2**20) / 2**20:.0f}"
+        f" MiB of room); all {n} showed their own loss, {len(queued)} were seen waiting, server "
+        f"{'still up' if alive else 'GONE'}, its RSS peaked at {peak.peak_mib:.0f} MiB (limit {limit / 2**20:.0f} MiB); "
+        f"median {statistics.median(took):.2f} s, max {max(took):.2f} s"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", type=int, nargs="*", default=[8, 16])
     parser.add_argument("--row", type=int, default=100, help="captures in a row for the RSS figure")
     parser.add_argument("--cached-preset", default="gpt2-small")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["concurrent", "limited", "cached", "toggle", "rss"])
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=["concurrent", "limited", "cached", "toggle", "rss", "stopped", "cgroup"])
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -343,6 +467,10 @@ def main() -> None:
             bench_toggle_during_capture(browser, base)
         if "rss" not in args.skip:
             bench_rss(browser, base, pid, args.row)
+        if "stopped" not in args.skip:
+            bench_stopped_by_limit(browser)
+        if "cgroup" not in args.skip:
+            bench_cgroup(browser)
         print(f"server RSS at the end: {rss_mib(pid):.0f} MiB")
         browser.close()
 

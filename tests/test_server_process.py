@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -159,6 +158,22 @@ def _start_workers(browser, url: str, proc) -> set[int]:
     return _descendants(proc.pid)
 
 
+def _fork_server_folder(pids: set[int]) -> Path:
+    """The temporary folder of the fork server among `pids`: where the socket it listens on lives."""
+    paths = {}
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8:
+            paths[fields[6]] = fields[7]  # inode -> path
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                inode = os.readlink(fd).removeprefix("socket:[").removesuffix("]")
+                if Path(paths.get(inode, "")).name.startswith("listener-"):
+                    return Path(paths[inode]).parent
+    raise AssertionError(f"no fork server socket among {pids}")
+
+
 LONG_DRY_RUN = config_from_preset("llama-tiny", device="meta", layers=256, seed=11)  # ~12 s of Python in a worker
 LONG_CPU_CAPTURE = config_from_preset("gpt2-tiny", device="cpu", layers=48, batch=8, seq=256, seed=11)
 
@@ -168,6 +183,7 @@ LONG_CPU_CAPTURE = config_from_preset("gpt2-tiny", device="cpu", layers=48, batc
 def test_the_server_stops_cleanly_with_its_workers(browser, how):
     with served(new_session=True) as (proc, url):
         processes = _start_workers(browser, url, proc)
+        folder = _fork_server_folder(processes)
         if "mid-capture" in how:
             _open(browser, url, LONG_DRY_RUN)
             _open(browser, url, LONG_CPU_CAPTURE)
@@ -183,15 +199,14 @@ def test_the_server_stops_cleanly_with_its_workers(browser, how):
         assert sign not in stderr, stderr[-3000:]
     # the fork server ends once the server and the workers have closed their end of its pipe
     assert not _gone_within(processes, 10)
+    assert not folder.exists()  # multiprocessing's own clean-up ran before the exit
 
 
 @pytest.mark.browser
 def test_after_a_sigkill_the_workers_follow_and_the_next_start_removes_their_folder(browser):
-    before = set(Path(tempfile.gettempdir()).glob("pymp-*"))
     with served() as (proc, url):
         processes = _start_workers(browser, url, proc)
-        left = set(Path(tempfile.gettempdir()).glob("pymp-*")) - before  # the fork server's socket lives there
-        assert left
+        left = {_fork_server_folder(processes)}  # where the fork server's socket lives
         proc.kill()
         proc.wait(30)
         assert not _gone_within(processes, 15)  # each worker sees its server gone within a second, then exits

@@ -1,11 +1,14 @@
 """Start the web app the way `make run` and `make serve` do: `python -m graphviz_core.ui.serve [streamlit options]`.
 
-The same as `streamlit run app.py [options]`, plus one thing: while Streamlit's server starts and the first
-browser loads its frontend, a background thread imports what the first graph needs (torch, the graph view;
-seconds on a small machine) and pays the process's one-time capture costs (graphviz_core.capture.engine.warm_up);
-once the first capture is in, it imports the other panels (pandas, Altair). The first page then finds them done
-instead of starting them when the first visitor arrives. Nothing else differs: same app, same options, same
-process.
+The same as `streamlit run app.py [options]`, plus:
+- while Streamlit's server starts and the first browser loads its frontend, a background thread imports what the
+  first graph needs (torch, the graph view; seconds on a small machine) and pays the process's one-time capture costs
+  (graphviz_core.capture.engine.warm_up); once the first capture is in, it imports the other panels (pandas,
+  Altair). The first page then finds them done instead of starting them when the first visitor arrives;
+- no outbound connection: Streamlit's lookups of this machine's addresses are replaced (no_outbound_lookups);
+- a clean stop: on SIGTERM or Ctrl-C, captures in flight are cancelled, the worker processes end, exit status 0
+  (main); what a killed server left in the temporary folder is removed at the next start (remove_stale_temp_dirs).
+Same app, same options, same process.
 """
 
 from __future__ import annotations
