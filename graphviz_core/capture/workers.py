@@ -155,7 +155,12 @@ class _Pool:
         is done with it, stopped or not."""
         with self._lock:
             slot = self._free_slots.pop() if self._free_slots else -1
-        future = executor.submit(_capture_here, config, slot)
+        try:
+            future = executor.submit(_capture_here, config, slot)
+        except BaseException:  # a broken or stopped pool takes nothing
+            if slot >= 0:
+                self._free(slot)
+            raise
         if slot >= 0:
             future.add_done_callback(lambda _: self._free(slot))
         return future, slot
@@ -247,7 +252,11 @@ def capture_anywhere(config: ModelConfig, progress: Progress | None = None, tick
             return capture_backward(config, progress, ticket)
         if progress is not None:
             progress("capturing in a second process (shapes only)")
-        future, slot = _POOL.submit(executor, config)
+        try:
+            future, slot = _POOL.submit(executor, config)
+        except (BrokenProcessPool, RuntimeError):  # a worker died, or the pool was stopped: capture here
+            _POOL.broken(executor)
+            return capture_backward(config, progress, ticket)
         return _answer(future, config, executor, owned=False, progress=progress, ticket=ticket, slot=slot)
 
 
