@@ -55,7 +55,8 @@ LOOPBACK = {None, "", "localhost", "127.0.0.1", "::1", "0.0.0.0", "::"}
 
 @contextlib.contextmanager
 def served(env: dict | None = None, new_session: bool = False):
-    """The app as `make serve` starts it, on a free localhost port: (process, URL); stopped (killed) afterwards."""
+    """The app as `make serve` starts it, on a free localhost port: (process, URL); stopped afterwards (SIGTERM, then
+    SIGKILL if it has not exited within a minute)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "graphviz_core.ui.serve", "--server.port", str(port), "--server.address", "127.0.0.1",
@@ -69,8 +70,12 @@ def served(env: dict | None = None, new_session: bool = False):
         yield proc, url
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
 
 
 def _foreign_websocket(url: str) -> str:
