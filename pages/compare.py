@@ -2,9 +2,10 @@
 
 import streamlit as st
 
-from graphviz_core.ui.capture_cache import get_capture, start_capture
+from graphviz_core.ui.capture_cache import get_capture, is_captured, start_capture
 from graphviz_core.ui.compare_view import get_comparison, pick_configs, show_comparison
 from graphviz_core.ui.navigation import run_through_app
+from graphviz_core.ui.state import dim_stale_results
 
 run_through_app()
 st.title("Compare two configs")
@@ -13,8 +14,9 @@ st.caption(
     "difference is shown with B − A and a sentence saying why."
 )
 config_a, config_b = pick_configs()
-start_capture(config_b)  # a meta dry run of B runs in a second process while A is captured
-capture_a = get_capture(config_a)
-capture_b = get_capture(config_b) if capture_a is not None else None
-if capture_a is not None and capture_b is not None:
-    show_comparison(get_comparison(capture_a, capture_b))
+with dim_stale_results(not (is_captured(config_a) and is_captured(config_b))):  # the last pair's figures, at once
+    start_capture(config_b)  # a meta dry run of B runs in a second process while A is captured
+    capture_a = get_capture(config_a)
+    capture_b = get_capture(config_b) if capture_a is not None else None
+    if capture_a is not None and capture_b is not None:
+        show_comparison(get_comparison(capture_a, capture_b))

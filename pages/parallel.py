@@ -4,7 +4,8 @@ import streamlit as st
 
 from graphviz_core.ui.config_form import config_form
 from graphviz_core.ui.navigation import run_through_app
-from graphviz_core.ui.parallel_view import get_per_rank, parallel_form, show_collectives, show_per_rank
+from graphviz_core.ui.parallel_view import get_per_rank, is_simulated, parallel_form, show_collectives, show_per_rank
+from graphviz_core.ui.state import dim_stale_results
 
 run_through_app()
 st.title("Beyond one GPU")
@@ -17,10 +18,11 @@ st.caption("Pick the layout (strategy, world size, tensor-parallel degree) under
            "and the model last applied.")
 parallel = parallel_form()  # first in the sidebar: it is what this page is about
 config = config_form(submit_label="Use this model")  # it applies the model; "Run backward pass" read as a second run
-result = get_per_rank(config, parallel) if config is not None else None
-if result is not None:
-    memory_tab, communication_tab = st.tabs(["Memory per rank", "Communication in backward"])
-    with memory_tab:
-        show_per_rank(result)
-    with communication_tab:
-        show_collectives(result)
+with dim_stale_results(config is not None and not is_simulated(config, parallel)):  # the last layout's, at once
+    result = get_per_rank(config, parallel) if config is not None else None
+    if result is not None:
+        memory_tab, communication_tab = st.tabs(["Memory per rank", "Communication in backward"])
+        with memory_tab:
+            show_per_rank(result)
+        with communication_tab:
+            show_collectives(result)

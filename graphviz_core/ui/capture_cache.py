@@ -120,6 +120,11 @@ def _show_origin(cached: Cached, measured_now: bool) -> None:
         )
 
 
+def is_captured(config: ModelConfig) -> bool:
+    """Whether the shared cache holds `config`'s capture now (get_capture then returns without waiting)."""
+    return shared_captures().lookup(config) is not None
+
+
 def start_capture(config: ModelConfig) -> None:
     """Start capturing `config` now, without waiting for it, where it runs in another process (a meta dry run): a page
     that needs two captures then waits for both at once instead of one after the other. Anything else starts when

@@ -166,6 +166,13 @@ def _store() -> dict:
     return {"lock": threading.Lock(), "results": OrderedDict()}
 
 
+def is_simulated(config: ModelConfig, parallel: ParallelConfig) -> bool:
+    """Whether `config` laid out as `parallel` is simulated already (get_per_rank then returns at once)."""
+    store = _store()
+    with store["lock"]:
+        return (config, parallel) in store["results"]
+
+
 def get_per_rank(config: ModelConfig, parallel: ParallelConfig) -> PerRank | None:
     """The simulation of `config` laid out as `parallel` (cached); None after an st.error when it cannot run."""
     store = _store()

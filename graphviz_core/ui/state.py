@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 
 import streamlit as st
 
@@ -24,3 +25,24 @@ def keep_widget_state(keys: Iterable[str]) -> None:
     for key in keys:
         if key in st.session_state:
             st.session_state[key] = st.session_state[key]
+
+
+# Streamlit marks what the last run drew and this run has not drawn again as stale, but fades it only ~1 s into the
+# run, over another second: while a new capture or simulation ran, the last config's figures stood undimmed under the
+# progress line. This rule fades them at once.
+DIM_STALE = "[data-stale='true'] { opacity: 0.33 !important; transition: none !important; }"
+
+
+@contextlib.contextmanager
+def dim_stale_results(recomputing: bool) -> Iterator[None]:
+    """Around everything a page draws from its result: while the result is `recomputing` (not at hand), what the last
+    run showed is dimmed at once, not ~1 s later. The rule sits in a slot of the page drawn on every run (so the
+    elements after it keep their places) and is withdrawn when the page is drawn, so the next run, a quick one, does
+    not start dimmed."""
+    slot = st.empty()
+    if recomputing:
+        slot.html(f"<style>{DIM_STALE}</style><span hidden>recomputing</span>")
+    try:
+        yield
+    finally:
+        slot.empty()

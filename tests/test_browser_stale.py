@@ -1,0 +1,82 @@
+"""While a page recomputes (a new capture, a new simulation), what the last run showed is dimmed at once: it stood under
+the progress line undimmed (Streamlit fades stale elements only ~1 s into a run, over another second)."""
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+# Every frame while the page shows its progress (a capture's Cancel box, the simulation's spinner): the most opaque
+# element left from the last run. Installed before the click, read after the page is done.
+SAMPLE = """(always) => {
+  window.__stale = [];
+  window.__stopSampling = false;
+  const busy = () => always || document.querySelector('[data-testid="stSpinner"]') !== null ||
+    [...document.querySelectorAll('[data-testid="stButton"] button')].some(b => b.innerText.trim() === "Cancel");
+  (function tick() {
+    if (busy()) {
+      const stale = [...document.querySelectorAll('[data-stale="true"]')].filter(e => e.offsetHeight > 0);
+      if (stale.length) { window.__stale.push(Math.max(...stale.map(e => +getComputedStyle(e).opacity))); }
+    }
+    if (!window.__stopSampling) { requestAnimationFrame(tick); }
+  })();
+}"""
+DIMMED = 0.33  # ui.state.DIM_STALE's opacity; Streamlit's own fade reaches it only ~2 s into a run
+
+
+def settled(page) -> None:
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120_000)
+    page.wait_for_timeout(500)
+
+
+def stale_opacities(page) -> list[float]:
+    page.evaluate("() => { window.__stopSampling = true; }")
+    return page.evaluate("window.__stale")
+
+
+def test_beyond_one_gpu_dims_the_last_layout_while_it_simulates_a_new_one(page, streamlit_url):
+    page.goto(f"{streamlit_url}/parallel")
+    page.get_by_text("Rank 0 next to one device").wait_for(timeout=120_000)
+    settled(page)
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    sidebar.get_by_role("spinbutton", name="World size (GPUs)").fill("6")  # no other test simulates it: not cached
+    page.evaluate(SAMPLE, False)
+    sidebar.get_by_role("button", name="Simulate ranks").click()
+    page.get_by_text("over 6 ranks").first.wait_for(timeout=120_000)
+    settled(page)
+    seen = stale_opacities(page)
+    assert seen, "the simulation's progress was never seen beside the last result"
+    assert max(seen) <= DIMMED + 0.01, f"the last layout's figures stood at opacity {max(seen):.2f} under the progress"
+
+
+def test_the_explorer_dims_the_last_config_while_it_captures_a_new_one(page, streamlit_url):
+    page.goto(streamlit_url)
+    page.get_by_text("Loss ").first.wait_for(timeout=120_000)
+    settled(page)
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    sidebar.get_by_role("spinbutton", name="Layers").fill("13")  # ~0.3-1 s to capture, and no other test's: not cached
+    page.evaluate(SAMPLE, False)
+    sidebar.get_by_role("button", name="Run backward pass").click()
+    page.get_by_text("gpt2 · 13 layers").first.wait_for(timeout=120_000)
+    settled(page)
+    seen = stale_opacities(page)
+    assert seen, "the capture's progress was never seen beside the last result"
+    assert max(seen) <= DIMMED + 0.01, f"the last config's figures stood at opacity {max(seen):.2f} under the progress"
+    # the next run is a quick one (another tab, the capture at hand): nothing is dimmed in it
+    page.evaluate(SAMPLE, True)
+    page.get_by_role("tab", name="Memory").click()
+    page.get_by_text("Activation peak").wait_for(timeout=60_000)
+    settled(page)
+    assert min(stale_opacities(page), default=1.0) > 0.9
+
+
+def test_compare_dims_the_last_pair_while_it_captures_a_new_one(page, streamlit_url):
+    page.goto(f"{streamlit_url}/compare?a.seed=4242&b.seed=4242&b.attention=manual")  # a seed no other test uses
+    page.get_by_text("What changed, and why").wait_for(timeout=120_000)
+    settled(page)
+    page.evaluate(SAMPLE, False)
+    page.get_by_role("button", name="Batch 1 vs 8").click()
+    page.get_by_text("Config B: gpt2-tiny").or_(page.get_by_text("b=8")).first.wait_for(timeout=120_000)
+    settled(page)
+    seen = stale_opacities(page)
+    assert seen, "the captures' progress was never seen beside the last comparison"
+    assert max(seen) <= DIMMED + 0.01, f"the last pair's figures stood at opacity {max(seen):.2f} under the progress"
