@@ -70,13 +70,22 @@ def _waiting_line(job: Job) -> str:
     return f"{job.phase.capitalize()}… {time.time() - job.started_at:.0f} s{shared}"
 
 
+QUIET_S = 0.3  # a capture done within this long is never drawn waiting for
+
+
 def _wait(job: Job) -> None:
     """Show the job's queue position or phase until it ends, with a Cancel button.
 
+    Nothing is drawn for the first QUIET_S: drawing the box is ~50-80 ms of this thread's Python, plus the server
+    sending it and the browser fetching and running its scripts, all while the capture's timed forward and backward
+    ran (gpt2-tiny's are ~20 ms each) and waited for the interpreter lock and the cores: the first capture after a
+    start read "Timing disturbed" at 15-30%. A capture that is done by then is simply shown.
     The loop redraws its line every POLL_S; a click on Cancel (or any widget) makes Streamlit stop this run at
     the next redraw and rerun the page, where the button's callback has withdrawn this session from the job.
     """
     box = st.empty()
+    if job.done.wait(QUIET_S):
+        return
     with box.container(border=True):
         line = st.empty()
         line.info(_waiting_line(job))
