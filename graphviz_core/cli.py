@@ -142,7 +142,8 @@ def _add_parallel_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tp", type=int, help="tensor-parallel degree (tp: = world size; fsdp+tp: divides it)")
     group.add_argument("--shard-group", type=int, help="hsdp: ranks that shard one model copy (e.g. 8, one node)")
     group.add_argument("--no-reshard-after-forward", action="store_true",
-                       help="FSDP: keep gathered parameters from forward to backward (fewer all-gathers, more memory)")
+                       help="FSDP: keep each layer's gathered parameters from forward to backward (fewer all-gathers, "
+                            "more memory); the root (embeddings, head) is kept either way, FSDP2's default")
     group.add_argument("--mixed-precision", choices=MIXED_PRECISIONS,
                        help="FSDP2 policy: bf16 (fp32 master shards, bf16 compute and reduce), bf16-fp32-reduce")
 

@@ -214,7 +214,8 @@ def test_without_resharding_backward_gathers_nothing():
     backward = [c.kind for c in kept.collectives if c.phase == "backward"]
     assert backward == ["reduce_scatter"] * 3
     resharded = simulate_parallel(TINY, ParallelConfig("fsdp", 4), single_device=False)
-    assert [c.kind for c in resharded.collectives if c.phase == "backward"].count("all_gather") == 3
+    # Resharded layers are gathered again in backward, one per block; the root is not (FSDP2's default).
+    assert [c.kind for c in resharded.collectives if c.phase == "backward"].count("all_gather") == 2
     # The price: every block's gathered parameters are live at once. Two blocks + root = 539648 bytes gathered.
     assert kept.phase("forward").parts_bytes["gathered_parameters"] == TINY_BYTES
 
@@ -248,3 +249,59 @@ def test_a_capture_in_another_thread_does_not_leak_into_the_simulation():
     assert len(set(captured)) == 1  # every concurrent capture saw the same graph
     assert [p.parts_bytes for p in busy.phases] == [p.parts_bytes for p in alone.phases]
     assert busy.collectives == alone.collectives
+
+
+def _collectives_of_a_training_script(world: int) -> list[tuple[str, str, str | None, int]]:
+    """gpt2-tiny wrapped as torchtitan's apply_fsdp wraps a model, written out here without the simulation's code:
+    fully_shard on each block, then fully_shard(model) with no reshard_after_forward; one forward and backward on
+    fake tensors over the fake process group, every collective recorded."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from graphviz_core.models.registry import build_model, compute_loss
+    from graphviz_core.parallel.collectives import CollectiveRecorder
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+        with torch.device("meta"):
+            model = build_model(TINY)
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        recorder = CollectiveRecorder({mesh.get_group(0).group_name: "dp"})
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model.to_empty(device="cpu")
+            model.lm_head.weight = model.wte.weight  # to_empty splits the tie; the real model holds one tensor
+            tokens = torch.zeros(TINY.batch, TINY.seq, dtype=torch.long)
+            with recorder:
+                loss = compute_loss(TINY, model(tokens), tokens)
+                recorder.phase = "backward"
+                loss.backward()
+        return [(c.phase, c.kind, c.parameters_of, c.buffer_bytes) for c in recorder.collectives]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_root_stays_gathered_after_forward_as_fsdp2_leaves_it_by_default():
+    """The root (wte, tied with lm_head, wpe, ln_f) is wrapped as training scripts wrap it: FSDP2's default keeps it
+    unsharded after forward, so backward gathers the two blocks again and not the root."""
+    result = simulate_parallel(TINY, ParallelConfig("fsdp", 4), single_device=False)
+    assert result.resharded_after_forward == {"": False, "blocks.0": True, "blocks.1": True}
+    assert result.to_dict()["resharded_after_forward"]["root"] is False
+    gathers = [(c.phase, c.parameters_of) for c in result.collectives if c.kind == "all_gather"]
+    # Forward gathers the root and both blocks; backward only the blocks, the last one first.
+    assert gathers == [("forward", ""), ("forward", "blocks.0"), ("forward", "blocks.1"),
+                       ("backward", "blocks.1"), ("backward", "blocks.0")]
+    # Counted from the units: 3 forward all-gathers + 2 backward + 3 reduce-scatters (one per unit) = 8.
+    assert len(result.collectives) == 3 + 2 + 3
+    # The root's 34944 scalars (wte 32768 + wpe 2048 + ln_f 128) stay gathered through backward: 139776 bytes,
+    # beside one block's 49984 * 4 = 199936 at the backward peak.
+    assert result.phase("backward").parts_bytes["gathered_parameters"] == 4 * 34_944 + 4 * 49_984 == 339_712
+    # The same collectives as the model wrapped with torch's defaults directly, as a training script does.
+    script = _collectives_of_a_training_script(4)
+    simulated = [(c.phase, c.kind, c.parameters_of, c.buffer_bytes) for c in result.collectives
+                 if c.phase != "optimizer"]
+    assert simulated == script

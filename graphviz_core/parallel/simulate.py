@@ -137,6 +137,9 @@ class PerRank:
     expected: Expectation
     single_device: PerRank | None = field(repr=False)  # the same step with strategy none (None for that one)
     simulate_s: float
+    # FSDP units as torch set them up, read after the step: unit ("" = the root) -> whether its parameters were
+    # resharded after forward (and gathered again in backward). Empty without FSDP.
+    resharded_after_forward: dict[str, bool] = field(default_factory=dict)
 
     def collective_bytes(self, phase: str | None = None) -> int:
         """Bytes this rank sends in the step (or one phase), ring algorithm."""
@@ -144,6 +147,20 @@ class PerRank:
 
     def collective_time_s(self, phase: str | None = None) -> float:
         return sum(c.time_s for c in self.collectives if phase is None or c.phase == phase)
+
+    def reshard_summary(self) -> dict | None:
+        """Which FSDP units free their gathered parameters after forward, as torch ran them: the root (embeddings,
+        final norm, head) and the layers; None without FSDP."""
+        if not self.resharded_after_forward:
+            return None
+        layers = {v for k, v in self.resharded_after_forward.items() if k}
+        return {
+            "root": self.resharded_after_forward.get(""),
+            "layers": layers.pop() if len(layers) == 1 else sorted(layers),
+            "modelled": "the root is wrapped as training scripts do (torchtitan: fully_shard(model) without "
+            "reshard_after_forward): FSDP2's default keeps it unsharded after forward, so backward does not gather "
+            "it again; the layers reshard unless --no-reshard-after-forward",
+        }
 
     def phase(self, name: str) -> PhaseMemory:
         return next(p for p in self.phases if p.phase == name)
@@ -163,6 +180,7 @@ class PerRank:
             "peak_bytes": self.peak_bytes,
             "phases": {p.phase: p.to_dict() for p in self.phases},
             "expected": dataclasses.asdict(self.expected),
+            "resharded_after_forward": self.reshard_summary(),
             "backward_nodes_by_category": dict(self.backward_nodes_by_category),
             "collective_bytes": self.collective_bytes(),
             "collective_time_s": self.collective_time_s(),
@@ -385,7 +403,11 @@ def _apply_parallelism(model: nn.Module, parallel: ParallelConfig, meshes: dict)
     if strategy in FSDP_STRATEGIES:
         for layer in layers:
             fully_shard(layer, mesh=meshes["dp"], reshard_after_forward=parallel.reshard_after_forward, mp_policy=mp)
-        fully_shard(model, mesh=meshes["dp"], reshard_after_forward=parallel.reshard_after_forward, mp_policy=mp)
+        # The root (embeddings, final norm, head) as training scripts wrap it: torchtitan calls fully_shard(model)
+        # without the argument, and FSDP2's default (None) then keeps the root unsharded after forward, since
+        # backward needs its parameters first (FSDPState._lazy_init). Turning resharding off turns it off here too.
+        fully_shard(model, mesh=meshes["dp"], reshard_after_forward=None if parallel.reshard_after_forward else False,
+                    mp_policy=mp)
     elif strategy == "ddp":
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
@@ -559,7 +581,21 @@ def measure_step(
         expected=expected,
         single_device=None,
         simulate_s=time.perf_counter() - started,
+        resharded_after_forward=_resharded_after_forward(model),
     )
+
+
+def _resharded_after_forward(model: nn.Module) -> dict[str, bool]:
+    """Each FSDP unit's resharding as FSDP2 settled it in its lazy init (the root's default is decided there)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    out = {}
+    for name, module in model.named_modules():
+        if isinstance(module, FSDPModule):
+            group = module._get_fsdp_state()._fsdp_param_group
+            if group is not None:
+                out[name] = group.post_forward_mesh_info is not None
+    return out
 
 
 def _to_empty_keeping_ties(model: nn.Module) -> None:

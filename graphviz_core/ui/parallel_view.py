@@ -122,7 +122,8 @@ def parallel_form(key: str = "parallel") -> ParallelConfig:
         st.checkbox(
             "Reshard after forward (FSDP)",
             key=f"{key}.reshard_after_forward",
-            help="Free each layer's gathered parameters after its forward and gather them again in backward.",
+            help="Free each layer's gathered parameters after its forward and gather them again in backward. The "
+            "root (embeddings, final norm, head) stays gathered either way, FSDP2's default for it.",
         )
         st.selectbox(
             "Mixed precision (FSDP2 policy)",
@@ -203,6 +204,12 @@ def show_per_rank(result: PerRank) -> None:
         "rank runs the same program on equal shards, so the ranks are symmetric. One AdamW step in steady state "
         f"(optimizer state already allocated); simulated in {format_seconds(result.simulate_s)}."
     )
+    if reshard := result.reshard_summary():
+        layers = "reshard after forward" if reshard["layers"] is True else "stay gathered after forward"
+        st.caption(
+            f"FSDP as training scripts wrap it (torchtitan): the layers {layers}; the root (embeddings, final norm, "
+            "head) stays gathered after forward, FSDP2's default for it, so backward does not gather it again."
+        )
     alone = result.single_device
     cols = st.columns(4)
     for col, label, value, single in (
