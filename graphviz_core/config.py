@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from graphviz_core.models.family import FIELD_WORDS, OPTIONAL_FIELDS, Preset
+from graphviz_core.models.family import CHECKPOINTS, FIELD_WORDS, OPTIONAL_FIELDS, SELECTIVE, Preset
 from graphviz_core.models.registry import FAMILIES, OFFERED, PRESETS, family_named
 
 __all__ = ["PRESETS", "Preset", "FAMILIES", "ModelConfig", "applies", "config_from_preset", "resolve_config"]
@@ -14,7 +14,8 @@ MODELS = OFFERED  # what --model and the form's family box offer
 CUSTOM = "custom"  # a user's own nn.Module (graphviz_core.models.custom); never offered by the form or --model
 ATTENTIONS = ("sdpa", "mha", "manual", "eager")
 SEED_MAX = 2**31 - 1  # torch.manual_seed takes up to 2**64 - 1; the form and CLI share one bound
-CHECKPOINTS = ("none", "full", "selective")
+# CHECKPOINTS (graphviz_core.models.family): none, full, selective-attention, selective-ops; `selective` is accepted
+# and resolved to the family's own meaning of it (Family.selective_alias), so old links keep working.
 DEVICES = ("auto", "cpu", "cuda", "meta")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -97,6 +98,8 @@ class ModelConfig:
                     f"{', '.join(families_taking(name))})."
                 )
         _check_choice("checkpoint", self.checkpoint, CHECKPOINTS)
+        if self.checkpoint == SELECTIVE and family.selective_alias:
+            object.__setattr__(self, "checkpoint", family.selective_alias)
         _check_choice("device", self.device, DEVICES)
         _check_choice("dtype", self.dtype, DTYPES)
         for name in ("hidden", "heads", "layers", "vocab", "batch", "seq"):

@@ -63,12 +63,12 @@ def test_selective_on_gpt2_counts_what_it_holds_and_mha_also_recomputes_the_in_p
     sdpa = compare_checkpointing(config_from_preset("gpt2-tiny"))
     mha = compare_checkpointing(config_from_preset("gpt2-tiny", attention="mha"))
     for table in (sdpa, mha):
-        none, selective = table.row("none"), table.row("selective")
+        none, selective = table.row("none"), table.row("selective-attention")
         assert selective.kept_for_backward_bytes == selective.saved_bytes + selective.held_bytes
         assert selective.held_bytes > 0 and selective.kept_for_backward_bytes <= none.kept_for_backward_bytes
     # sdpa: each block's core holds q, k and v, 3 x (2*4*32*16*4 = 16_384) = 49_152 B, 2 blocks
-    assert sdpa.row("selective").held_bytes == 2 * 3 * 2 * 4 * 32 * 16 * 4
-    assert mha.row("selective").recompute_flops > sdpa.row("selective").recompute_flops
+    assert sdpa.row("selective-attention").held_bytes == 2 * 3 * 2 * 4 * 32 * 16 * 4
+    assert mha.row("selective-attention").recompute_flops > sdpa.row("selective-attention").recompute_flops
 
 
 def test_largest_fitting_batch_is_the_edge_where_a_full_depth_capture_stops_fitting():
@@ -107,7 +107,7 @@ def test_cli_memory_checkpoints_json_is_the_comparison_and_bad_budget_is_one_lin
     assert main(["memory", "--preset", "gpt2-tiny", "--checkpoints", "-o", str(out)]) == 0
     report = json.loads(out.read_text())
     table = compare_checkpointing(config_from_preset("gpt2-tiny"))
-    assert [r["policy"] for r in report["checkpoints"]["rows"]] == ["none", "full", "selective"]
+    assert [r["policy"] for r in report["checkpoints"]["rows"]] == ["none", "full", "selective-attention", "selective-ops"]
     for row, expected in zip(report["checkpoints"]["rows"], table.rows, strict=True):
         assert row["kept_for_backward_bytes"] == expected.kept_for_backward_bytes
         assert row["recompute_flops"] == expected.recompute_flops

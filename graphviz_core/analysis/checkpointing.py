@@ -1,4 +1,5 @@
-"""Checkpointing side by side: the same config captured with no, full and selective checkpointing, one row each.
+"""Checkpointing side by side: the same config captured once per policy its family offers (none, full,
+selective-attention, selective-ops), one row each.
 
 Each policy is a real capture (on `meta` unless asked otherwise: shapes only, so any size is quick). A
 checkpointed region keeps its *inputs* for recomputation instead of its saved tensors (and a selective policy
@@ -56,7 +57,7 @@ class CheckpointComparison:
 
 
 def policies_for(config: ModelConfig) -> tuple[str, ...]:
-    """The policies that mean something for this family (selective recomputes attention; an MLP has none)."""
+    """The policies that mean something for this family (selective-attention needs an attention core; an MLP has none)."""
     return config.family.checkpoint_policies()
 
 

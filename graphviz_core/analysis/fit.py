@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from graphviz_core.analysis.checkpointing import policies_for
-from graphviz_core.analysis.memory_formulas import korthikanti_policy_layer_bytes
+from graphviz_core.analysis.memory_formulas import KORTHIKANTI_POLICIES, korthikanti_policy_layer_bytes
 from graphviz_core.analysis.training_step import training_step, training_step_of
 from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import LIMITS, ModelConfig, applies
@@ -180,7 +180,7 @@ def predicted_largest(
 ) -> int | None:
     """Closed form: parameters, gradients, master weights and optimizer state for `parameter_count`, plus
     layers x Korthikanti's per-layer activation bytes for the policy; the largest value within budget."""
-    if not config.family.has_attention:  # Korthikanti's formula is per transformer layer
+    if not config.family.has_attention or policy not in KORTHIKANTI_POLICIES:  # per transformer layer, his policies
         return None
     fixed = training_step(parameter_count, config.dtype, optimizer, 0, 0).sum_of_parts_bytes
 

@@ -38,13 +38,18 @@ def as_written_34sbh_bytes(config: ModelConfig) -> int:
     return 34 * config.seq * config.batch * config.hidden * BYTES_PER[config.dtype]
 
 
+# The checkpoint policies Korthikanti et al.'s Table 2 has a closed form for (selective-ops has none).
+KORTHIKANTI_POLICIES = ("none", "selective-attention", "full")
+
+
 def korthikanti_policy_layer_bytes(config: ModelConfig, policy: str) -> int:
     """Activation bytes one layer keeps under a checkpoint policy (Korthikanti et al. 2022, Table 2, no tensor
     or sequence parallelism), at the config's dtype: none sbh(34 + 5as/h), the 5as²b only where attention
-    materialises the scores (as korthikanti_layer_bytes); selective 34sbh (the attention core is recomputed);
-    full 2sbh (the layer's input only). The published numbers are 16-bit bytes; scaled by bytes/element / 2."""
+    materialises the scores (as korthikanti_layer_bytes); selective-attention 34sbh (the attention core is
+    recomputed); full 2sbh (the layer's input only). The published numbers are 16-bit bytes; scaled by
+    bytes/element / 2."""
     s, b, h = config.seq, config.batch, config.hidden
-    per_layer = {"none": korthikanti_layer_bytes(config), "selective": 34 * s * b * h, "full": 2 * s * b * h}
+    per_layer = {"none": korthikanti_layer_bytes(config), "selective-attention": 34 * s * b * h, "full": 2 * s * b * h}
     if policy not in per_layer:
         raise ValueError(f"unknown checkpoint policy {policy!r}; choose one of: {', '.join(per_layer)}.")
     return per_layer[policy] * BYTES_PER[config.dtype] // 2

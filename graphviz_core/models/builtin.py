@@ -21,7 +21,15 @@ class _BuiltIn(Family):
     hidden_grows = "matmuls grow as hidden², GELU and LayerNorm as hidden"
     spelled_out_attention = "manual"
     tensor_parallel = True
+    selective_alias = "selective-attention"  # what `selective` meant here: the attention core, as Korthikanti et al.
     module_class = ""  # the nn.Module in graphviz_core.models.teaching
+
+    def checkpoint_note(self, policy: str, config: ModelConfig | None = None) -> str:
+        note = super().checkpoint_note(policy, config)
+        if policy == "selective-attention" and config is not None and config.attention == "mha":
+            # nn.MultiheadAttention has no core apart from its projections: the whole call is re-run
+            note += "; with nn.MultiheadAttention the whole call is re-run, its packed in-projection too"
+        return note
 
     def build(self, config: ModelConfig):
         from graphviz_core.models import teaching
@@ -65,6 +73,7 @@ class MLPFamily(_BuiltIn):
     module_class = "MLP"
     hidden_grows = Family.hidden_grows
     has_attention = False
+    selective_alias = None  # `selective` always meant the attention core, which an MLP has not
     language_model = False
     tp_attention = False
     presets = (

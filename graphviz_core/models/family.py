@@ -23,7 +23,47 @@ if TYPE_CHECKING:
 OPTIONAL_FIELDS = ("kv_heads", "intermediate", "experts", "experts_per_token", "image_size", "context", "tied")
 # Fields some families have no use for at all (a ResNet has no sequence, an MLP no heads or vocabulary).
 SOMETIMES_FIELDS = ("seq", "heads", "vocab", "attention")
-CHECKPOINTS = ("none", "full", "selective")
+
+
+class Choices(tuple):
+    """Names offered (iterating gives them: the form's options, the CLI's choices) and names accepted (`in`): the
+    offered ones plus aliases that old links and scripts use."""
+
+    aliases: frozenset[str]
+
+    def __new__(cls, names: tuple[str, ...], aliases: tuple[str, ...] = ()) -> Choices:
+        choices = super().__new__(cls, names)
+        choices.aliases = frozenset(aliases)
+        return choices
+
+    def __contains__(self, name: object) -> bool:
+        return super().__contains__(name) or name in self.aliases
+
+    def __reduce__(self):
+        return Choices, (tuple(self), tuple(sorted(self.aliases)))
+
+
+# Checkpointing policies, each meaning the same for every family that offers it. `selective` is an alias kept for
+# old links and scripts: a config resolves it to its family's `selective_alias` (what it meant for that family).
+SELECTIVE = "selective"
+CHECKPOINTS = Choices(("none", "full", "selective-attention", "selective-ops"), aliases=(SELECTIVE,))
+# What each policy keeps for backward and recomputes, and where it comes from: every explanation of a policy starts
+# from these (Family.checkpoint_note), never from one model.
+CHECKPOINT_POLICIES = {
+    "none": "no checkpointing: every layer keeps what its backward needs",
+    "full": "full checkpointing: each layer keeps only its inputs and re-runs its whole forward in backward",
+    "selective-attention": (
+        "selective recomputation of the attention core (Korthikanti et al. 2022, \"Reducing Activation "
+        "Recomputation in Large Transformer Models\"): each attention keeps only q, k and v for its core and re-runs "
+        "the core in backward ({core}); everything else keeps what its backward needs"
+    ),
+    "selective-ops": (
+        "op-level selective activation checkpointing (torchtitan's op SAC, with torch.utils.checkpoint's "
+        "create_selective_checkpoint_contexts): each layer keeps its inputs and the outputs of its compute-heavy "
+        "ops (matmuls, convolutions, attention kernels) and recomputes the rest in backward (norms, activations, "
+        "rotary, elementwise)"
+    ),
+}
 
 # How each field is named on the form and in sentences; a family may rename one (ResNet's layers are its depth).
 FIELD_LABELS = {
@@ -105,7 +145,8 @@ class Family:
     default_fields: dict = {}  # what `--model NAME` starts from when no preset is named
     offered: bool = True  # in the form's family box and `--model`'s choices
     # What the analyses ask.
-    has_attention: bool = True  # an attention core that selective checkpointing (attention core) can recompute
+    has_attention: bool = True  # an attention core that selective-attention checkpointing can recompute
+    selective_alias: str | None = None  # the policy an old `checkpoint=selective` means here (None: refused)
     language_model: bool = True  # logits over a vocabulary at every position
     stacked_layers: bool = True  # `layers` counts identical blocks (will-it-fit extrapolates over them)
     min_batch: int = 1  # BatchNorm cannot train on one example at 1 x 1 pixels
@@ -147,10 +188,14 @@ class Family:
             if config.attention == "eager":
                 raise ValueError(f"attention 'eager' is for the transformers families; model {self.name!r} takes {choices}.")
             raise ValueError(f"model {self.name!r} has no attention {config.attention!r}: choose {choices}.")
-        if config.checkpoint not in self.checkpoint_policies():
-            raise ValueError(
-                f"selective checkpointing recomputes attention, and model {self.name!r} has none; use 'full' or 'none'."
-            )
+        policies = self.checkpoint_policies()
+        if config.checkpoint not in policies:
+            choose = ", ".join(policies)
+            if config.checkpoint == "selective-attention":
+                raise ValueError(f"selective-attention recomputes the attention core, and model {self.name!r} has "
+                                 f"none; choose one of: {choose}.")
+            raise ValueError(f"checkpoint {config.checkpoint!r} does not apply to model {self.name!r}; choose one of: "
+                             f"{choose}.")
         if self.takes("heads") and config.hidden % config.heads:
             raise ValueError(
                 f"hidden {config.hidden} is not divisible by {config.heads} heads; "
@@ -184,9 +229,19 @@ class Family:
         """How big one example is, in the config line (`s=32`, `32px`)."""
         return f"s={config.seq}"
 
-    def checkpoint_policies(self) -> tuple[str, ...]:
-        """The checkpointing policies that mean something here (selective recomputes attention)."""
-        return CHECKPOINTS if self.has_attention else tuple(p for p in CHECKPOINTS if p != "selective")
+    def checkpoint_policies(self) -> Choices:
+        """The checkpointing policies that mean something here (selective-attention needs an attention core), and
+        the `selective` alias where this family gives it a meaning."""
+        names = tuple(p for p in CHECKPOINTS if p != "selective-attention" or self.has_attention)
+        return Choices(names, aliases=(SELECTIVE,) if self.selective_alias else ())
+
+    def checkpoint_note(self, policy: str, config: ModelConfig | None = None) -> str:
+        """What `policy` keeps and recomputes and its source, in one sentence (CHECKPOINT_POLICIES), with what the
+        attention core is under `config`'s attention."""
+        core = "the fused kernel, from q, k and v"
+        if config is not None and self.spelled_out_attention and config.attention == self.spelled_out_attention:
+            core = "q·kᵀ, scale, mask, softmax and ·v, op by op"
+        return CHECKPOINT_POLICIES[policy].format(core=core)
 
     # ---- the model --------------------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The torch side of the Hugging Face `transformers` families (graphviz_core.models.transformers_family): building a
-model from a config typed in code (never downloaded), checkpointing its layers, and routing rotary embeddings
-through modules.
+model from a config typed in code (never downloaded), checkpointing its layers or its attention cores, and routing
+rotary embeddings through modules.
 
 Every model gets random weights from `AutoModelFor…from_config`; on `meta` nothing is allocated. Dropout
 probabilities are set to 0 (the model stays in training mode) so two runs of one config give the same
@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING
 
 # Nothing here may reach the Hugging Face hub: configs are built in code and weights are random.
@@ -24,53 +23,18 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 from graphviz_core.models.family import Batch  # noqa: E402
-from graphviz_core.models.teaching import CHECKPOINT_KWARGS, KEPT_BYTES, RECOMPUTED, TORCH_DTYPES  # noqa: E402
+from graphviz_core.models.teaching import (  # noqa: E402
+    CHECKPOINT_KWARGS,
+    RECOMPUTED,
+    TORCH_DTYPES,
+    keep_compute_heavy_contexts,
+)
 
 if TYPE_CHECKING:
     from graphviz_core.config import ModelConfig
-
-# Selective checkpointing policy for every family: keep the outputs of the matrix multiplications and
-# attention kernels (expensive to recompute), recompute everything else (norms, activations, rotary,
-# elementwise: cheap per byte kept). Korthikanti et al.'s selective scheme keeps the GEMMs and recomputes the
-# attention core; keeping the fused kernel's output is the analogue when no s x s scores exist.
-_KEEP = {
-    torch.ops.aten.mm.default,
-    torch.ops.aten.addmm.default,
-    torch.ops.aten.bmm.default,
-    torch.ops.aten.baddbmm.default,
-    torch.ops.aten.convolution.default,
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-    torch.ops.aten._scaled_dot_product_efficient_attention.default,
-    torch.ops.aten._scaled_dot_product_flash_attention.default,
-}
-SELECTIVE_POLICY = "keep the outputs of matmuls, convolutions and attention kernels; recompute the rest"
-
-
-
-
-def _policy(model: nn.Module, ctx, op, *args, **kwargs):
-    if op not in _KEEP:
-        return CheckpointPolicy.PREFER_RECOMPUTE
-    if not ctx.is_recompute:
-        # The checkpoint stores these outputs itself, where no saved-tensor hook sees them; count their bytes by
-        # running the op on meta copies of its arguments (shapes only, no arithmetic).
-        # With the dispatch modes below this one switched off: the capture's FLOP counter and storage observer
-        # would otherwise count this shape computation as a second forward op (llama-tiny's forward read
-        # 25.3 MFLOP under selective instead of 14.8).
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        with _disable_current_modes():
-            meta = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, kwargs))
-            out = op(*meta[0], **meta[1])
-        kept = sum(
-            t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
-        )
-        setattr(model, KEPT_BYTES, getattr(model, KEPT_BYTES, 0) + kept)
-    return CheckpointPolicy.MUST_SAVE
-
 
 # `transformers` resolves its names lazily on first access, and two threads resolving at once (two sessions opening
 # their first transformers configs on a fresh server) got "module 'transformers' has no attribute
@@ -106,9 +70,9 @@ def _layers(model: nn.Module) -> list[nn.Module]:
     return found
 
 
-def _checkpoint_layers(model: nn.Module, selective: bool) -> None:
-    """Run each layer's forward under torch.utils.checkpoint: whole (`full`) or with SELECTIVE_POLICY."""
-    context_fn = partial(create_selective_checkpoint_contexts, partial(_policy, model)) if selective else None
+def _checkpoint_layers(model: nn.Module, context_fn: Callable | None) -> None:
+    """Run each layer's forward under torch.utils.checkpoint: whole (`full`, no context_fn) or with a selective
+    policy's contexts (`selective-ops`)."""
     for layer in _layers(model):
         forward = layer.forward
 
@@ -119,6 +83,62 @@ def _checkpoint_layers(model: nn.Module, selective: bool) -> None:
 
         layer.forward = run
         setattr(layer, RECOMPUTED, True)
+
+
+class RecomputedCoreAttention(nn.Module):
+    """The core of one `transformers` attention module (its attention function: eager's q·kᵀ, scale, mask, softmax
+    and ·v, or the fused SDPA kernel), run as this child under torch.utils.checkpoint for `selective-attention`: the
+    checkpoint keeps the function's inputs (q, k, v and the mask) and re-runs it in backward. A module of its own so
+    that the capture attributes the core's ops to it and sees the re-run."""
+
+    def forward(self, function: Callable, owner: nn.Module, *args, **kwargs):
+        return function(owner, *args, **kwargs)
+
+
+_ROUTED: dict[str, Callable] = {}  # modeling module or "sdpa" -> the attention function before routing
+_ROUTING_LOCK = threading.Lock()  # two builds at once must not wrap a function twice (a checkpoint in a checkpoint)
+
+
+def _routed(original: Callable) -> Callable:
+    """`original` (an attention function, called with its attention module first) run through that module's
+    RecomputedCoreAttention child under checkpoint when it has one, as is otherwise."""
+
+    def attention(module, *args, **kwargs):
+        core = getattr(module, "core", None)
+        if isinstance(core, RecomputedCoreAttention):
+            return checkpoint(core, original, module, *args, **CHECKPOINT_KWARGS, **kwargs)
+        return original(module, *args, **kwargs)
+
+    return attention
+
+
+def _innermost_attention(model: nn.Module) -> list[nn.Module]:
+    """The modules that call the attention function: named `…Attention`, with no `…Attention` child (BERT's and ViT's
+    outer attention holds the self-attention and the output projection)."""
+    def named(m: nn.Module) -> bool:
+        return type(m).__name__.endswith("Attention")
+
+    return [m for m in model.modules() if named(m) and not any(named(c) for c in m.children())]
+
+
+def _checkpoint_attention_cores(model: nn.Module) -> None:
+    """`selective-attention`: give every attention module a RecomputedCoreAttention child and route the modeling
+    file's eager function and the shared SDPA function through it (plain calls for modules without one)."""
+    import sys
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    for module in _innermost_attention(model):
+        modeling = sys.modules[type(module).__module__]
+        with _ROUTING_LOCK:
+            if "sdpa" not in _ROUTED:
+                _ROUTED["sdpa"] = ALL_ATTENTION_FUNCTIONS["sdpa"]
+                ALL_ATTENTION_FUNCTIONS["sdpa"] = _routed(_ROUTED["sdpa"])
+            if modeling.__name__ not in _ROUTED:
+                _ROUTED[modeling.__name__] = modeling.eager_attention_forward
+                modeling.eager_attention_forward = _routed(_ROUTED[modeling.__name__])
+        module.core = RecomputedCoreAttention()
+        setattr(module.core, RECOMPUTED, True)
 
 
 class ApplyRotary(nn.Module):
@@ -196,8 +216,12 @@ def build(family, config: ModelConfig) -> nn.Module:
     model = getattr(tf, family.auto_class).from_config(hf, dtype=TORCH_DTYPES[config.dtype])
     if family.rotary:
         _route_rotary_through_modules(model)
-    if config.checkpoint != "none":
-        _checkpoint_layers(model, selective=config.checkpoint == "selective")
+    if config.checkpoint == "full":
+        _checkpoint_layers(model, None)
+    elif config.checkpoint == "selective-ops":
+        _checkpoint_layers(model, keep_compute_heavy_contexts(model))
+    elif config.checkpoint == "selective-attention":
+        _checkpoint_attention_cores(model)
     return model.train()
 
 

@@ -8,12 +8,13 @@ families.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from graphviz_core.models.family import Batch
 
@@ -35,6 +36,61 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 # state (and restores it after), which, in another thread, corrupted a model being initialised from that generator
 # under graphviz_core.models.registry's build lock (5 of 15 seed-block builds got other weights beside full-checkpoint captures).
 CHECKPOINT_KWARGS = {"use_reentrant": False, "preserve_rng_state": False}
+
+# `selective-ops` (torchtitan's op-level selective activation checkpointing), for every family: inside a checkpointed
+# layer, keep the outputs of the compute-heavy ops (matrix multiplications, convolutions, attention kernels: expensive
+# to recompute) and recompute everything else (norms, activations, rotary, elementwise: cheap per byte kept).
+# torchtitan also recomputes every second mm to balance memory; this policy keeps them all.
+KEEP_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten.baddbmm.default,
+    torch.ops.aten.convolution.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+}
+
+
+def _keep_compute_heavy(model: nn.Module, ctx, op, *args, **kwargs):
+    if op not in KEEP_OPS:
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    if not ctx.is_recompute:
+        # The checkpoint stores these outputs itself, where no saved-tensor hook sees them; count their bytes by
+        # running the op on meta copies of its arguments (shapes only, no arithmetic).
+        # With the dispatch modes below this one switched off: the capture's FLOP counter and storage observer
+        # would otherwise count this shape computation as a second forward op (llama-tiny's forward read
+        # 25.3 MFLOP under selective-ops instead of 14.8).
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            meta = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, kwargs))
+            out = op(*meta[0], **meta[1])
+        kept = sum(
+            t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
+        )
+        setattr(model, KEPT_BYTES, getattr(model, KEPT_BYTES, 0) + kept)
+    return CheckpointPolicy.MUST_SAVE
+
+
+def keep_compute_heavy_contexts(model: nn.Module):
+    """`context_fn` for torch.utils.checkpoint running the `selective-ops` policy; the bytes it keeps are added up
+    on `model` (KEPT_BYTES), the whole model the capture reads them from."""
+    return partial(create_selective_checkpoint_contexts, partial(_keep_compute_heavy, model))
+
+
+def run_checkpointed(layer, x: torch.Tensor, policy: str, model: nn.Module) -> torch.Tensor:
+    """`layer(x)` under the config's checkpoint policy: whole (`full`), keeping compute-heavy outputs
+    (`selective-ops`), or plain (`none`, and `selective-attention`, which checkpoints inside the attention)."""
+    if policy == "full":
+        return checkpoint(layer, x, **CHECKPOINT_KWARGS)
+    if policy == "selective-ops":
+        return checkpoint(layer, x, **CHECKPOINT_KWARGS, context_fn=keep_compute_heavy_contexts(model))
+    return layer(x)
+
+
+LAYER_POLICIES = ("full", "selective-ops")  # the policies that checkpoint whole layers
 
 
 class CoreAttention(nn.Module):
@@ -66,9 +122,9 @@ class SelfAttention(nn.Module):
         self.heads = config.heads
         self.causal = causal
         self.kind = config.attention
-        # Selective checkpointing recomputes the core attention only: the s x s part that is cheap to
-        # recompute and expensive to keep (Korthikanti et al. 2022; "Backprop as a Graph").
-        self.recompute_core = config.checkpoint == "selective"
+        # selective-attention recomputes the core attention only: the s x s part that is cheap to recompute and
+        # expensive to keep (Korthikanti et al. 2022; "Backprop as a Graph").
+        self.recompute_core = config.checkpoint == "selective-attention"
         if self.kind == "mha":
             self.mha = nn.MultiheadAttention(config.hidden, config.heads, batch_first=True)
             setattr(self.mha, RECOMPUTED, self.recompute_core)
@@ -135,15 +191,9 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-def _mark_recomputed(modules: nn.ModuleList, full_checkpoint: bool) -> None:
+def _mark_recomputed(modules: nn.ModuleList, policy: str) -> None:
     for module in modules:
-        setattr(module, RECOMPUTED, full_checkpoint)
-
-
-def _run_block(block: nn.Module, x: torch.Tensor, full_checkpoint: bool) -> torch.Tensor:
-    if full_checkpoint:
-        return checkpoint(block, x, **CHECKPOINT_KWARGS)
-    return block(x)
+        setattr(module, RECOMPUTED, policy in LAYER_POLICIES)
 
 
 class MLP(nn.Module):
@@ -152,12 +202,12 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(FeedForward(config.hidden) for _ in range(config.layers))
-        self.full_checkpoint = config.checkpoint == "full"
-        _mark_recomputed(self.layers, self.full_checkpoint)
+        self.checkpoint_policy = config.checkpoint
+        _mark_recomputed(self.layers, self.checkpoint_policy)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
-            x = _run_block(layer, x, self.full_checkpoint)
+            x = run_checkpointed(layer, x, self.checkpoint_policy, self)
         return x
 
 
@@ -167,11 +217,11 @@ class BlockModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.block = Block(config, causal=False)
-        self.full_checkpoint = config.checkpoint == "full"
-        setattr(self.block, RECOMPUTED, self.full_checkpoint)
+        self.checkpoint_policy = config.checkpoint
+        setattr(self.block, RECOMPUTED, self.checkpoint_policy in LAYER_POLICIES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _run_block(self.block, x, self.full_checkpoint)
+        return run_checkpointed(self.block, x, self.checkpoint_policy, self)
 
 
 class GPT2(nn.Module):
@@ -185,8 +235,8 @@ class GPT2(nn.Module):
         self.ln_f = nn.LayerNorm(config.hidden)
         self.lm_head = nn.Linear(config.hidden, config.vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # tied, as GPT-2: one parameter, two uses
-        self.full_checkpoint = config.checkpoint == "full"
-        _mark_recomputed(self.blocks, self.full_checkpoint)
+        self.checkpoint_policy = config.checkpoint
+        _mark_recomputed(self.blocks, self.checkpoint_policy)
         self.apply(_gpt2_init)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -194,7 +244,7 @@ class GPT2(nn.Module):
         pos = torch.arange(seq, device=idx.device)  # (T,)
         x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
         for block in self.blocks:
-            x = _run_block(block, x, self.full_checkpoint)
+            x = run_checkpointed(block, x, self.checkpoint_policy, self)
         return self.lm_head(self.ln_f(x))  # (B, T, V)
 
 

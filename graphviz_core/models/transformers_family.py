@@ -24,6 +24,7 @@ class TransformersFamily(Family):
 
     attentions = ("sdpa", "eager")  # transformers' attn_implementation: fused SDPA, or its op-by-op reference
     spelled_out_attention = "eager"
+    selective_alias = "selective-ops"  # what `selective` meant here: keep compute-heavy ops' outputs
     optional = ("intermediate",)
     auto_class = "AutoModelForCausalLM"
     config_class = ""

@@ -130,10 +130,6 @@ class ResNet(_Vision):
     def describe(self, config: ModelConfig) -> list[str]:
         return [self.name, f"depth {config.layers}", f"h={config.hidden}"]
 
-    def checkpoint_policies(self) -> tuple[str, ...]:
-        # Selective keeps the convolutions' outputs and recomputes the rest (graphviz_core.models.hf's policy).
-        return ("none", "full", "selective")
-
     def hf_config(self, config: ModelConfig, tf):
         depths, kind = RESNET_DEPTHS[config.layers]
         h = config.hidden

@@ -362,14 +362,14 @@ def _checkpointing(capture: Capture) -> None:
             f"recompute {format_flops(r.recompute_flops)} = {r.recompute_over_forward:.0%} of a forward."
         )
     st.text("\n".join(lines))
+    family = result.config.family
     st.caption(
         "Why recompute is less than a forward: PyTorch's non-reentrant checkpoint re-runs a region only until it "
         "has rebuilt the last tensor the backward needs, then stops (early stop); ops after that (a block's last "
         "linear, whose output nothing saved) never run again, and parts of the model outside any region "
-        "(embeddings, the final norm, the output layer) are never recomputed. What selective recomputes: with "
-        "sdpa and manual attention, the attention core only (q·kᵀ, softmax, ·v); with mha, the whole "
-        "nn.MultiheadAttention call, so its in-projection too. Held for recompute: the inputs each checkpointed "
-        "region keeps — with selective these are q, k and v, which replace the saved tensors they save."
+        "(embeddings, the final norm, the output layer) are never recomputed. Held for recompute: what a "
+        "checkpointed region keeps itself, its inputs and the outputs a selective policy keeps. The policies: "
+        + " ".join(f"{r.policy}: {family.checkpoint_note(r.policy, result.config)}." for r in result.rows)
     )
 
 
