@@ -28,6 +28,7 @@ START, END = "<!-- speed-table: start (benchmarks/update_readme.py) -->", "<!-- 
 # Each benchmark with the options that keep `make bench` to a few minutes per script on a small machine
 BENCHMARKS = {
     "bench_capture.py": ["--rounds", "5"],
+    "bench_peers.py": ["--rounds", "5"],
     "bench_startup.py": ["--rounds", "3"],
     "bench_families.py": ["--repeats", "5"],
     "bench_memory.py": ["--repeats", "3"],
