@@ -83,3 +83,44 @@ def test_an_exported_page_opens_with_no_node_cut_or_under_the_legend(page, tmp_p
     page.screenshot(path=str(tmp_path / f"{preset}-{page.size}.png"))
     assert page.evaluate(CUT_NODES) == [], f"nodes cut at the pane's edge at {page.size}"
     assert page.evaluate(UNDER_LEGEND) == [], f"nodes under the legend column at {page.size}"
+
+
+# Tables wider than what shows of them: a data grid whose columns run past its right edge, or an st.table wider than
+# its column (both were cut at 1280 px: the FLOPs tab's node tables, Beyond one GPU's collectives).
+OVERFLOWING_TABLES = """() => {
+  const out = [];
+  for (const e of document.querySelectorAll('[data-testid="stDataFrame"], [data-testid="stTable"]')) {
+    if (!e.offsetWidth) { continue; }
+    const box = e.getBoundingClientRect(), column = e.parentElement.getBoundingClientRect();
+    const grid = e.querySelector('.dvn-scroller'), table = e.querySelector('table');
+    const content = grid ? grid.scrollWidth : table.getBoundingClientRect().width;
+    const shown = grid ? grid.clientWidth : box.width;
+    if (content > shown + 1 || box.right > column.right + 1) {
+      out.push(`${e.dataset.testid} ${Math.round(content)} px in ${Math.round(shown)}: ${e.innerText.slice(0, 60)}`);
+    }
+  }
+  return out;
+}"""
+TABLE_PAGES = [  # path, a text the page shows once drawn, the tab to open
+    ("/?tab=FLOPs+and+time", "Forward FLOPs", None),
+    ("/?tab=FLOPs+and+time&preset=llama-tiny", "Forward FLOPs", None),  # long module paths
+    ("/?tab=Memory", "Activation peak", None),
+    ("/parallel", "Rank 0 next to one device", None),
+    ("/parallel", "Rank 0 next to one device", "Communication in backward"),
+]
+
+
+@pytest.mark.parametrize("page", SIZES, indirect=True)
+def test_no_result_table_runs_past_its_right_edge(page, streamlit_url, tmp_path):
+    for path, shown, tab in TABLE_PAGES:
+        page.goto(f"{streamlit_url}{path}")
+        page.get_by_text(shown).first.wait_for(timeout=120_000)
+        if tab:
+            page.get_by_role("tab", name=tab).click()
+        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+        for expander in page.locator('[data-testid="stExpander"] details:not([open]) summary').all():
+            if expander.is_visible():  # the lists inside expanders too ("Every node", the forward's collectives)
+                expander.click()
+        page.wait_for_timeout(1500)
+        assert page.evaluate(OVERFLOWING_TABLES) == [], f"{path} {tab or ''} at {page.size}"
+    page.goto("about:blank")

@@ -6,6 +6,7 @@ import torch.distributed as dist
 from streamlit.testing.v1 import AppTest
 
 from graphviz_core.ui.format import format_bytes
+from tests.conftest import tables
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "parallel.py")
 
@@ -39,8 +40,26 @@ def test_tensor_parallel_lists_backward_all_reduces_from_autograd_nodes():
     at.number_input(key="parallel.tp").set_value(2)
     next(b for b in at.button if b.label == "Simulate ranks").click().run()
     assert not at.exception
-    backward = at.dataframe[-2].value  # the backward table (forward/optimizer's is last)
+    backward = tables(at)[-2]  # the backward table (forward/optimizer's is last), an st.table: it wraps at 1280 px
     # 2 layers x (attention + MLP): one all-reduce of the (2, 32, 64) float32 input gradient each = 16 KiB.
     assert list(backward["Collective"]) == ["all-reduce"] * 4
     assert set(backward["Buffer"]) == {"16.0 KiB"}
     assert set(backward["Autograd node (communication)"]) == {"_FromTorchTensorBackward"}
+
+
+def test_the_per_rank_chart_reads_in_gib_once_a_rank_holds_gibibytes():
+    import json
+
+    # GPT-2 shape at width 1024 with a 65,536-token vocabulary, one layer, under DDP over 2: every rank holds all of it.
+    # Embeddings 65536 x 1024 + positions 32 x 1024 + one block 12 x 1024^2 + norms: ~80M float32 parameters, 4 bytes
+    # each for the weights, the gradients and AdamW's two moments = 16 bytes x 80M: about 1.2 GiB, and the peak ~2 GiB
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.query_params.update({"model": "gpt2", "hidden": "1024", "heads": "16", "layers": "1", "vocab": "65536",
+                            "batch": "1", "strategy": "ddp", "world_size": "2"})
+    at.run()
+    assert not at.exception
+    peak = next(m.value for m in at.metric if m.label == "Peak memory per rank")
+    assert peak.endswith("GiB"), peak
+    specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+    timeline = next(s for s in specs if s.get("mark", {}).get("type", s.get("mark")) == "line")
+    assert timeline["encoding"]["y"]["title"] == "GiB live on rank 0"  # it read "MiB live on rank 0", up to ~2,000

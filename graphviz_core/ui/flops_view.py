@@ -29,16 +29,23 @@ PASS_COLOURS = {"forward": "#4c78a8", "backward": "#e45756"}
 NOT_COUNTED = "not counted"  # a FLOP cell whose ops have no FLOP formula (flop_analysis.NOT_COUNTED_NOTE), not 0
 # The per-node tables' narrow columns, each as wide as its header (auto width fitted the values and cut
 # "bytes moved" to "bytes move…" at 1280 px); node and module keep their auto width, which fits their values.
+# The list of every node, a data grid (thousands of rows): its columns add up to the 786 px an expander holds at 1280
+# px, so none is cut off at the right; a long node id or module ends in "…" (click the cell for the whole).
 NODE_COLUMNS = {
-    "category": st.column_config.TextColumn(width=105),
-    "FLOPs": st.column_config.TextColumn(width=90, help="FLOPs of the aten ops that ran in this node's backward"),
-    "time": st.column_config.TextColumn(width=75, help="measured, instrumentation included"),
-    "achieved": st.column_config.TextColumn(width=110, help="FLOPs / (time − the instrumentation's overhead)"),
+    "node": st.column_config.TextColumn(width=150),
+    "module": st.column_config.TextColumn(width=120),
+    "category": st.column_config.TextColumn(width=90),
+    "FLOPs": st.column_config.TextColumn(width=75, help="FLOPs of the aten ops that ran in this node's backward"),
+    "time": st.column_config.TextColumn(width=65, help="measured, instrumentation included"),
+    "achieved": st.column_config.TextColumn(width=90, help="FLOPs / (time − the instrumentation's overhead)"),
     "bytes moved": st.column_config.TextColumn(
         width=100, help="gradients read and written + tensors saved for it, parameters included"
     ),
     "intensity": st.column_config.TextColumn(width=95, help="FLOPs / bytes moved"),
 }
+NODE_COLUMNS_NOTE = ("FLOPs: the aten ops that ran in the node's backward · time: measured, instrumentation included · "
+                     "achieved: FLOPs / (time − the instrumentation's overhead) · bytes moved: gradients read and written "
+                     "plus the tensors saved for it, parameters included · intensity: FLOPs / bytes moved")
 
 
 def _flop_cell(flop: int | None) -> str:
@@ -298,7 +305,9 @@ def _node_table(rows: list[fa.NodeCost]) -> pd.DataFrame:
 
 
 def _show_nodes(rows: list[fa.NodeCost]) -> None:
-    st.dataframe(_node_table(rows), hide_index=True, width="stretch", column_config=NODE_COLUMNS)
+    """A few nodes as a table that wraps (st.table): every cell whole at 1280 px, where a data grid's eight columns
+    ran past its right edge."""
+    st.table(literal_cells(_node_table(rows)), hide_index=True)
 
 
 def _time_and_roofline(capture: Capture) -> None:
@@ -327,6 +336,7 @@ def _time_and_roofline(capture: Capture) -> None:
     st.caption(f"Top {n} nodes by time" + ("" if timed else " — not measured on meta"))
     if by_time:
         _show_nodes(by_time)
+    st.caption(NODE_COLUMNS_NOTE)
     choices = list(dict.fromkeys([*by_flop, *by_time]))
     if choices:
         row = st.columns([3, 1])
@@ -350,7 +360,7 @@ def _time_and_roofline(capture: Capture) -> None:
             "Bytes moved: the gradients the node reads and writes plus the tensors saved for it (read back in "
             "backward), parameters included. Intensity = FLOPs / bytes moved."
         )
-        _show_nodes(fa.node_costs(capture))
+        st.dataframe(_node_table(fa.node_costs(capture)), hide_index=True, width="stretch", column_config=NODE_COLUMNS)
 
 
 def _roofline(capture: Capture) -> None:

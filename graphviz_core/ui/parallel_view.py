@@ -14,7 +14,7 @@ from graphviz_core.parallel.collectives import GPUS_PER_NODE, INFINIBAND_BYTES_P
 from graphviz_core.parallel.settings import MAX_WORLD, MIXED_PRECISIONS, STRATEGIES, ParallelConfig
 from graphviz_core.parallel.simulate import PerRank, simulate_parallel
 from graphviz_core.ui.charts import show_chart
-from graphviz_core.ui.format import escape_markdown, format_bytes, format_seconds
+from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, format_seconds, literal_cells
 from graphviz_core.ui.links import coerce, dismiss_notices, encode, note_problems, show_notices, write_params
 
 MAX_CACHED = 8
@@ -265,8 +265,10 @@ def show_per_rank(result: PerRank) -> None:
         + ", ".join(f"{name} {format_bytes(v)}" for name, v in sorted(gap.items(), key=lambda kv: -kv[1]))
         + "."
     )
+    # the axis in the unit its largest value reads best in, as the tables above (Llama 3.1 8B ran to "60,000 MiB")
+    unit, divisor = bytes_unit(max((value for _, value in result.timeline), default=0))
     timeline = pd.DataFrame(
-        [{"step": i, "phase": phase, "MiB live": value / 2**20} for i, (phase, value) in enumerate(result.timeline)]
+        [{"step": i, "phase": phase, unit: value / divisor} for i, (phase, value) in enumerate(result.timeline)]
     )
     if not timeline.empty:
         show_chart(
@@ -274,7 +276,7 @@ def show_per_rank(result: PerRank) -> None:
             .mark_line()
             .encode(
                 x=alt.X("step:Q", title="ops, in order (sampled)"),
-                y=alt.Y("MiB live:Q", title="MiB live on rank 0"),
+                y=alt.Y(f"{unit}:Q", title=f"{unit} live on rank 0"),
                 color=alt.Color("phase:N", sort=["forward", "backward", "optimizer"]),
             )
             .properties(height=220),
@@ -313,8 +315,9 @@ def show_collectives(result: PerRank) -> None:
         ),
     ):
         with st.expander(title, expanded=expanded):
-            st.dataframe(
-                pd.DataFrame(
+            # st.table wraps: nine columns, where a data grid at 1280 px ran past its right edge (Group and Time)
+            st.table(
+                literal_cells(pd.DataFrame(
                     [
                         {
                             "#": i + 1,
@@ -330,9 +333,8 @@ def show_collectives(result: PerRank) -> None:
                         }
                         for i, c in enumerate(rows)
                     ]
-                ),
+                )),
                 hide_index=True,
-                width="stretch",
             )
 
 

@@ -22,8 +22,12 @@ from pathlib import Path
 PAGES = Path(__file__).resolve().parents[2] / "pages"
 # Streamlit starts the main column 6rem (96 px) down: a blank band above every page's title that, on a laptop's 800 px,
 # pushed the figures below the fold. The toolbar above it is transparent and holds only the running indicator, at the
-# right; 1.5rem keeps the title clear of it.
-PAGE_CSS = "[data-testid='stMainBlockContainer'] { padding-top: 1.5rem !important; }"  # over Streamlit's own rule, added later
+# right; 1.5rem keeps the title clear of it (!important: over Streamlit's own rule, added later).
+# Tables (st.table) fit their column at 1280 px: cells wrap at spaces, and the first two columns (a node id, a module
+# path: long words) also inside a word; elsewhere "matmul" broke into "matmu l".
+PAGE_CSS = ("[data-testid='stMainBlockContainer'] { padding-top: 1.5rem !important; }"
+            " [data-testid='stTable'] :is(th, td, th *, td *) { white-space: normal !important; }"
+            " [data-testid='stTable'] :is(td:nth-child(-n+2), td:nth-child(-n+2) *) { overflow-wrap: anywhere; }")
 # Runs before Streamlit's module script (module scripts are deferred): its settings are read once, when it loads.
 BASE_SCRIPT = """<script>
 (function () {{
