@@ -124,3 +124,36 @@ def test_no_result_table_runs_past_its_right_edge(page, streamlit_url, tmp_path)
         page.wait_for_timeout(1500)
         assert page.evaluate(OVERFLOWING_TABLES) == [], f"{path} {tab or ''} at {page.size}"
     page.goto("about:blank")
+
+
+def test_a_png_of_the_view_with_shape_ops_hidden_reads_top_to_bottom_whole(page, tmp_path):
+    import struct
+
+    from graphviz_core.export.formats import MIN_FIT_SCALE, PNG_SCALE, PNG_SIZE
+    from graphviz_core.export.render import png_page
+    from graphviz_core.ui.graph_view import _png, apply_view
+
+    capture = captured("gpt2-tiny")
+    view = apply_view(capture, focus=None, hide_shape=True, collapse=False, expanded=None)
+    drawing = dict(title="autograd graph: gpt2-tiny", subtitle="", colour_by=None, size_by=None, highlight=set())
+    png = _png(view, drawing)  # the download button's file: headless Chromium photographs the page below
+    (tmp_path / "view.png").write_bytes(png)
+    html, height = png_page(view, **drawing)
+    # 27 layers in one column: (26 x 80 + 60) px x 1.12 (the fit's margin) x 0.5 (the scale it is made for) = 1,199 px
+    assert height == 1199
+    assert struct.unpack(">II", png[16:24]) == (PNG_SIZE[0] * PNG_SCALE, height * PNG_SCALE)
+    # the same page at the picture's size, fitted as the photograph is: one column, each layer below the one before,
+    # every node whole at a scale whose labels are drawn
+    page.set_viewport_size({"width": PNG_SIZE[0], "height": height})
+    (tmp_path / "view.html").write_text(html)
+    page.goto((tmp_path / "view.html").as_uri())
+    page.wait_for_function("window.__firstDrawMs !== undefined", timeout=60_000)
+    page.evaluate("() => window.network.fit({animation: false})")
+    page.screenshot(path=str(tmp_path / "fitted.png"))
+    assert page.evaluate("window.network.getScale()") >= MIN_FIT_SCALE
+    assert page.evaluate(CUT_NODES) == []
+    rows = page.evaluate("""() => { const p = window.network.getPositions(); const ys = {}, xs = [];
+        for (const id in p) { ys[p[id].y] = true; xs.push(p[id].x); }
+        return [Object.keys(ys).length, Math.max(...xs) - Math.min(...xs)]; }""")
+    assert rows[0] == 27  # 27 layers, 27 rows: no layer sits beside another
+    assert rows[1] < 1200  # one column's width (it spanned two columns, ~1,900 px, side by side)

@@ -65,4 +65,4 @@ def test_a_small_presets_graph_renders_to_a_png_of_the_requested_size():
     check_picture(png, (1280, 960))
     assert what.endswith("all 26 nodes")  # mlp: 26 nodes (test_capture), under COLLAPSE_ABOVE: drawn whole
     # the picture's subtitle is the app's (the device it ran on, once: not "auto · cpu")
-    assert what.startswith("mlp · 2 layers · h=64 · b=4 · s=8 · float32 · cpu · all 26")
+    assert what.startswith("mlp · 2 layers · h=64 · b=4 · s=8 · float32 · cpu · no checkpointing · all 26")

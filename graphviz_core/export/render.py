@@ -26,8 +26,8 @@ from markupsafe import Markup
 from pyvis.network import Network
 
 from graphviz_core.config import applies
-from graphviz_core.export.formats import CATEGORY_COLOURS, MIN_FIT_SCALE
-from graphviz_core.graph.layout import LAYER_GAP, NODE_WIDTH, Layout, layered_layout
+from graphviz_core.export.formats import CATEGORY_COLOURS, MIN_FIT_SCALE, PNG_SIZE
+from graphviz_core.graph.layout import ASPECT, LAYER_GAP, NODE_WIDTH, Layout, layered_layout
 from graphviz_core.graph.views import module_group
 from graphviz_core.units import format_bytes, format_flops, format_in, format_seconds
 
@@ -349,6 +349,7 @@ def render_html(
     selected: str | None = None,
     node_links: bool = False,
     nonce: str | None = None,
+    aspect: float = ASPECT,
 ) -> str:
     """One self-contained HTML page drawing `graph` with vis-network; works offline, from disk or an iframe.
 
@@ -362,12 +363,13 @@ def render_html(
     `selected`: a node to open with selected, in view and its details shown (a link's `node=`; ignored when absent).
     `node_links`: the details panel offers a link to the node, made from the embedding page's URL (the app's pages).
     `nonce`: the page's script nonce (by default a fresh random one).
+    `aspect`: the width : height the layout folds a deep graph to (graph.layout.layered_layout; ONE_COLUMN: never).
     """
     for metric in (colour_by, size_by):
         if metric is not None and metric not in METRICS:
             raise ValueError(f"unknown metric {metric!r}; choose one of: {', '.join(METRICS)}.")
     widths = node_widths(graph)
-    layout = layered_layout(graph, widths=widths)
+    layout = layered_layout(graph, aspect=aspect, widths=widths)
     net = build_network(graph, colour_by=colour_by, size_by=size_by, highlight=highlight, layout=layout,
                         level_of_detail=level_of_detail)
     # search matches in backward order (nearest the loss first): the page opens on the first
@@ -428,3 +430,24 @@ def render_standalone_html(capture) -> str:
     config = capture.config
     name = config.preset or config.model
     return render_html(capture.graph, title=f"autograd graph: {name}", subtitle=run_description(config, capture.device))
+
+
+ONE_COLUMN = 1e-6  # an aspect no fold comes near: layered_layout keeps every layer in one column
+# A picture of up to this many layers is one column, top to bottom (48 layers: ~2,140 px, about twice the default): the
+# graph as the explorer's first view reads it. gpt2-tiny with shape ops hidden (27 layers) was folded into two columns
+# side by side, blocks.1 beside blocks.0. Deeper graphs are folded as on screen.
+PNG_COLUMN_LAYERS = 48
+PNG_COLUMN_SCALE = 0.5  # the scale the column's picture is made tall enough for: labels whole (MIN_FIT_SCALE 0.45)
+FIT_MARGIN = 1.12  # vis-network's fit leaves about this much room around the drawing
+
+
+def png_page(graph: nx.DiGraph, **drawing) -> tuple[str, int]:
+    """The page a PNG of `graph` photographs (render_html with `drawing`), and its height in CSS px: one column of
+    layers top to bottom as tall as it must be to read at PNG_COLUMN_SCALE (at least PNG_SIZE's height), or, past
+    PNG_COLUMN_LAYERS, folded into columns at PNG_SIZE."""
+    layers = len(layered_layout(graph, aspect=ONE_COLUMN, widths=node_widths(graph)).layers)
+    if layers > PNG_COLUMN_LAYERS:
+        return render_html(graph, **drawing, height_px=PNG_SIZE[1]), PNG_SIZE[1]
+    # the column's height: a layer every LAYER_GAP, plus the first and last rows' boxes and their labels (~60 px)
+    height = max(PNG_SIZE[1], math.ceil(((layers - 1) * LAYER_GAP + 60) * FIT_MARGIN * PNG_COLUMN_SCALE))
+    return render_html(graph, **drawing, height_px=height, aspect=ONE_COLUMN), height

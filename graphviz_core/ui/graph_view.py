@@ -8,7 +8,7 @@ import streamlit as st
 
 from graphviz_core.capture.result import Capture
 from graphviz_core.export.formats import PNG_SCALE, PNG_SIZE, png_problem, to_dot, to_graphml, to_json, to_png, to_svg
-from graphviz_core.export.render import METRICS, render_html, render_standalone_html, run_description
+from graphviz_core.export.render import METRICS, png_page, render_html, render_standalone_html, run_description
 from graphviz_core.graph.views import collapse_modules, focus_module, hide_categories, module_groups, search_nodes
 from graphviz_core.ui.format import escape_markdown
 from graphviz_core.ui.graph_pages import graph_page
@@ -96,10 +96,11 @@ def _view_dot_options(view, drawing: dict) -> dict:
                 subtitle=drawing["subtitle"], legend=legend, legend_note=note)
 
 
-def _view_png(view, drawing: dict) -> bytes:
-    # Rendered on the server by headless Chromium: the same page as the iframe, at PNG_SIZE CSS pixels and
-    # PNG_SCALE device pixels per CSS pixel, fitted to the graph's area, legend in the side panel.
-    return to_png(render_html(view, **drawing, height_px=PNG_SIZE[1]))
+def _png(graph, drawing: dict) -> bytes:
+    # Rendered on the server by headless Chromium: the same page as the iframe, PNG_SCALE device pixels per CSS pixel,
+    # fitted to the graph's area, legend in the side panel; layers top to bottom (export.render.png_page)
+    page, height = png_page(graph, **drawing)
+    return to_png(page, height=height)
 
 
 def _downloads(capture: Capture, view, drawing: dict, settings: dict) -> None:
@@ -112,11 +113,12 @@ def _downloads(capture: Capture, view, drawing: dict, settings: dict) -> None:
     name = (capture.config.preset or capture.config.model).replace(" ", "_")
     png, svg = png_problem(), None if shutil.which("dot") else "Needs Graphviz's dot (apt-get install graphviz)"
     width, height = PNG_SIZE
-    png_help = png or (f"{width * PNG_SCALE}x{height * PNG_SCALE} pixels ({PNG_SCALE}x density), rendered on the server "
-                       "by headless Chromium; the graph fitted, the legend beside it")
+    png_help = png or (f"{width * PNG_SCALE} pixels wide ({PNG_SCALE}x density) and as tall as the graph's layers need, "
+                       f"{height * PNG_SCALE} at least; rendered on the server by headless Chromium: layers top to "
+                       "bottom, the legend beside them")
     svg_help = svg or "Laid out by Graphviz's dot, with a legend"
     _download_row("view", f"**This view** ({view.number_of_nodes():,} nodes, as drawn)", [
-        ("PNG", lambda: _view_png(view, drawing), f"{name}-view.png", "image/png", png_help, png),
+        ("PNG", lambda: _png(view, drawing), f"{name}-view.png", "image/png", png_help, png),
         ("SVG", lambda: to_svg(view, **_view_dot_options(view, drawing)), f"{name}-view.svg", "image/svg+xml",
          svg_help, svg),
         ("HTML", lambda: render_html(view, **drawing), f"{name}-view.html", "text/html",
@@ -128,7 +130,8 @@ def _downloads(capture: Capture, view, drawing: dict, settings: dict) -> None:
          "Graphviz source with the view's fills and a legend", None),
     ])
     _download_row("whole", f"**Whole graph** ({capture.graph.number_of_nodes():,} nodes)", [
-        ("PNG", lambda: to_png(render_standalone_html(capture)), f"{name}.png", "image/png", png_help, png),
+        ("PNG", lambda: _png(capture.graph, {"title": drawing["title"], "subtitle": drawing["subtitle"]}), f"{name}.png",
+         "image/png", png_help, png),
         ("SVG", lambda: to_svg(capture.graph, title=drawing["title"], subtitle=drawing["subtitle"]), f"{name}.svg", "image/svg+xml", svg_help, svg),
         ("HTML", lambda: render_standalone_html(capture), f"{name}.html", "text/html",
          "Works offline when opened from disk", None),
