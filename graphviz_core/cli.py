@@ -132,7 +132,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_parallel_flags(parser: argparse.ArgumentParser) -> None:
-    from graphviz_core.parallel.settings import MIXED_PRECISIONS, STRATEGIES
+    from graphviz_core.parallel.settings import MIXED_PRECISIONS, SCHEDULES, STRATEGIES
 
     group = parser.add_argument_group(
         "parallelism", "simulate rank 0 of a multi-GPU training step (torch FSDP2 / tensor parallel over a fake "
@@ -146,22 +146,35 @@ def _add_parallel_flags(parser: argparse.ArgumentParser) -> None:
                             "more memory); the root (embeddings, head) is kept either way, FSDP2's default")
     group.add_argument("--mixed-precision", choices=MIXED_PRECISIONS,
                        help="FSDP2 policy: bf16 (fp32 master shards, bf16 compute and reduce), bf16-fp32-reduce")
+    group.add_argument("--pp", type=int, help="pipeline-parallel ranks: the layers are split into stages "
+                       "(torch.distributed.pipelining); the world size counts them, e.g. fsdp 8 x pp 4 = 32")
+    group.add_argument("--microbatches", type=int,
+                       help="pipeline: microbatches the batch (per data-parallel rank) is split into (default pp x "
+                            "stages per rank)")
+    group.add_argument("--schedule", choices=SCHEDULES, help="pipeline: gpipe, 1f1b (default) or interleaved-1f1b")
+    group.add_argument("--stages-per-rank", type=int, help="interleaved-1f1b: stages each pipeline rank holds")
 
 
 def _parallel_of(args: argparse.Namespace):
     """The ParallelConfig the flags ask for, or None when no parallelism flag was given."""
     from graphviz_core.parallel.settings import ParallelConfig
 
-    given = (args.strategy, args.world_size, args.tp, args.shard_group, args.mixed_precision)
+    pipeline = (args.pp, args.microbatches, args.schedule, args.stages_per_rank)
+    given = (args.strategy, args.world_size, args.tp, args.shard_group, args.mixed_precision, *pipeline)
     if all(v is None for v in given) and not args.no_reshard_after_forward:
         return None
-    if args.strategy is None:
+    strategy = args.strategy or ("none" if args.pp else None)  # --pp alone: one rank per stage
+    if strategy is None:
         raise ValueError("parallelism flags need --strategy (none, ddp, fsdp, hsdp, tp or fsdp+tp).")
-    tp = args.tp or 1
-    world = args.world_size or (tp if args.strategy == "tp" else 1)
+    if args.pp is None and any(v is not None for v in pipeline):
+        raise ValueError("--microbatches, --schedule and --stages-per-rank are pipeline flags; add --pp.")
+    tp, pp, per_rank = args.tp or 1, args.pp or 1, args.stages_per_rank or 1
+    world = args.world_size or (tp * pp if strategy in ("tp", "none") else 1)
     return ParallelConfig(
-        strategy=args.strategy, world_size=world, tp=tp, shard_group=args.shard_group or 0,
+        strategy=strategy, world_size=world, tp=tp, shard_group=args.shard_group or 0,
         reshard_after_forward=not args.no_reshard_after_forward, mixed_precision=args.mixed_precision or "none",
+        pp=pp, microbatches=args.microbatches or (pp * per_rank if pp > 1 else 1), schedule=args.schedule or "1f1b",
+        stages_per_rank=per_rank,
     )
 
 
@@ -229,9 +242,13 @@ def _graph_command(args: argparse.Namespace) -> str | bytes:
 
         out = {**capture_to_dict(capture), "config": _config_echo(capture.config)}
         if parallel is not None:
-            from graphviz_core.parallel.simulate import simulate_parallel
+            from graphviz_core.parallel.pipeline import simulate_layout
 
-            out["per_rank"] = simulate_parallel(config, parallel).to_dict()
+            result = simulate_layout(config, parallel)
+            out["per_rank"] = result.to_dict()
+            if result.pipeline is not None:  # pipeline rank 0 above; every stage here
+                out["pipeline"] = result.pipeline.to_dict()
+                out["per_stage"] = [stage.to_dict() for stage in result.pipeline.per_stage]
         return json.dumps(out, indent=1)
     if args.format == "graphml":
         return to_graphml(capture.graph)

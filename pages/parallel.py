@@ -4,7 +4,14 @@ import streamlit as st
 
 from graphviz_core.ui.config_form import config_form
 from graphviz_core.ui.navigation import run_through_app
-from graphviz_core.ui.parallel_view import get_per_rank, is_simulated, parallel_form, show_collectives, show_per_rank
+from graphviz_core.ui.parallel_view import (
+    get_per_rank,
+    is_simulated,
+    parallel_form,
+    show_collectives,
+    show_per_rank,
+    show_pipeline,
+)
 from graphviz_core.ui.state import dim_stale_results
 
 run_through_app()
@@ -21,8 +28,12 @@ config = config_form(submit_label="Use this model")  # it applies the model; "Ru
 with dim_stale_results(config is not None and not is_simulated(config, parallel)):  # the last layout's, at once
     result = get_per_rank(config, parallel) if config is not None else None
     if result is not None:
-        memory_tab, communication_tab = st.tabs(["Memory per rank", "Communication in backward"])
-        with memory_tab:
+        names = ["Memory per rank", "Communication in backward"] + (["Pipeline stages"] if result.pipeline else [])
+        tabs = st.tabs(names)
+        with tabs[0]:
             show_per_rank(result)
-        with communication_tab:
+        with tabs[1]:
             show_collectives(result)
+        if result.pipeline:
+            with tabs[2]:
+                show_pipeline(result)

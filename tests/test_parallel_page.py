@@ -63,3 +63,24 @@ def test_the_per_rank_chart_reads_in_gib_once_a_rank_holds_gibibytes():
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     timeline = next(s for s in specs if s.get("mark", {}).get("type", s.get("mark")) == "line")
     assert timeline["encoding"]["y"]["title"] == "GiB live on rank 0"  # it read "MiB live on rank 0", up to ~2,000
+
+
+def test_pipeline_fields_add_a_tab_of_stages():
+    at = AppTest.from_file(PAGE, default_timeout=300).run()
+    at.selectbox(key="parallel.strategy").set_value("none")
+    at.number_input(key="parallel.world_size").set_value(2)
+    at.number_input(key="parallel.pp").set_value(2)
+    at.number_input(key="parallel.microbatches").set_value(2)
+    next(b for b in at.button if b.label == "Simulate ranks").click().run()
+    assert not at.exception
+    # gpt2-tiny, the page's first model, has no Hugging Face decoder to split: one sentence.
+    assert any("pipeline parallelism splits a Hugging Face decoder" in e.value for e in at.error)
+    at.selectbox(key="config.preset").set_value("llama-tiny")
+    next(b for b in at.button if b.label == "Use this model").click().run()
+    assert not at.exception and not at.error
+    assert [t.label for t in at.tabs] == ["Memory per rank", "Communication in backward", "Pipeline stages"]
+    stages = at.dataframe[-2].value  # the stage table (the schedule's order is last)
+    # llama-tiny's 2 layers over 2 stages: one layer each, the embedding on stage 0, the head on stage 1.
+    assert list(stages["Layers"]) == ["0–0 + embedding", "1–1 + head"]
+    # 1F1B with 2 stages and 2 microbatches: stage 0 runs 2 forwards before its first backward, stage 1 one.
+    assert list(stages["Microbatches in flight at peak"]) == [2, 1]

@@ -41,6 +41,9 @@ _C10D = {
     _c10d.allreduce_coalesced_: ("all_reduce", 1),
     _c10d.broadcast_: ("broadcast", 1),
     _c10d.alltoall_base_: ("all_to_all", 2),
+    # Pipeline parallelism's point-to-point transfers (send(tensors, group, dst, tag), recv_(tensors, group, src, tag)).
+    _c10d.send: ("send", 1),
+    _c10d.recv_: ("recv", 1),
 }
 _FUNCTIONAL = {
     _funcol.all_gather_into_tensor: ("all_gather", 2),
@@ -57,7 +60,7 @@ _RING_FACTOR = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2, "all_to_a
 class Collective:
     """One collective as rank 0 issued it."""
 
-    kind: str  # all_gather | reduce_scatter | all_reduce | all_to_all | broadcast
+    kind: str  # all_gather | reduce_scatter | all_reduce | all_to_all | broadcast | send | recv
     phase: str  # forward | backward | optimizer
     module: str  # the module that triggered it: FSDP's hook owner, else the innermost module running ("" = top level)
     parameters_of: str | None  # FSDP: the module whose parameters it gathers or whose gradients it reduces
@@ -79,8 +82,10 @@ def ring_traffic_bytes(kind: str, buffer_bytes: int, group_size: int) -> int:
     """Bytes one rank sends for a collective over `group_size` ranks (nccl-tests' bus-bandwidth volumes)."""
     if group_size <= 1:
         return 0
-    if kind == "broadcast":
+    if kind in ("broadcast", "send"):
         return buffer_bytes
+    if kind == "recv":
+        return 0  # received, not sent
     return _RING_FACTOR[kind] * buffer_bytes * (group_size - 1) // group_size
 
 
@@ -210,6 +215,8 @@ class CollectiveRecorder(TorchDispatchMode):
         else:
             buffer = _nbytes(args[0])
         ranks = dist.get_process_group_ranks(group)
+        if kind in ("send", "recv"):  # two ranks: this one and its peer (the op names it by group rank)
+            ranks, size = [dist.get_rank(), dist.get_global_rank(group, args[2])], 2
         link = link_of(ranks)
         traffic = ring_traffic_bytes(kind, buffer, size)
         node = torch._C._current_autograd_node()

@@ -17,6 +17,10 @@ STRATEGIES = ("none", "ddp", "fsdp", "hsdp", "tp", "fsdp+tp")
 # gradients in bfloat16. bf16-fp32-reduce: the same, with gradients reduced in float32.
 MIXED_PRECISIONS = ("none", "bf16", "bf16-fp32-reduce")
 FSDP_STRATEGIES = ("fsdp", "hsdp", "fsdp+tp")
+# Pipeline schedules (torch.distributed.pipelining): gpipe runs every microbatch's forward, then every backward;
+# 1f1b alternates one forward and one backward once the pipeline is full; interleaved-1f1b gives each rank
+# `stages_per_rank` stages (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters").
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 MAX_WORLD = 4096  # a 70B run at FSDP 64 x TP 8 is 512 ranks; 4096 keeps a typo from building huge meshes
 
 
@@ -30,6 +34,10 @@ class ParallelConfig:
     shard_group: int = 0  # hsdp: ranks that shard one copy of the model (typically one node's 8 GPUs)
     reshard_after_forward: bool = True  # FSDP: free gathered parameters after forward, gather again in backward
     mixed_precision: str = "none"
+    pp: int = 1  # pipeline stages' ranks: the model's layers are split over `pp` groups of ranks
+    microbatches: int = 1  # pipeline parallel: the batch (per data-parallel rank) is split into this many
+    schedule: str = "1f1b"  # pipeline parallel: the order each rank runs its microbatches' forwards and backwards
+    stages_per_rank: int = 1  # interleaved-1f1b: stages each pipeline rank holds (looped: rank r has r, r+pp, ...)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -38,16 +46,23 @@ class ParallelConfig:
             raise ValueError(
                 f"unknown mixed precision {self.mixed_precision!r}; choose one of: {', '.join(MIXED_PRECISIONS)}."
             )
-        for name in ("world_size", "tp"):
+        for name in ("world_size", "tp", "pp", "microbatches", "stages_per_rank"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}.")
+                raise ValueError(f"{name.replace('_', ' ')} must be a whole number >= 1, got {value!r}.")
         if not isinstance(self.shard_group, int) or isinstance(self.shard_group, bool) or self.shard_group < 0:
             raise ValueError(f"shard group must be a whole number >= 0, got {self.shard_group!r}.")
         if self.world_size > MAX_WORLD:
             raise ValueError(f"world size {self.world_size} is above the limit of {MAX_WORLD} ranks.")
-        strategy, world, tp = self.strategy, self.world_size, self.tp
+        self._check_pipeline()
+        # Inside one pipeline stage: the ranks that share it (all of them without pipeline parallelism).
+        strategy, world, tp = self.strategy, self.world_size // self.pp, self.tp
         if strategy == "none" and world != 1:
+            if self.pp > 1:
+                raise ValueError(
+                    f"strategy 'none' with pipeline parallel {self.pp} needs world size {self.pp} (one rank per stage), "
+                    f"got {self.world_size}; pick a strategy to use the other ranks."
+                )
             raise ValueError(f"strategy 'none' runs on one device; set world size 1 (got {world}) or pick a strategy.")
         if strategy != "none" and world < 2:
             raise ValueError(f"strategy {strategy!r} needs at least 2 ranks; raise the world size.")
@@ -81,10 +96,42 @@ class ParallelConfig:
                 "mixed precision here is FSDP2's policy (ddp, fsdp, hsdp, fsdp+tp); set it to 'none' for this strategy."
             )
 
+    def _check_pipeline(self) -> None:
+        pp, micro = self.pp, self.microbatches
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; choose one of: {', '.join(SCHEDULES)}.")
+        if pp == 1:
+            if micro != 1 or self.schedule != "1f1b" or self.stages_per_rank != 1:
+                raise ValueError("microbatches, a schedule and stages per rank apply to pipeline parallelism; "
+                                 "set pp to 2 or more, or leave them at 1, 1f1b and 1.")
+            return
+        if self.world_size % pp:
+            raise ValueError(f"world size {self.world_size} is not divisible by pipeline parallel {pp}; each stage "
+                             "needs the same number of ranks.")
+        interleaved = self.schedule == "interleaved-1f1b"
+        if interleaved and self.stages_per_rank < 2:
+            raise ValueError("interleaved-1f1b gives each rank several stages; set stages per rank to 2 or more.")
+        if not interleaved and self.stages_per_rank != 1:
+            raise ValueError(f"schedule {self.schedule!r} runs one stage per rank; set stages per rank to 1 or pick "
+                             "interleaved-1f1b.")
+        if self.schedule == "1f1b" and micro < pp:
+            raise ValueError(f"1F1B needs at least as many microbatches as stages ({pp}), got {micro}; raise "
+                             "microbatches or pick gpipe.")
+        if interleaved:
+            rounds = max(1, micro // pp)  # torch's ScheduleInterleaved1F1B: microbatches come in rounds of pp
+            if micro % rounds:
+                raise ValueError(f"interleaved-1f1b runs microbatches in rounds of {pp}; {micro} is not a multiple "
+                                 f"of its {rounds} rounds, pick a multiple of {pp}.")
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages in all: pp ranks times the stages each holds."""
+        return self.pp * self.stages_per_rank
+
     @property
     def data_parallel(self) -> int:
-        """Ranks that each see a different batch (everything but tensor parallelism)."""
-        return self.world_size // self.tp
+        """Ranks that each see a different batch (everything but tensor and pipeline parallelism)."""
+        return self.world_size // (self.tp * self.pp)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -95,6 +142,8 @@ class ParallelConfig:
 
 def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
     """Refuse, with one sentence, a layout this model cannot take."""
+    if parallel.pp > 1:
+        _check_pipeline(config, parallel)
     if parallel.strategy == "none":
         return
     if config.dtype != "float32" and parallel.mixed_precision != "none":
@@ -135,3 +184,23 @@ def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
     intermediate = config.intermediate or 4 * config.hidden
     if intermediate % tp:
         raise ValueError(f"MLP width {intermediate} is not divisible by TP degree {tp}.")
+
+
+def _check_pipeline(config: ModelConfig, parallel: ParallelConfig) -> None:
+    """The model-side rules of pipeline parallelism (graphviz_core.parallel.pipeline splits the model)."""
+    family = config.family
+    # The stage split cuts a Hugging Face decoder (embed_tokens, layers, norm, lm_head) between layers; the families
+    # that route rotary positions through their attention modules are those decoders.
+    if not getattr(family, "rotary", False) or not family.language_model:
+        known = ", ".join(m for m in MODELS if getattr(FAMILIES[m], "rotary", False) and FAMILIES[m].offered)
+        raise ValueError(f"pipeline parallelism splits a Hugging Face decoder between its layers; model "
+                         f"{config.model!r} is not one, so pick one of: {known}.")
+    if config.tied:
+        raise ValueError("pipeline stages hold the token embedding (first stage) and the head (last stage) on "
+                         "different ranks; untie them (tied off) to split this model.")
+    if config.layers < parallel.stages:
+        raise ValueError(f"{parallel.stages} pipeline stages need at least {parallel.stages} layers, one each; the "
+                         f"model has {config.layers}.")
+    if config.batch % parallel.microbatches:
+        raise ValueError(f"batch {config.batch} is not divisible into {parallel.microbatches} microbatches; pick a "
+                         "batch that is a multiple of the microbatches (the batch is per data-parallel rank).")

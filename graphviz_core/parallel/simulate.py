@@ -21,6 +21,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,9 @@ from graphviz_core.parallel.collectives import (
     CollectiveRecorder,
 )
 from graphviz_core.parallel.settings import FSDP_STRATEGIES, ParallelConfig, check_parallel
+
+if TYPE_CHECKING:
+    from graphviz_core.parallel.pipeline import PipelineReport
 
 PHASES = ("forward", "backward", "optimizer")
 INTERCONNECT = {
@@ -140,6 +144,9 @@ class PerRank:
     # FSDP units as torch set them up, read after the step: unit ("" = the root) -> whether its parameters were
     # resharded after forward (and gathered again in backward). Empty without FSDP.
     resharded_after_forward: dict[str, bool] = field(default_factory=dict)
+    # Pipeline parallelism: every stage, the schedule, its bubble and transfers (graphviz_core.parallel.pipeline);
+    # this PerRank is then pipeline rank 0's (stage 0's ranks). None without pipeline parallelism.
+    pipeline: PipelineReport | None = field(default=None, repr=False)
 
     def collective_bytes(self, phase: str | None = None) -> int:
         """Bytes this rank sends in the step (or one phase), ring algorithm."""
@@ -269,6 +276,15 @@ def _with_single_device(result: PerRank, alone: PerRank) -> PerRank:
 
 def simulate_workload(workload: Workload, parallel: ParallelConfig, config: ModelConfig | None = None) -> PerRank:
     """Run one fake training step of `workload` under `parallel` and read rank 0's figures."""
+    with simulation_lock():
+        started = time.perf_counter()
+        with fake_world(parallel) as meshes:
+            return measure_step(workload, parallel, meshes, config=config, started=started)
+
+
+@contextlib.contextmanager
+def simulation_lock() -> Iterator[None]:
+    """The fake process group is process-global: one simulation at a time, in a process with no other group."""
     if not _SIMULATION_LOCK.acquire(timeout=600):
         raise ValueError("another parallel simulation has been running for 10 minutes; try again when it ends.")
     try:
@@ -277,9 +293,8 @@ def simulate_workload(workload: Workload, parallel: ParallelConfig, config: Mode
                 "a torch.distributed process group is already running in this process; "
                 "the simulation needs its own fake one."
             )
-        started = time.perf_counter()
-        with _quiet(), _fake_world(parallel) as meshes:
-            return measure_step(workload, parallel, meshes, config=config, started=started)
+        with _quiet():
+            yield
     finally:
         _SIMULATION_LOCK.release()
 
@@ -293,14 +308,14 @@ def _quiet() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _fake_world(parallel: ParallelConfig) -> Iterator[dict]:
-    """The fake process group for `parallel.world_size` ranks (we are rank 0) and the meshes the strategy needs."""
-    if parallel.strategy == "none":
+def fake_world(parallel: ParallelConfig, rank: int = 0) -> Iterator[dict]:
+    """The fake process group for `parallel.world_size` ranks (we are `rank`) and the meshes the layout needs."""
+    if parallel.world_size == 1:
         yield {}
         return
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=parallel.world_size)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=parallel.world_size)
     try:
         yield build_meshes(parallel)
     finally:
@@ -315,6 +330,8 @@ def build_meshes(parallel: ParallelConfig) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     world, tp = parallel.world_size, parallel.tp
+    if parallel.pp > 1:
+        return _pipeline_meshes(parallel)
     if parallel.strategy == "none":
         return {}
     if parallel.strategy == "fsdp+tp":
@@ -328,6 +345,34 @@ def build_meshes(parallel: ParallelConfig) -> dict:
         mesh = init_device_mesh("cpu", (world // shard, shard), mesh_dim_names=("replicate", "shard"))
         return {"dp": mesh, "root": mesh}
     return {"dp": init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))}
+
+
+def _pipeline_meshes(parallel: ParallelConfig) -> dict:
+    """Pipeline stages outermost (as torchtitan orders its mesh: pp, then data parallel, then tp innermost), so each
+    stage's ranks are neighbours; the strategy's meshes are slices of it."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    inner = parallel.world_size // parallel.pp
+    strategy, tp = parallel.strategy, parallel.tp
+    if strategy == "fsdp+tp":
+        dims = {"pp": parallel.pp, "dp": inner // tp, "tp": tp}
+    elif strategy == "tp":
+        dims = {"pp": parallel.pp, "tp": tp}
+    elif strategy == "hsdp":
+        dims = {"pp": parallel.pp, "replicate": inner // parallel.shard_group, "shard": parallel.shard_group}
+    elif strategy == "none":
+        dims = {"pp": parallel.pp}
+    else:
+        dims = {"pp": parallel.pp, "dp": inner}
+    mesh = init_device_mesh("cpu", tuple(dims.values()), mesh_dim_names=tuple(dims))
+    meshes = {"pp": mesh["pp"], "root": mesh}
+    if strategy == "hsdp":
+        meshes["dp"] = mesh["replicate", "shard"]
+    elif "dp" in dims:
+        meshes["dp"] = mesh["dp"]
+    if "tp" in dims:
+        meshes["tp"] = mesh["tp"]
+    return meshes
 
 
 def _layers(model: nn.Module) -> list[nn.Module]:
@@ -379,13 +424,16 @@ def _replicated_input(block: nn.Module):
     )
 
 
-def _apply_parallelism(model: nn.Module, parallel: ParallelConfig, meshes: dict) -> list[nn.Module]:
-    """Wrap `model` as `parallel` says; returns the blocks whose input tensor parallelism converts."""
+def apply_parallelism(
+    model: nn.Module, parallel: ParallelConfig, meshes: dict, layers: list[nn.Module] | None = None
+) -> list[nn.Module]:
+    """Wrap `model` (its repeated `layers`, found when not given) as `parallel` says; returns the blocks whose input
+    tensor parallelism converts."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
     strategy = parallel.strategy
-    layers = _layers(model)
+    layers = _layers(model) if layers is None else layers
     tp_blocks: list[nn.Module] = []
     if strategy in ("tp", "fsdp+tp"):
         for layer in layers:
@@ -515,7 +563,7 @@ def measure_step(
                         sharded_tp_bytes += p.numel() * p.element_size()
     # parallelize_module / fully_shard run on the meta model, outside fake mode (they slice the mesh's rank
     # tables, which fake mode cannot); the parameters become fake storages afterwards with to_empty.
-    tp_blocks = _apply_parallelism(model, parallel, meshes)
+    tp_blocks = apply_parallelism(model, parallel, meshes)
     module_names = {m: name for name, m in model.named_modules()}
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
         _to_empty_keeping_ties(model)

@@ -11,8 +11,9 @@ import streamlit as st
 
 from graphviz_core.config import ModelConfig
 from graphviz_core.parallel.collectives import GPUS_PER_NODE, INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
-from graphviz_core.parallel.settings import MAX_WORLD, MIXED_PRECISIONS, STRATEGIES, ParallelConfig
-from graphviz_core.parallel.simulate import PerRank, simulate_parallel
+from graphviz_core.parallel.pipeline import simulate_layout
+from graphviz_core.parallel.settings import MAX_WORLD, MIXED_PRECISIONS, SCHEDULES, STRATEGIES, ParallelConfig
+from graphviz_core.parallel.simulate import PerRank
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, format_seconds, literal_cells
 from graphviz_core.ui.links import coerce, dismiss_notices, encode, note_problems, show_notices, write_params
@@ -46,6 +47,8 @@ KIND_LABELS = {
     "all_reduce": "all-reduce",
     "all_to_all": "all-to-all",
     "broadcast": "broadcast",
+    "send": "send (pipeline)",
+    "recv": "receive (pipeline)",
 }
 
 
@@ -132,6 +135,7 @@ def parallel_form(key: str = "parallel") -> ParallelConfig:
             help="bf16: float32 master shards, bfloat16 compute and gradient reduction; bf16-fp32-reduce reduces "
             "gradients in float32. Needs dtype float32.",
         )
+        _pipeline_fields(key)
         submitted = st.form_submit_button(
             "Simulate ranks",
             width="stretch",
@@ -140,7 +144,7 @@ def parallel_form(key: str = "parallel") -> ParallelConfig:
     if submitted:
         dismiss_notices(key)
         fields = {name: st.session_state[f"{key}.{name}"] for name in DEFAULT.to_dict()}
-        for name in ("world_size", "tp", "shard_group"):
+        for name in ("world_size", "tp", "shard_group", "pp", "microbatches", "stages_per_rank"):
             fields[name] = int(fields[name])
         try:
             st.session_state[f"{key}.applied"] = ParallelConfig(**fields)
@@ -159,6 +163,23 @@ def parallel_form(key: str = "parallel") -> ParallelConfig:
     show_notices(key)
     _sync_url(applied)
     return applied
+
+
+def _pipeline_fields(key: str) -> None:
+    """Pipeline parallelism's four fields, inside the Parallelism form."""
+    left, right = st.columns(2)
+    left.number_input("Pipeline stages (pp)", min_value=1, max_value=MAX_WORLD, step=1, key=f"{key}.pp",
+                      help="Pipeline-parallel ranks: the layers are split into stages, one group of ranks each; the "
+                      "world size counts them (FSDP 8 x pp 4 = 32). 1: no pipeline.")
+    right.number_input("Microbatches", min_value=1, max_value=4096, step=1, key=f"{key}.microbatches",
+                       help="Pipeline: the batch (per data-parallel rank) is split into this many; it must divide "
+                       "the batch. 1F1B needs at least pp.")
+    left, right = st.columns(2)
+    left.selectbox("Schedule", SCHEDULES, key=f"{key}.schedule",
+                   help="gpipe: every forward, then every backward; 1f1b: one forward, one backward once the pipeline "
+                   "is full; interleaved-1f1b: several stages per rank.")
+    right.number_input("Stages per rank", min_value=1, max_value=64, step=1, key=f"{key}.stages_per_rank",
+                       help="interleaved-1f1b only: stages each pipeline rank holds (looped: rank r has r, r + pp, …).")
 
 
 @st.cache_resource
@@ -184,7 +205,7 @@ def get_per_rank(config: ModelConfig, parallel: ParallelConfig) -> PerRank | Non
             return store["results"][key]
     try:
         with st.spinner("Simulating the ranks with torch.distributed over a fake process group…"):
-            result = simulate_parallel(config, parallel)
+            result = simulate_layout(config, parallel)
     except ValueError as exc:
         st.error(escape_markdown(str(exc)))
         return None
@@ -203,6 +224,8 @@ def show_per_rank(result: PerRank) -> None:
         f"{STRATEGY_LABELS[parallel.strategy]} over {parallel.world_size} ranks (mesh: {mesh}). Rank 0 shown: every "
         "rank runs the same program on equal shards, so the ranks are symmetric. One AdamW step in steady state "
         f"(optimizer state already allocated); simulated in {format_seconds(result.simulate_s)}."
+        + (" With pipeline parallelism rank 0 holds the first stage; every stage is under Pipeline stages."
+           if result.pipeline else "")
     )
     if reshard := result.reshard_summary():
         layers = "reshard after forward" if reshard["layers"] is True else "stay gathered after forward"
@@ -222,10 +245,12 @@ def show_per_rank(result: PerRank) -> None:
 
     st.subheader("Rank 0 next to one device and the closed form")
     expected = result.expected
+    closed = (None, None, None) if result.pipeline else (
+        expected.parameter_bytes, expected.gradient_bytes, expected.optimizer_bytes)
     rows = [
-        ("Parameters", result.parameter_bytes, expected.parameter_bytes, alone and alone.parameter_bytes),
-        ("Gradients", result.gradient_bytes, expected.gradient_bytes, alone and alone.gradient_bytes),
-        ("Optimizer state", result.optimizer_bytes, expected.optimizer_bytes, alone and alone.optimizer_bytes),
+        ("Parameters", result.parameter_bytes, closed[0], alone and alone.parameter_bytes),
+        ("Gradients", result.gradient_bytes, closed[1], alone and alone.gradient_bytes),
+        ("Optimizer state", result.optimizer_bytes, closed[2], alone and alone.optimizer_bytes),
         ("Peak of the step", result.peak_bytes, None, alone and alone.peak_bytes),
     ]
     st.dataframe(
@@ -341,3 +366,58 @@ def show_collectives(result: PerRank) -> None:
 def _time(seconds: float) -> str:
     # Toy models move a few KiB: well under a microsecond at these bandwidths, which "0 µs" would misstate.
     return format_seconds(seconds) if seconds >= 1e-6 or seconds == 0 else "< 1 µs"
+
+
+def show_pipeline(result: PerRank) -> None:
+    """Every stage of the pipeline: its layers, what it holds, how many microbatches at most, what it sends."""
+    pipeline = result.pipeline
+    stages = pipeline.per_stage
+    cols = st.columns(3)
+    busiest = max(stages, key=lambda s: s.peak_bytes)
+    cols[0].metric("Peak of the busiest stage", format_bytes(busiest.peak_bytes), help=f"stage {busiest.stage}")
+    cols[1].metric("Bubble", f"{pipeline.bubble_fraction:.1%}",
+                   help="Idle share of the pipeline ranks' time: each runs the schedule's actions in order, each as "
+                   "soon as its input has arrived, a forward or backward taking time in proportion to its measured "
+                   "FLOPs (transfers not timed).")
+    cols[2].metric("Sent between stages per step", format_bytes(pipeline.send_bytes))
+    st.caption(
+        f"{pipeline.schedule} over {pipeline.pp} pipeline ranks, {len(stages)} stages, {pipeline.microbatches} "
+        f"microbatches of {pipeline.microbatch_size}. Each rank's stages really ran, one rank after the other, over "
+        "the fake process group; microbatches in flight are read from the schedule's own list of actions."
+    )
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "Stage": s.stage,
+                    "Rank": s.rank,
+                    "Layers": f"{s.layers[0]}–{s.layers[1] - 1}" + (" + embedding" if s.embedding else "")
+                    + (" + head" if s.head else ""),
+                    "Parameters": format_bytes(s.parameter_bytes),
+                    "Gradients": format_bytes(s.gradient_bytes),
+                    "Optimizer state": format_bytes(s.optimizer_bytes),
+                    "Activations per microbatch": format_bytes(s.activation_bytes_per_microbatch),
+                    "Microbatches in flight at peak": s.microbatches_in_flight_at_peak,
+                    "Peak of its rank": format_bytes(s.peak_bytes),
+                    "Sent": format_bytes(s.send_bytes),
+                    "Received": format_bytes(s.recv_bytes),
+                }
+                for s in stages
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+    chart = pd.DataFrame([{"stage": str(s.stage), "GiB": s.peak_bytes / 2**30} for s in stages])
+    show_chart(
+        alt.Chart(chart).mark_bar().encode(
+            x=alt.X("stage:N", title="stage", sort=None), y=alt.Y("GiB:Q", title="peak of the stage's rank (GiB)")
+        ).properties(height=200)
+    )
+    with st.expander("The schedule's order of actions, rank by rank"):
+        st.caption("`2F5`: stage 2 runs microbatch 5's forward; `B`: its backward. As torch's schedule lists them.")
+        st.dataframe(
+            pd.DataFrame([{"Rank": rank, "Actions": " ".join(actions)} for rank, actions in pipeline.order.items()]),
+            hide_index=True,
+            width="stretch",
+        )

@@ -1,0 +1,627 @@
+"""Pipeline parallelism simulated with torch.distributed.pipelining: every stage's forward and backward run, rank by
+rank, over the fake process group, in the order torch's schedule object runs them.
+
+How: the model (a Hugging Face decoder) is split between layers into `pp x stages_per_rank` stages, as torchtitan
+splits its models: the first stage keeps the token embedding, the last the final norm and head, each its slice of
+the layers; a stage passes its hidden states on. For each pipeline rank in turn the fake process group is started
+as that rank, the rank's stage modules are wrapped by the strategy (FSDP / TP / DDP over the rank's data-parallel and
+tensor-parallel ranks), handed to `PipelineStage`, and the schedule (`ScheduleGPipe`, `Schedule1F1B`,
+`ScheduleInterleaved1F1B`) runs one step on fake tensors under the memory tracker. Transfers between stages are
+sends and receives on the fake group: issued with their real shapes, no data moves.
+
+What each stage holds at its peak is measured; how many microbatches a stage holds at most is read from the
+schedule's own list of actions (`schedule.pipeline_order`: each forward adds one, each backward frees one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from graphviz_core.capture.flop_formulas import op_info
+from graphviz_core.capture.gc_pause import no_cyclic_gc
+from graphviz_core.config import ModelConfig
+from graphviz_core.models.registry import build_model, compute_loss
+from graphviz_core.models.teaching import TORCH_DTYPES
+from graphviz_core.parallel.collectives import CollectiveRecorder
+from graphviz_core.parallel.settings import FSDP_STRATEGIES, ParallelConfig, check_parallel
+from graphviz_core.parallel.simulate import (
+    PHASES,
+    Expectation,
+    PerRank,
+    PhaseMemory,
+    _buffers,
+    _downsample,
+    _group_names,
+    _parts,
+    _PhasePeaks,
+    _resharded_after_forward,
+    _this_thread_only,
+    _to_empty_keeping_ties,
+    _warm_optimizer_state,
+    apply_parallelism,
+    fake_world,
+    simulate_parallel,
+    simulate_workload,
+    simulation_lock,
+    workload_of,
+)
+
+SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B"}
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """One pipeline stage: what it holds, what it sends, and how many microbatches it keeps alive at most."""
+
+    stage: int
+    rank: int  # the pipeline rank holding it (its coordinate on the mesh's pp dimension)
+    layers: tuple[int, int]  # first layer, one past the last (the model's numbering)
+    embedding: bool  # holds the token embedding (the first stage)
+    head: bool  # holds the final norm, the head and the loss (the last stage)
+    parameter_bytes: int  # this stage's parameters on one of its ranks (sharded by the strategy)
+    gradient_bytes: int
+    optimizer_bytes: int
+    activation_bytes_per_microbatch: int  # what one microbatch's forward (and the loss, last stage) leaves alive
+    microbatches_in_flight_at_peak: int  # from the schedule's actions: forwards run whose backward has not
+    microbatches_held_at_measured_peak: int  # the same count, as run, at the op where the rank's memory peaked
+    peak_bytes: int  # the most bytes live on the rank holding this stage (all its stages), measured
+    send_bytes: int  # per step: activations sent to the next stage and gradients to the previous one
+    recv_bytes: int
+    forward_flops_per_microbatch: int
+    backward_flops_per_microbatch: int  # recomputation under checkpointing included
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["layers"] = self.layers[1] - self.layers[0]
+        out["first_layer"], out["last_layer"] = self.layers[0], self.layers[1] - 1
+        return out
+
+
+@dataclass(frozen=True)
+class PipelineReport:
+    """One step of the whole pipeline: every stage, the schedule's order of actions and its bubble."""
+
+    schedule: str
+    pp: int
+    stages_per_rank: int
+    microbatches: int
+    microbatch_size: int
+    per_stage: tuple[StageReport, ...]
+    order: dict[int, tuple[str, ...]]  # pipeline rank -> its compute actions as torch writes them ("0F3", "2B0")
+    bubble_fraction: float  # idle share of the ranks' time in the schedule, actions timed by their measured FLOPs
+    ranks: tuple[PerRank, ...] = field(repr=False)  # pipeline rank r's figures (its phases, collectives)
+
+    @property
+    def send_bytes(self) -> int:
+        return sum(s.send_bytes for s in self.per_stage)
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(s.peak_bytes for s in self.per_stage)
+
+    def to_dict(self) -> dict:
+        return {
+            "schedule": self.schedule,
+            "pp": self.pp,
+            "stages": len(self.per_stage),
+            "stages_per_rank": self.stages_per_rank,
+            "microbatches": self.microbatches,
+            "microbatch_size": self.microbatch_size,
+            "bubble_fraction": self.bubble_fraction,
+            "bubble": "idle share of the pipeline ranks' time when each runs the schedule's actions in order, each as "
+            "soon as its input has arrived, a forward or backward taking time in proportion to its measured FLOPs "
+            "(transfers not timed)",
+            "send_bytes": self.send_bytes,
+            "recv_bytes": sum(s.recv_bytes for s in self.per_stage),
+            "peak_bytes": self.peak_bytes,
+            "order": {str(rank): list(actions) for rank, actions in self.order.items()},
+        }
+
+
+def simulate_layout(config: ModelConfig, parallel: ParallelConfig, single_device: bool = True) -> PerRank:
+    """Rank 0's figures for `config` laid out as `parallel`; with pipeline parallelism, pipeline rank 0's, with every
+    stage in `.pipeline`."""
+    if parallel.pp == 1:
+        return simulate_parallel(config, parallel, single_device)
+    check_parallel(config, parallel)
+    report = simulate_pipeline(config, parallel)
+    first = dataclasses.replace(report.ranks[0], pipeline=report)
+    if single_device:
+        first = dataclasses.replace(first, single_device=simulate_workload(workload_of(config), ParallelConfig(),
+                                                                           config=config))
+    return first
+
+
+def stage_bounds(layers: int, stages: int) -> list[tuple[int, int]]:
+    """Contiguous layer ranges, as even as whole layers allow (the earlier stages take the extra ones)."""
+    base, extra = divmod(layers, stages)
+    bounds, start = [], 0
+    for s in range(stages):
+        end = start + base + (s < extra)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def rank_stages(parallel: ParallelConfig, rank: int) -> list[int]:
+    """The stages pipeline rank `rank` holds: looped, as torch's interleaved schedules expect (r, r + pp, ...)."""
+    return [rank + v * parallel.pp for v in range(parallel.stages_per_rank)]
+
+
+def simulate_pipeline(config: ModelConfig, parallel: ParallelConfig, ranks: Iterable[int] | None = None) -> PipelineReport:
+    """Every pipeline rank's step (or only `ranks`), run one after the other, and the stages they hold."""
+    check_parallel(config, parallel)
+    ranks = list(range(parallel.pp)) if ranks is None else list(ranks)
+
+    def run(rank: int) -> _RankRun:
+        global_rank = rank * (parallel.world_size // parallel.pp)  # pp is the outermost mesh dimension
+        with fake_world(parallel, rank=global_rank) as meshes:
+            return _run_rank(config, parallel, meshes, rank)
+
+    with simulation_lock():
+        runs = one_thread_each({rank: functools.partial(run, rank) for rank in ranks})
+    order = next(iter(runs.values())).order
+    per_stage = []
+    for rank in ranks:
+        per_stage.extend(runs[rank].stages)
+    per_stage.sort(key=lambda s: s.stage)
+    costs = {s.stage: (s.forward_flops_per_microbatch, s.backward_flops_per_microbatch) for s in per_stage}
+    bubble = bubble_fraction(order, costs) if len(per_stage) == parallel.stages else float("nan")
+    return PipelineReport(
+        schedule=parallel.schedule,
+        pp=parallel.pp,
+        stages_per_rank=parallel.stages_per_rank,
+        microbatches=parallel.microbatches,
+        microbatch_size=config.batch // parallel.microbatches,
+        per_stage=tuple(per_stage),
+        order=order,
+        bubble_fraction=bubble,
+        ranks=tuple(runs[r].per_rank for r in ranks),
+    )
+
+
+def one_thread_each(jobs: dict) -> dict:
+    """Run each job in a thread of its own, one after the other, and return their results by key.
+
+    DTensor caches its sharding decisions by device mesh, and two meshes of one shape and names are equal whatever
+    their rank and process groups, unless made in different live threads: a later pipeline rank would reuse a decision
+    naming a process group of the earlier rank's world, torn down since. Every thread stays alive until all are done
+    (a finished thread's id can be given to the next)."""
+    results, errors = {}, {}
+    release = threading.Event()
+    threads = []
+
+    def work(key, job, finished: threading.Event) -> None:
+        try:
+            results[key] = job()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread below
+            errors[key] = exc
+        finally:
+            finished.set()
+        release.wait()
+
+    try:
+        for key, job in jobs.items():
+            finished = threading.Event()
+            thread = threading.Thread(target=work, args=(key, job, finished), daemon=True)
+            threads.append(thread)
+            thread.start()
+            finished.wait()
+            if key in errors:
+                raise errors[key]
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join()
+    return results
+
+
+# ---- the order of actions --------------------------------------------------------------------------------------
+
+
+def compute_actions(schedule) -> dict[int, tuple[str, ...]]:
+    """The schedule's forwards and backwards per pipeline rank, as torch writes them (`0F3`: stage 0, forward,
+    microbatch 3), idle slots and gradient reductions left out."""
+    order = {}
+    for rank, actions in schedule.pipeline_order.items():
+        kept = [a for a in actions if a is not None and a.computation_type.value in ("F", "B", "I")]
+        order[rank] = tuple(str(a) for a in kept)
+    return order
+
+
+def _parse(action: str) -> tuple[int, str]:
+    """'12B3' -> (12, 'B')."""
+    digits = len(action) - len(action.lstrip("0123456789"))
+    return int(action[:digits]), action[digits]
+
+
+def in_flight_at_peak(actions: Iterable[str], stage: int) -> int:
+    """The most microbatches `stage` holds at once running `actions` in order: a forward keeps its activations
+    until that microbatch's backward (B, or I: the input-gradient half of a split backward) frees them."""
+    held = most = 0
+    for action in actions:
+        index, kind = _parse(action)
+        if index != stage:
+            continue
+        held += 1 if kind == "F" else -1
+        most = max(most, held)
+    return most
+
+
+def bubble_fraction(order: dict[int, tuple[str, ...]], costs: dict[int, tuple[float, float]]) -> float:
+    """Idle share of the pipeline ranks' time: each rank runs its actions in the schedule's order, each as soon as
+    its input is there (a stage's forward of microbatch m after the previous stage's; its backward after the next
+    stage's, the last stage's after its own forward), taking `costs[stage]` = (forward, backward) time.
+
+    A stage's n-th forward (backward) is microbatch n: every schedule here runs a stage's microbatches in order (and
+    torch's 1F1B order numbers the last rank's forwards from 1)."""
+    last = max(costs)
+    seen: dict[tuple[int, str], int] = {}
+    queues = {}
+    for rank, actions in order.items():
+        queue = []
+        for action in actions:
+            stage, kind = _parse(action)
+            kind = "F" if kind == "F" else "B"
+            queue.append((stage, kind, seen.get((stage, kind), 0)))
+            seen[stage, kind] = seen.get((stage, kind), 0) + 1
+        queues[rank] = queue
+    finished: dict[tuple[int, str, int], float] = {}
+    clock = dict.fromkeys(order, 0.0)
+    busy = dict.fromkeys(order, 0.0)
+    position = dict.fromkeys(order, 0)
+    remaining = sum(len(q) for q in queues.values())
+    while remaining:
+        progressed = False
+        for rank, queue in queues.items():
+            while position[rank] < len(queue):
+                stage, kind, micro = queue[position[rank]]
+                if kind == "F":
+                    needs = (stage - 1, "F", micro) if stage > 0 else None
+                else:
+                    needs = (stage + 1, "B", micro) if stage < last else (stage, "F", micro)
+                if needs is not None and needs not in finished:
+                    break
+                start = max(clock[rank], finished.get(needs, 0.0))
+                cost = costs[stage][0 if kind == "F" else 1]
+                finished[stage, kind, micro] = clock[rank] = start + cost
+                busy[rank] += cost
+                position[rank] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise ValueError("the schedule's actions wait on each other; it cannot run.")
+    makespan = max(clock.values())
+    return 1.0 - sum(busy.values()) / (len(order) * makespan) if makespan else 0.0
+
+
+# ---- one pipeline rank ------------------------------------------------------------------------------------------
+
+
+class DecoderStage(nn.Module):
+    """One stage of a Hugging Face causal decoder: the token embedding on the first stage, a slice of the layers, the
+    final norm and the head on the last; between stages the hidden states (microbatch, seq, hidden) travel."""
+
+    def __init__(self, model: nn.Module, first: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.first = first
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        given = {"input_ids": x} if self.first else {"inputs_embeds": x}
+        return self.model(**given, use_cache=False).logits  # last stage: (mb, s, V); the others: (mb, s, h)
+
+
+def build_stage(config: ModelConfig, bounds: tuple[int, int], first: bool, last: bool) -> DecoderStage:
+    """The stage module on meta: the whole model built, then cut down to its layers (torchtitan's split)."""
+    with torch.device("meta"):
+        model = build_model(config)
+    inner = getattr(model, "model", None)
+    parts = ("embed_tokens", "layers", "norm")
+    if inner is None or not all(hasattr(inner, p) for p in parts) or not hasattr(model, "lm_head"):
+        raise ValueError(f"model {config.model!r} is not a decoder with embed_tokens, layers, norm and lm_head; "
+                         "pipeline parallelism cannot split it.")
+    inner.layers = nn.ModuleList(list(inner.layers)[bounds[0]:bounds[1]])
+    if not first:
+        inner.embed_tokens = None  # the hidden states arrive as inputs_embeds
+    if not last:
+        inner.norm = nn.Identity()
+        model.lm_head = nn.Identity()  # `logits` are then the hidden states this stage passes on
+    return DecoderStage(model, first)
+
+
+@dataclass
+class _RankRun:
+    stages: list[StageReport]
+    per_rank: PerRank
+    order: dict[int, tuple[str, ...]]
+
+
+class _Logits:
+    """What the family's loss reads from a model's output."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+
+def _schedule(parallel: ParallelConfig, stages: list, loss_fn):
+    """torch's schedule for `stages`. The fake process group moves no data, so the warm-up vote (a tensor passed
+    along the stages to agree on static or inferred shapes) would read zeros; every stage is given its shapes
+    (input_args / output_args), which is what the vote settles on when all stages have them."""
+    from torch.distributed.pipelining import schedules
+    from torch.distributed.pipelining.stage import InferenceMode
+
+    base = getattr(schedules, SCHEDULE_CLASSES[parallel.schedule])
+
+    class Static(base):
+        def _warmup_p2p(self, stages, has_backward, p2p_done):
+            for stage in stages:
+                stage._inference_mode = InferenceMode.STATIC
+
+    if parallel.schedule == "interleaved-1f1b":
+        return Static(stages, parallel.microbatches, loss_fn=loss_fn)
+    return Static(stages[0], parallel.microbatches, loss_fn=loss_fn)
+
+
+def _stage_shapes(config: ModelConfig, parallel: ParallelConfig, first: bool, last: bool) -> tuple:
+    """Example input and output of a stage for one microbatch (made inside fake mode)."""
+    mb = config.batch // parallel.microbatches
+    compute = torch.bfloat16 if parallel.mixed_precision != "none" else TORCH_DTYPES[config.dtype]
+    hidden = (mb, config.seq, config.hidden)  # (mb, s, h)
+    # A received activation needs its gradient: backward sends it to the previous stage.
+    inputs = torch.zeros(mb, config.seq, dtype=torch.long) if first else torch.zeros(hidden, dtype=compute).requires_grad_()
+    outputs = torch.zeros((mb, config.seq, config.vocab) if last else hidden, dtype=compute).requires_grad_()
+    return inputs, outputs
+
+
+def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank: int) -> _RankRun:
+    """Pipeline rank `rank`'s step: its stages built and wrapped, the schedule run under the trackers."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.pipelining import PipelineStage
+
+    started = time.perf_counter()
+    mesh_sizes = {}  # read outside fake mode: a mesh's rank table is a real tensor
+    for key, mesh in meshes.items():
+        if key != "root":
+            mesh_sizes.update(zip(mesh.mesh_dim_names, mesh.mesh.shape, strict=True))
+    stage_ids = rank_stages(parallel, rank)
+    bounds = stage_bounds(config.layers, parallel.stages)
+    last_stage = parallel.stages - 1
+    modules = [build_stage(config, bounds[s], s == 0, s == last_stage) for s in stage_ids]
+    for module in modules:
+        apply_parallelism(module, parallel, meshes, layers=list(module.model.model.layers))
+    holder = nn.ModuleList(modules)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for module in modules:
+            _to_empty_keeping_ties(module)
+        holder.train()
+        optimizer = torch.optim.AdamW(holder.parameters(), lr=1e-4)
+        _warm_optimizer_state(holder, optimizer)
+        stages = []
+        for s, module in zip(stage_ids, modules, strict=True):
+            example_in, example_out = _stage_shapes(config, parallel, s == 0, s == last_stage)
+            stages.append(PipelineStage(module, s, parallel.stages, torch.device("cpu"), input_args=(example_in,),
+                                        output_args=(example_out,), group=meshes["pp"].get_group()))
+        schedule = _schedule(parallel, stages, lambda out, targets: compute_loss(config, _Logits(out), targets))
+        tokens = torch.zeros(config.batch, config.seq, dtype=torch.long)  # (b, s): inputs and targets alike
+        tracker = _pipeline_tracker(modules, holder, optimizer, parallel)
+        recorder = CollectiveRecorder(_group_names(meshes))
+        for module_tracker in (tracker._mod_tracker, recorder.modules):
+            _this_thread_only(module_tracker)
+        peaks = _PipelinePeaks(tracker)
+        log = _ActionLog(stages, peaks, recorder)
+        with recorder, tracker, peaks, no_cyclic_gc(collect_first=True):
+            peaks.observe()
+            args = (tokens,) if 0 in stage_ids else ()
+            # As torchtitan steps it: the last stage keeps no microbatch outputs (logits) for the caller.
+            schedule.step(*args, target=tokens if last_stage in stage_ids else None, return_outputs=False)
+            recorder.phase = peaks.phase = "optimizer"
+            log.stop()
+            optimizer.step()
+            peaks.observe()
+            snapshot = next(iter(tracker.get_tracker_snapshot("current").values()))
+        per_rank = _rank_figures(config, parallel, mesh_sizes, holder, peaks, recorder, snapshot, started)
+        order = compute_actions(schedule)
+        reports = [
+            _stage_report(config, parallel, s, rank, bounds[s], module, optimizer, log, order[rank], per_rank)
+            for s, module in zip(stage_ids, modules, strict=True)
+        ]
+    return _RankRun(reports, per_rank, order)
+
+
+def _pipeline_tracker(modules: list[nn.Module], holder: nn.Module, optimizer, parallel: ParallelConfig):
+    """torch's memory tracker over every stage this rank holds."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    if parallel.strategy in (*FSDP_STRATEGIES, "ddp"):
+        tracker = FSDPMemTracker(modules[0], optimizer)
+        # FSDPMemTracker takes one FSDP root; a rank of an interleaved schedule holds several. It instruments the
+        # FSDP modules it finds under its root, so the rank's stages together (a plain ModuleList) serve.
+        tracker._root_mod = holder
+    else:
+        tracker = MemTracker()
+        tracker.track_external(holder, optimizer)
+    tracker._update_peak_stats = lambda peak_state: None  # as graphviz_core.parallel.simulate._tracker, for speed
+    return tracker
+
+
+class _PipelinePeaks(_PhasePeaks):
+    """The phase peaks (graphviz_core.parallel.simulate) plus, in the same pass over each op, the FLOPs it runs and
+    how many microbatches each stage held when the rank's memory peaked."""
+
+    def __init__(self, tracker) -> None:
+        super().__init__(tracker)
+        self.flops = 0
+        self.counting = True
+        self.held: dict[int, int] = {}  # stage -> microbatches whose forward ran and backward has not
+        self.held_at_peak: dict[int, int] = {}
+        self.most = -1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.distributed.tensor import DTensor
+
+        if any(t is DTensor for t in types):
+            return NotImplemented
+        out = func(*args, **(kwargs or {}))
+        if self.counting:
+            formula, _ = op_info(func)
+            if formula is not None:
+                self.flops += int(formula(*args, out_val=out, **(kwargs or {})))
+        self.observe()
+        return out
+
+    def observe(self) -> None:
+        super().observe()
+        if self.samples and self.samples[-1][1] > self.most:
+            self.most = self.samples[-1][1]
+            self.held_at_peak = dict(self.held)
+
+
+class _ActionLog:
+    """Wraps each stage's forward_one_chunk / backward_one_chunk and its send / receive op lists: the phase the
+    trackers file each action under, FLOPs per action, the microbatches each stage holds, what a stage's first forward
+    leaves alive, and the bytes each stage sends and receives."""
+
+    def __init__(self, stages: list, peaks: _PipelinePeaks, recorder: CollectiveRecorder) -> None:
+        self.peaks, self.recorder = peaks, recorder
+        self.flops_by: dict[tuple[int, str], int] = {}  # (stage, F | B) -> FLOPs over the step
+        self.activations_before: dict[int, int] = {}  # stage -> activation bytes when its first forward began
+        self.activation_per_microbatch: dict[int, int] = {}
+        self.pending: int | None = None  # stage whose first forward ended; measured when the next action begins
+        self.sent: dict[int, int] = {}
+        self.received: dict[int, int] = {}
+        for stage in stages:
+            self._wrap(stage)
+
+    def stop(self) -> None:
+        self._settle()
+        self.peaks.counting = False
+
+    def _activations(self) -> int:
+        snapshot = self.peaks.tracker._curr_mem_snap
+        return _parts(next(iter(snapshot.values())))["activations"] if snapshot else 0
+
+    def _settle(self) -> None:
+        """The stage whose first forward (and loss) just ended: what it left alive is one microbatch's activations."""
+        if self.pending is not None:
+            self.activation_per_microbatch[self.pending] = self._activations() - self.activations_before[self.pending]
+            self.pending = None
+
+    def _wrap(self, stage) -> None:
+        index, peaks = stage.stage_index, self.peaks
+
+        def timed(method, kind):
+            def run(*args, **kwargs):
+                self._settle()
+                self.recorder.phase = peaks.phase = "forward" if kind == "F" else "backward"
+                if kind == "F":
+                    # torch's MemTracker refuses a root module's second forward (a second iteration, it assumes);
+                    # a stage runs one forward per microbatch. Its per-module statistics are not read here.
+                    peaks.tracker.memory_tracking.pop(stage.submod, None)
+                first = kind == "F" and index not in self.activations_before
+                if first:
+                    self.activations_before[index] = self._activations()
+                before = peaks.flops
+                if kind == "F":  # held from the moment its forward starts until its backward has ended
+                    peaks.held[index] = peaks.held.get(index, 0) + 1
+                out = method(*args, **kwargs)
+                self.flops_by[index, kind] = self.flops_by.get((index, kind), 0) + peaks.flops - before
+                if kind == "B":
+                    peaks.held[index] -= 1
+                if first:
+                    self.pending = index
+                return out
+
+            return run
+
+        def counted(method, tally):
+            def ops(*args, **kwargs):
+                found = method(*args, **kwargs)
+                tally[index] = tally.get(index, 0) + sum(op.tensor.numel() * op.tensor.element_size() for op in found)
+                return found
+
+            return ops
+
+        stage.forward_one_chunk = timed(stage.forward_one_chunk, "F")
+        stage.backward_one_chunk = timed(stage.backward_one_chunk, "B")
+        stage.get_fwd_send_ops = counted(stage.get_fwd_send_ops, self.sent)
+        stage.get_bwd_send_ops = counted(stage.get_bwd_send_ops, self.sent)
+        stage.get_fwd_recv_ops = counted(stage.get_fwd_recv_ops, self.received)
+        stage.get_bwd_recv_ops = counted(stage.get_bwd_recv_ops, self.received)
+
+
+def _tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    total = 0
+    for t in tensors:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        total += local.numel() * local.element_size()
+    return total
+
+
+def _stage_report(config, parallel, stage, rank, bounds, module, optimizer, log, actions, per_rank) -> StageReport:
+    params = list(module.parameters())
+    state = [v for p in params for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
+    micro = parallel.microbatches
+    return StageReport(
+        stage=stage,
+        rank=rank,
+        layers=bounds,
+        embedding=stage == 0,
+        head=stage == parallel.stages - 1,
+        parameter_bytes=_tensor_bytes(params),
+        gradient_bytes=_tensor_bytes(p.grad for p in params if p.grad is not None),
+        optimizer_bytes=_tensor_bytes(state),
+        activation_bytes_per_microbatch=log.activation_per_microbatch.get(stage, 0),
+        microbatches_in_flight_at_peak=in_flight_at_peak(actions, stage),
+        microbatches_held_at_measured_peak=log.peaks.held_at_peak.get(stage, 0),
+        peak_bytes=per_rank.peak_bytes,
+        send_bytes=log.sent.get(stage, 0),
+        recv_bytes=log.received.get(stage, 0),
+        forward_flops_per_microbatch=log.flops_by.get((stage, "F"), 0) // micro,
+        backward_flops_per_microbatch=log.flops_by.get((stage, "B"), 0) // micro,
+    )
+
+
+def _rank_figures(config, parallel, mesh_sizes, holder, peaks, recorder, snapshot, started) -> PerRank:
+    """One pipeline rank's step as a PerRank: its phases, collectives (sends and receives included) and peak."""
+    phases = tuple(
+        PhaseMemory(phase, peaks.peaks[phase][0], _parts(peaks.peaks[phase][1]), _buffers(peaks.peaks[phase][1]))
+        for phase in PHASES
+        if phase in peaks.peaks
+    )
+    end, end_buffers = _parts(snapshot), _buffers(snapshot)
+    resharded = {}
+    for module in holder:
+        resharded.update(_resharded_after_forward(module))
+    stage_params = _tensor_bytes(holder.parameters())
+    return PerRank(
+        config=config,
+        parallel=parallel,
+        rank=dist.get_rank() if dist.is_initialized() else 0,
+        mesh=mesh_sizes,
+        parameter_count=sum(p.numel() for p in holder.parameters()),
+        parameter_bytes=end["parameters"] - end_buffers,
+        buffer_bytes=end_buffers,
+        gradient_bytes=end["gradients"],
+        optimizer_bytes=end["optimizer"],
+        peak_bytes=max(p.peak_bytes for p in phases),
+        phases=phases,
+        timeline=_downsample(peaks.samples),
+        collectives=tuple(recorder.collectives),
+        backward_nodes_by_category={},
+        expected=Expectation(stage_params, stage_params, end["optimizer"],
+                             "this rank's stages' parameters as torch sharded them (no closed form under pipelining)"),
+        single_device=None,
+        simulate_s=time.perf_counter() - started,
+        resharded_after_forward=resharded,
+    )
