@@ -15,8 +15,8 @@ LINKS = [
     ("model=resnet&hidden=8&layers=18&vocab=10&image_size=32", "resnet-tiny", "ResNet (images)", {"preset": ["resnet-tiny"]}),
     # Mistral at the form's defaults (no kv heads, MLP width 4h): no preset has those fields (it read gpt2-tiny)
     ("model=mistral", NOT_A_PRESET, "Mistral", {"model": ["mistral"]}),
-    ("model=qwen2&kv_heads=2&intermediate=128&checkpoint=selective", NOT_A_PRESET, "Qwen2.5",
-     {"model": ["qwen2"], "kv_heads": ["2"], "intermediate": ["128"], "checkpoint": ["selective"]}),
+    ("model=qwen2&kv_heads=2&intermediate=128&checkpoint=full", NOT_A_PRESET, "Qwen2.5",
+     {"model": ["qwen2"], "kv_heads": ["2"], "intermediate": ["128"], "checkpoint": ["full"]}),
     # gpt2 has no grouped-query attention: refused with a notice, the default shown and linked
     ("model=gpt2&kv_heads=2", "gpt2-tiny", "GPT-2 (built in)", {"preset": ["gpt2-tiny"]}),
 ]

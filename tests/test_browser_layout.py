@@ -57,11 +57,12 @@ CLIPPED_INPUTS = """() => [...document.querySelectorAll('[data-testid="stSidebar
 
 @pytest.mark.parametrize("page", SIZES, indirect=True)
 def test_the_sidebar_shows_every_chosen_value_whole(page, streamlit_url):
-    # the longest choices of each box: bfloat16, selective, a preset with a long name
+    # the longest choices of each box: bfloat16, the family's selective policy, the preset box's "custom" entry
     page.goto(f"{streamlit_url}/?preset=gpt2-tiny&dtype=bfloat16&checkpoint=selective")
     page.locator('[data-testid="stMetricLabel"]', has_text="Nodes").first.wait_for(timeout=120_000)
     values = page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stSidebar\"] input')].map(e => e.value)")
-    assert "bfloat16" in values and "selective" in values, values
+    assert "bfloat16" in values and any(v.startswith("selective") for v in values), values
+    assert "(custom: the fields below)" in values, values
     assert page.evaluate(CLIPPED_INPUTS) == [], f"sidebar values cut off at {page.size}"
 
 

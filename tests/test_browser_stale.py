@@ -53,10 +53,11 @@ def test_the_explorer_dims_the_last_config_while_it_captures_a_new_one(page, str
     page.get_by_text("Loss ").first.wait_for(timeout=120_000)
     settled(page)
     sidebar = page.locator('[data-testid="stSidebar"]')
-    sidebar.get_by_role("spinbutton", name="Layers").fill("13")  # ~0.3-1 s to capture, and no other test's: not cached
+    # ~0.5-2 s to capture (its progress shows from 0.3 s, capture_cache.QUIET_S), and no other test's: not cached
+    sidebar.get_by_role("spinbutton", name="Layers").fill("23")
     page.evaluate(SAMPLE, False)
     sidebar.get_by_role("button", name="Run backward pass").click()
-    page.get_by_text("gpt2 · 13 layers").first.wait_for(timeout=120_000)
+    page.get_by_text("gpt2 · 23 layers").first.wait_for(timeout=120_000)
     settled(page)
     seen = stale_opacities(page)
     assert seen, "the capture's progress was never seen beside the last result"
@@ -70,7 +71,8 @@ def test_the_explorer_dims_the_last_config_while_it_captures_a_new_one(page, str
 
 
 def test_compare_dims_the_last_pair_while_it_captures_a_new_one(page, streamlit_url):
-    page.goto(f"{streamlit_url}/compare?a.seed=4242&b.seed=4242&b.attention=manual")  # a seed no other test uses
+    # a seed no other test uses (not cached), 16 layers: batch 8 takes ~0.5-2 s, so its progress shows (from 0.3 s)
+    page.goto(f"{streamlit_url}/compare?a.seed=4242&a.layers=16&b.seed=4242&b.layers=16&b.attention=manual")
     page.get_by_text("What changed, and why").wait_for(timeout=120_000)
     settled(page)
     page.evaluate(SAMPLE, False)
