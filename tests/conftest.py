@@ -78,19 +78,11 @@ def browser():
         b.close()
 
 
-# Streamlit's own frontend, opened at a page URL (/toy_expressions), first probes its server endpoints under
-# that path (/toy_expressions/_stcore/health, .../host-config), gets a 404 and retries at the root; the
-# browser logs each 404 as a console error. Unavoidable from the app's side, and only these two are ignored.
-_STREAMLIT_PROBES = re.compile(r"^https?://(127\.0\.0\.1|localhost):\d+/[^?#]+/_stcore/(health|host-config)$")
-
-
 def _console_error(message) -> str | None:
-    """A console error as a line, or None for messages that are not errors (or Streamlit's path probes)."""
+    """A console error as a line, or None for messages that are not errors."""
     if message.type != "error":
         return None
     location = message.location or {}
-    if message.text.startswith("Failed to load resource") and _STREAMLIT_PROBES.match(location.get("url", "")):
-        return None
     return f"console error: {message.text} ({location.get('url', '')[:120]}:{location.get('lineNumber', '')})"
 
 
@@ -99,8 +91,8 @@ def page(browser, request):
     """A fresh browser page that fails the test on any page error or console error.
 
     Playwright reports `pageerror` (uncaught exceptions) and `console` messages for the page and every frame
-    in it, so errors thrown inside the graph's iframe (st.iframe, srcdoc) are caught here too. The only
-    messages let through are Streamlit's path probes (see _STREAMLIT_PROBES); any other error fails the test.
+    in it, so errors thrown inside the graph's iframe (st.iframe, srcdoc) are caught here too: any error fails the
+    test.
     """
     # the window size: 1500x1000 unless a test parametrizes it (`@pytest.mark.parametrize("page", [(w, h)],
     # indirect=True)`; SIZES holds the two every layout is checked at)

@@ -15,10 +15,7 @@ PAGES = {
 }
 
 
-# graphviz_core.ui.routes.install() must run in the server `make run` starts, before `streamlit run`: one line in
-# graphviz_core/ui/serve.py's main(). Strict: once that line is in, this marker fails the run until it is removed
-# (together with conftest's _STREAMLIT_PROBES exemption, which lets these two 404s through every other browser test).
-@pytest.mark.xfail(strict=True, reason="serve.py does not call graphviz_core.ui.routes.install() yet")
+# graphviz_core.ui.serve's main() installs graphviz_core.ui.routes before `streamlit run`, as `make run` starts it.
 @pytest.mark.parametrize("path", list(PAGES))
 def test_a_page_opened_by_its_url_requests_nothing_that_fails_and_still_navigates(page, streamlit_url, path):
     probes, failed = [], []

@@ -185,6 +185,11 @@ def main(argv: list[str] | None = None) -> None:
 
     remove_stale_temp_dirs()  # what a server killed with SIGKILL left in /tmp
     no_outbound_lookups()
+    # Each page's URL answered with the app's page (graphviz_core.ui.routes), so the frontend never probes
+    # /<page>/_stcore/health and host-config (two 404s and console errors per page opened by its URL).
+    from graphviz_core.ui.routes import install as install_page_routes
+
+    install_page_routes()
     preloading = threading.Thread(target=preload, name="preload", daemon=True)
     preloading.start()
     code = 0
