@@ -18,7 +18,7 @@ def test_memory_tab_shows_the_peak_and_runs_both_actions():
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Peak memory"] == format_bytes(capture.memory.peak_bytes)
     assert any(t.value.startswith(f"Peak: {capture.memory.peak_bytes:,} bytes") for t in at.text)
-    next(b for b in at.button if b.label.startswith("Compare none")).click().run()
+    next(b for b in at.button if b.label == "Compare the checkpointing policies").click().run()
     assert not at.exception
     table = next(d.value for d in at.dataframe if "checkpointing" in d.value.columns and "held for recompute" in d.value.columns)
     assert list(table["checkpointing"]) == ["none", "full", "selective-attention", "selective-ops"]
@@ -45,6 +45,10 @@ def test_the_training_step_table_wraps_so_every_why_reads_whole():
     assert step.loc["step peak", "why"] == "measured forward + backward peak + master weights + optimizer state"
     # gpt2-tiny in float32: 134,912 parameters × 4 B = 539,648 B = 527.0 KiB
     assert step.loc["parameters", ["bytes", "why"]].tolist() == ["527.0 KiB", "134,912 × float32"]
+    # AdamW as torch.optim keeps it: two fp32 moments per parameter and a 4 B step count per parameter tensor
+    # (gpt2-tiny: 28 tensors = wte, wpe, 2 blocks x 12, ln_f's weight and bias; lm_head is tied to wte)
+    assert step.loc["optimizer state", "why"] == (
+        "two fp32 moments (8 B) per parameter + a 4 B step count for each of 28 tensors")
     assert not [d for d in at.dataframe if "why" in d.value.columns]
 
 

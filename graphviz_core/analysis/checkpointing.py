@@ -39,11 +39,6 @@ class PolicyMemory:
     extra_time_fraction: float  # recompute / (forward + backward without it): extra step time at one FLOP rate
     extra_time_s: float | None  # extra_time_fraction x a measured step time, when one is given
 
-    @property
-    def saved_and_held_bytes(self) -> int:
-        """kept_for_backward_bytes, by the name the Memory tab's table reads."""
-        return self.kept_for_backward_bytes
-
 
 @dataclass(frozen=True)
 class CheckpointComparison:

@@ -253,9 +253,9 @@ def _fields(key: str, model: str) -> None:
         "Checkpointing",
         CHECKPOINTS,
         key=f"{key}.checkpoint",
-        help="full: each layer keeps only its input and re-runs its forward in backward; selective: "
-        "built-in models recompute the attention core, transformers families keep matmul, "
-        "convolution and attention outputs and recompute the rest",
+        help="full: each layer keeps only its input and re-runs its forward in backward; selective-attention: "
+        "recompute the attention core only (Korthikanti et al.); selective-ops: keep the outputs of matmuls, "
+        "convolutions and attention kernels, recompute the rest (torchtitan); selective: the family's usual one",
     )
     left = right = st  # one per row: side by side, the dtype box read "bfloat1…" in the sidebar
     devices = _devices()

@@ -16,6 +16,7 @@ from graphviz_core.analysis.training_step import (
     OPTIMIZER_NAMES,
     TrainingStep,
     accelerator_fits,
+    optimizer_state_note,
     training_step_of,
 )
 from graphviz_core.capture.result import Capture
@@ -232,13 +233,7 @@ def _training_step(capture: Capture, step: TrainingStep) -> None:
         (
             "optimizer state",
             step.optimizer_state_bytes,
-            {
-                "sgd": "none",
-                "sgd-momentum": "one fp32 buffer (4 B)",
-                "adam": "two fp32 moments (8 B)",
-                "adamw": "two fp32 moments (8 B)",
-            }[optimizer]
-            + " per parameter",
+            optimizer_state_note(optimizer, capture.summary.parameters),
         ),
         ("activations at their peak", step.activation_peak_bytes, "measured (timeline)"),
         ("sum of the parts", step.sum_of_parts_bytes, "as if all were live at once"),
@@ -291,7 +286,7 @@ def _checkpointing(capture: Capture) -> None:
     key = f"memory.ckpt::{config}::{device}::{st.session_state.get('memory.optimizer', 'adamw')}"
     result = _run_action(
         key,
-        "Compare none / full / selective",
+        "Compare the checkpointing policies",
         lambda: compare_checkpointing(
             config, device=device, optimizer=st.session_state.get("memory.optimizer", DEFAULT_OPTIMIZER), step_time_s=step_time
         ),
@@ -309,7 +304,7 @@ def _checkpointing(capture: Capture) -> None:
                 "checkpointing": r.policy,
                 "saved for backward": format_bytes(r.saved_bytes),
                 "held for recompute": format_bytes(r.held_bytes),
-                "saved + held": format_bytes(r.saved_and_held_bytes),
+                "kept for backward (saved + held)": format_bytes(r.kept_for_backward_bytes),
                 "activation peak": format_bytes(r.activation_peak_bytes),
                 "step peak": format_bytes(r.step_peak_bytes),
                 "recompute": f"{format_flops(r.recompute_flops)} ({r.recompute_over_forward:.0%} of a forward)"
@@ -329,7 +324,7 @@ def _checkpointing(capture: Capture) -> None:
             {"checkpointing": r.policy, "measure": m, unit: v / divisor, "size": format_bytes(v)}
             for r in result.rows
             for m, v in (
-                ("saved + held", r.saved_and_held_bytes),
+                ("kept for backward (saved + held)", r.kept_for_backward_bytes),
                 ("activation peak", r.activation_peak_bytes),
                 ("step peak", r.step_peak_bytes),
             )
@@ -352,8 +347,8 @@ def _checkpointing(capture: Capture) -> None:
         if r.policy == "none":
             continue
         change = (
-            (r.saved_and_held_bytes - none.saved_and_held_bytes) / none.saved_and_held_bytes
-            if none.saved_and_held_bytes
+            (r.kept_for_backward_bytes - none.kept_for_backward_bytes) / none.kept_for_backward_bytes
+            if none.kept_for_backward_bytes
             else 0
         )
         saved_change = (r.saved_bytes - none.saved_bytes) / none.saved_bytes if none.saved_bytes else 0
@@ -413,7 +408,7 @@ def _will_it_fit(capture: Capture) -> None:
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     st.caption(
         "Closed form: the same parameter, gradient and optimizer bytes plus layers × Korthikanti et al.'s "
-        "activations per layer (none 34sbh, plus 5as²b for manual attention; selective 34sbh; full 2sbh; "
+        "activations per layer (none 34sbh, plus 5as²b for manual attention; selective-attention 34sbh; full 2sbh; no closed form for selective-ops; "
         "16-bit bytes scaled to the dtype). It ignores logits and the loss, which the captures include."
     )
 
