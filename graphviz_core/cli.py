@@ -79,7 +79,92 @@ def build_parser() -> argparse.ArgumentParser:
                          help="config B's flags (same flags as A's)")
     compare.add_argument("-o", "--output", help="file to write (default: stdout)")
     _add_memory_command(commands)
+    _add_plan_command(commands)
     return parser
+
+
+def _add_plan_command(commands) -> None:
+    from graphviz_core.parallel.planner import H100_FLOPS
+
+    plan = commands.add_parser(
+        "plan", help="the layouts of a model on N GPUs, each simulated, ranked: which fit, which is fastest",
+        description="Enumerates data-shard x data-replicate x tensor x pipeline parallel meshes (tensor parallel inside "
+                    "a node), checkpointing policies and microbatch sizes; simulates each (scaled from 1 and 2 layers "
+                    "per stage) and ranks them: fitting first, then by estimated tokens/s per GPU. Progress on stderr.",
+    )
+    _add_config_flags(plan)
+    plan.add_argument("--gpus", type=int, required=True, help="GPUs in all")
+    plan.add_argument("--gpu-memory", default="80GiB", help="memory per GPU, e.g. 80GiB (H100 80GB, the default), 141GB")
+    plan.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step, all GPUs together")
+    plan.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, joined by NVLink (default 8)")
+    plan.add_argument("--gpu-tflops", type=float, default=H100_FLOPS / 1e12,
+                      help=f"dense TFLOP/s per GPU in the model's dtype (default {H100_FLOPS / 1e12:g}: H100 SXM, BF16)")
+    plan.add_argument("--nvlink-gbps", type=float, default=450.0,
+                      help="GB/s per GPU each way inside a node (default 450: NVLink 4 on H100 SXM)")
+    plan.add_argument("--infiniband-gbps", type=float, default=50.0,
+                      help="GB/s per GPU each way between nodes (default 50: one 400 Gb/s NDR NIC per GPU)")
+    plan.add_argument("--checkpoints", default="none,selective,full",
+                      help="checkpointing policies to try, comma-separated (default none,selective,full)")
+    plan.add_argument("--microbatch-sizes", default="1,2", help="sequences per microbatch to try (default 1,2)")
+    plan.add_argument("--pp-degrees", default="1,2", help="pipeline-parallel degrees to try (default 1,2)")
+    plan.add_argument("--jobs", type=int, default=2, help="worker processes simulating at once (default 2)")
+    plan.add_argument("--format", choices=("json", "table"), default="json")
+    plan.add_argument("-o", "--output", help="file to write (default: stdout)")
+
+
+def _numbers(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} takes whole numbers >= 1 separated by commas (e.g. 1,2), not {text!r}.")
+    return values
+
+
+def _plan_command(args: argparse.Namespace) -> str:
+    import json
+
+    from graphviz_core.parallel.planner import Cluster, parse_bytes, plan
+
+    for flag in ("batch", "checkpoint"):
+        if getattr(args, flag) is not None:
+            raise ValueError(f"the plan chooses the --{flag} itself; drop it (see --global-batch, --microbatch-sizes "
+                             "and --checkpoints).")
+    config = _config_of(args)
+    cluster = Cluster(gpus=args.gpus, gpu_memory_bytes=parse_bytes(args.gpu_memory), gpus_per_node=args.gpus_per_node,
+                      gpu_flops=args.gpu_tflops * 1e12, nvlink_bytes_per_s=args.nvlink_gbps * 1e9,
+                      infiniband_bytes_per_s=args.infiniband_gbps * 1e9)
+    policies = config.family.checkpoint_policies()
+    checkpoints = []
+    for name in args.checkpoints.split(","):
+        resolved = config.replace(checkpoint=name.strip()).checkpoint  # `selective` is the family's own
+        if resolved not in checkpoints:
+            checkpoints.append(resolved)
+    if not set(checkpoints) <= set(policies):
+        raise ValueError(f"--checkpoints takes policies of {', '.join(policies)}, not {args.checkpoints!r}.")
+
+    def progress(done: int, total: int, what: str) -> None:
+        sys.stderr.write(f"[{done}/{total}] {what}\n")
+        sys.stderr.flush()
+
+    result = plan(config, cluster, args.global_batch, checkpoints, _numbers("--microbatch-sizes", args.microbatch_sizes),
+                  _numbers("--pp-degrees", args.pp_degrees), jobs=max(1, args.jobs), progress=progress)
+    if args.format == "table":
+        return _plan_table(result)
+    return json.dumps({**result.to_dict(), "config": _config_echo(config)}, indent=1)
+
+
+def _plan_table(result) -> str:
+    from graphviz_core.units import format_bytes
+
+    lines = [f"{'layout':<46}{'peak':>11}  {'fits':<5}{'sent/step':>11}{'step (est.)':>13}{'tok/s/GPU (est.)':>18}"]
+    for p in result.planned:
+        lines.append(f"{p.layout.label():<46}{format_bytes(p.peak_bytes):>11}  {'yes' if p.fits else 'no':<5}"
+                     f"{format_bytes(p.collective_bytes_per_step):>11}{p.step_time_s:>12.2f}s{p.tokens_per_s_per_gpu:>18,.0f}")
+    lines.append(f"{len(result.planned)} layouts simulated in {result.simulate_s:.1f} s; {len(result.skipped)} skipped "
+                 "(see --format json). Times and tokens/s are estimates: measured FLOPs and bytes at the stated rates.")
+    return "\n".join(lines)
 
 
 def _add_memory_command(commands) -> None:
@@ -393,7 +478,7 @@ def _main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
         args = parser.parse_args(argv)
         args.ctrl_c = ctrl_c
         commands = {"graph": _graph_command, "expr": _expr_command, "compare": _compare_command,
-                    "memory": _memory_command}
+                    "memory": _memory_command, "plan": _plan_command}
         text = commands[args.command](args)
     except _BadInput as exc:
         _say(str(exc))

@@ -71,6 +71,7 @@ class Collective:
     traffic_bytes: int  # what this rank sends over the link, ring algorithm
     link: str  # NVLink inside a node of GPUS_PER_NODE ranks, InfiniBand across nodes
     time_s: float  # traffic_bytes at the link's bandwidth, no latency term
+    ranks: tuple[int, ...] = ()  # the group's global ranks (send / recv: this rank and its peer)
 
     @property
     def issued_by(self) -> str:
@@ -89,9 +90,9 @@ def ring_traffic_bytes(kind: str, buffer_bytes: int, group_size: int) -> int:
     return _RING_FACTOR[kind] * buffer_bytes * (group_size - 1) // group_size
 
 
-def link_of(ranks: list[int]) -> str:
+def link_of(ranks: list[int], gpus_per_node: int = GPUS_PER_NODE) -> str:
     """NVLink when every rank of the group sits on one node, InfiniBand otherwise."""
-    return "NVLink" if len({r // GPUS_PER_NODE for r in ranks}) == 1 else "InfiniBand"
+    return "NVLink" if len({r // gpus_per_node for r in ranks}) == 1 else "InfiniBand"
 
 
 def _nbytes(obj: object) -> int:
@@ -249,5 +250,6 @@ class CollectiveRecorder(TorchDispatchMode):
                 traffic_bytes=traffic,
                 link=link,
                 time_s=traffic / LINKS[link],
+                ranks=tuple(ranks),
             )
         )

@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from graphviz_core.capture.flop_formulas import op_info
 from graphviz_core.capture.gc_pause import no_cyclic_gc
 from graphviz_core.config import ModelConfig
 from graphviz_core.models.registry import build_model, compute_loss
@@ -260,10 +259,19 @@ def in_flight_at_peak(actions: Iterable[str], stage: int) -> int:
 def bubble_fraction(order: dict[int, tuple[str, ...]], costs: dict[int, tuple[float, float]]) -> float:
     """Idle share of the pipeline ranks' time: each rank runs its actions in the schedule's order, each as soon as
     its input is there (a stage's forward of microbatch m after the previous stage's; its backward after the next
-    stage's, the last stage's after its own forward), taking `costs[stage]` = (forward, backward) time.
+    stage's, the last stage's after its own forward), taking `costs[stage]` = (forward, backward) time."""
+    makespan, busy = _timeline(order, costs)
+    return 1.0 - busy / (len(order) * makespan) if makespan else 0.0
 
-    A stage's n-th forward (backward) is microbatch n: every schedule here runs a stage's microbatches in order (and
-    torch's 1F1B order numbers the last rank's forwards from 1)."""
+
+def pipeline_time(order: dict[int, tuple[str, ...]], costs: dict[int, tuple[float, float]]) -> float:
+    """How long the schedule takes from the first forward to the last backward, actions timed as in bubble_fraction."""
+    return _timeline(order, costs)[0]
+
+
+def _timeline(order: dict[int, tuple[str, ...]], costs: dict[int, tuple[float, float]]) -> tuple[float, float]:
+    """(makespan, busy time summed over ranks). A stage's n-th forward (backward) is microbatch n: every schedule
+    here runs a stage's microbatches in order (and torch's 1F1B order numbers the last rank's forwards from 1)."""
     last = max(costs)
     seen: dict[tuple[int, str], int] = {}
     queues = {}
@@ -277,7 +285,7 @@ def bubble_fraction(order: dict[int, tuple[str, ...]], costs: dict[int, tuple[fl
         queues[rank] = queue
     finished: dict[tuple[int, str, int], float] = {}
     clock = dict.fromkeys(order, 0.0)
-    busy = dict.fromkeys(order, 0.0)
+    busy = 0.0
     position = dict.fromkeys(order, 0)
     remaining = sum(len(q) for q in queues.values())
     while remaining:
@@ -291,17 +299,15 @@ def bubble_fraction(order: dict[int, tuple[str, ...]], costs: dict[int, tuple[fl
                     needs = (stage + 1, "B", micro) if stage < last else (stage, "F", micro)
                 if needs is not None and needs not in finished:
                     break
-                start = max(clock[rank], finished.get(needs, 0.0))
                 cost = costs[stage][0 if kind == "F" else 1]
-                finished[stage, kind, micro] = clock[rank] = start + cost
-                busy[rank] += cost
+                finished[stage, kind, micro] = clock[rank] = max(clock[rank], finished.get(needs, 0.0)) + cost
+                busy += cost
                 position[rank] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             raise ValueError("the schedule's actions wait on each other; it cannot run.")
-    makespan = max(clock.values())
-    return 1.0 - sum(busy.values()) / (len(order) * makespan) if makespan else 0.0
+    return max(clock.values()), busy
 
 
 # ---- one pipeline rank ------------------------------------------------------------------------------------------
@@ -456,29 +462,14 @@ def _pipeline_tracker(modules: list[nn.Module], holder: nn.Module, optimizer, pa
 
 
 class _PipelinePeaks(_PhasePeaks):
-    """The phase peaks (graphviz_core.parallel.simulate) plus, in the same pass over each op, the FLOPs it runs and
-    how many microbatches each stage held when the rank's memory peaked."""
+    """The phase peaks and FLOPs (graphviz_core.parallel.simulate) plus how many microbatches each stage held when
+    the rank's memory peaked."""
 
     def __init__(self, tracker) -> None:
         super().__init__(tracker)
-        self.flops = 0
-        self.counting = True
-        self.held: dict[int, int] = {}  # stage -> microbatches whose forward ran and backward has not
+        self.held: dict[int, int] = {}  # stage -> microbatches whose forward has started and backward not ended
         self.held_at_peak: dict[int, int] = {}
         self.most = -1
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.distributed.tensor import DTensor
-
-        if any(t is DTensor for t in types):
-            return NotImplemented
-        out = func(*args, **(kwargs or {}))
-        if self.counting:
-            formula, _ = op_info(func)
-            if formula is not None:
-                self.flops += int(formula(*args, out_val=out, **(kwargs or {})))
-        self.observe()
-        return out
 
     def observe(self) -> None:
         super().observe()
@@ -505,7 +496,6 @@ class _ActionLog:
 
     def stop(self) -> None:
         self._settle()
-        self.peaks.counting = False
 
     def _activations(self) -> int:
         snapshot = self.peaks.tracker._curr_mem_snap
@@ -624,4 +614,5 @@ def _rank_figures(config, parallel, mesh_sizes, holder, peaks, recorder, snapsho
         single_device=None,
         simulate_s=time.perf_counter() - started,
         resharded_after_forward=resharded,
+        flops_by_phase=dict(peaks.flops_by_phase),
     )

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from graphviz_core.analysis.training_step import optimizer_state_bytes
+from graphviz_core.capture.flop_formulas import op_info
 from graphviz_core.capture.gc_pause import no_cyclic_gc
 from graphviz_core.config import ModelConfig
 from graphviz_core.models.registry import build_model, compute_loss, make_batch
@@ -147,6 +148,7 @@ class PerRank:
     # Pipeline parallelism: every stage, the schedule, its bubble and transfers (graphviz_core.parallel.pipeline);
     # this PerRank is then pipeline rank 0's (stage 0's ranks). None without pipeline parallelism.
     pipeline: PipelineReport | None = field(default=None, repr=False)
+    flops_by_phase: dict[str, int] = field(default_factory=dict)  # FLOPs this rank ran, forward / backward / optimizer
 
     def collective_bytes(self, phase: str | None = None) -> int:
         """Bytes this rank sends in the step (or one phase), ring algorithm."""
@@ -211,6 +213,7 @@ class PerRank:
                 }
                 for c in self.collectives
             ],
+            "flops_by_phase": dict(self.flops_by_phase),
             "simulate_s": self.simulate_s,
         }
         if self.single_device is not None:
@@ -293,10 +296,29 @@ def simulation_lock() -> Iterator[None]:
                 "a torch.distributed process group is already running in this process; "
                 "the simulation needs its own fake one."
             )
-        with _quiet():
+        with _quiet(), _propagation_apart():
             yield
     finally:
         _SIMULATION_LOCK.release()
+
+
+@contextlib.contextmanager
+def _propagation_apart() -> Iterator[None]:
+    """DTensor works out an op's output shape, on a cache miss, by running it on fake copies of its inputs under the
+    active fake mode: the simulation's own, so the memory tracker counted those copies as this rank's memory (seen:
+    the first fsdp+tp step with full checkpointing in a process peaked 30,848 bytes above every later one, llama-tiny).
+    The tracker leaves out ops under another fake mode (MemTracker.__torch_dispatch__), so propagation gets one of its
+    own while a simulation runs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor import _sharding_prop
+
+    original = _sharding_prop.detect_fake_mode
+    own = FakeTensorMode(allow_non_fake_inputs=True)
+    _sharding_prop.detect_fake_mode = lambda *args, **kwargs: own
+    try:
+        yield
+    finally:
+        _sharding_prop.detect_fake_mode = original
 
 
 @contextlib.contextmanager
@@ -476,7 +498,8 @@ def _group_names(meshes: dict) -> dict[str, str]:
 
 
 class _PhasePeaks(torch.utils._python_dispatch.TorchDispatchMode):
-    """Reads the memory tracker's running breakdown after every op: per-phase peaks and a timeline."""
+    """Reads the memory tracker's running breakdown after every op: per-phase peaks and a timeline; and counts each
+    op's FLOPs (graphviz_core.capture.flop_formulas, the capture's registry) by phase, on this rank's local shapes."""
 
     def __init__(self, tracker) -> None:
         super().__init__()
@@ -484,6 +507,8 @@ class _PhasePeaks(torch.utils._python_dispatch.TorchDispatchMode):
         self.phase = "forward"
         self.peaks: dict[str, tuple[int, dict]] = {}
         self.samples: list[tuple[str, int]] = []
+        self.flops = 0  # running total
+        self.flops_by_phase: dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         from torch.distributed.tensor import DTensor
@@ -491,6 +516,11 @@ class _PhasePeaks(torch.utils._python_dispatch.TorchDispatchMode):
         if any(t is DTensor for t in types):
             return NotImplemented
         out = func(*args, **(kwargs or {}))
+        formula, _ = op_info(func)
+        if formula is not None:
+            flops = int(formula(*args, out_val=out, **(kwargs or {})))
+            self.flops += flops
+            self.flops_by_phase[self.phase] = self.flops_by_phase.get(self.phase, 0) + flops
         self.observe()
         return out
 
@@ -630,6 +660,7 @@ def measure_step(
         single_device=None,
         simulate_s=time.perf_counter() - started,
         resharded_after_forward=_resharded_after_forward(model),
+        flops_by_phase=dict(peaks.flops_by_phase),
     )
 
 

@@ -1,0 +1,557 @@
+"""The planner: the layouts of a model on a cluster (data-shard x data-replicate x tensor x pipeline parallel,
+checkpointing, microbatch size), each simulated, ranked by whether it fits and by an estimated speed.
+
+Each layout is simulated by the same engine as one layout on the page (graphviz_core.parallel.simulate and
+.pipeline), on models of 1 and 2 layers per pipeline stage: the layers are all of one shape, so every figure (bytes
+live at each phase's peak, parameters, gradients, optimizer state, collective bytes per link, FLOPs per stage) grows
+by the same amount with each layer, and the figure for L layers is f(1) + (L - 1) x (f(2) - f(1)). Each phase's peak is
+scaled on its own and the largest taken, so a peak that moves from one phase to another as layers are added is still
+found. tests/test_planner.py checks the scaled figures against full simulations of three layouts.
+
+The step time is an estimate, labelled so: the FLOPs measured on each rank at the stated GPU rate, plus the bytes each
+rank sends at the stated link rates, without overlap; pipeline layouts run their schedule's order with each action
+timed by its FLOPs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from graphviz_core.config import ModelConfig
+from graphviz_core.parallel.collectives import GPUS_PER_NODE, INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S, link_of
+from graphviz_core.parallel.settings import ParallelConfig, check_parallel
+
+# H100 SXM: 989.4 TFLOP/s dense BF16 (NVIDIA H100 datasheet; 1979 with sparsity), 80 GB of HBM3 (the planner's
+# --gpu-memory is the caller's), NVLink 4 at 450 GB/s each way, one 400 Gb/s NDR InfiniBand NIC per GPU = 50 GB/s.
+H100_FLOPS = 989.4e12
+H100_MEMORY_BYTES = 80 * 2**30
+SAMPLE_LAYERS = (1, 2)  # layers per pipeline stage the scaled figures are measured at
+Progress = Callable[[int, int, str], None]  # (layouts done, layouts planned, what just finished)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The GPUs a plan is for, and the rates its step-time estimate assumes."""
+
+    gpus: int
+    gpu_memory_bytes: int = H100_MEMORY_BYTES
+    gpus_per_node: int = GPUS_PER_NODE
+    gpu_flops: float = H100_FLOPS  # per second, the model's dtype (dense)
+    nvlink_bytes_per_s: float = NVLINK_BYTES_PER_S  # per GPU, each way, inside a node
+    infiniband_bytes_per_s: float = INFINIBAND_BYTES_PER_S  # per GPU, each way, between nodes
+
+    def __post_init__(self) -> None:
+        for name in ("gpus", "gpu_memory_bytes", "gpus_per_node"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name.replace('_', ' ')} must be a whole number >= 1, got {value!r}.")
+        for name in ("gpu_flops", "nvlink_bytes_per_s", "infiniband_bytes_per_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name.replace('_', ' ')} must be positive, got {getattr(self, name)!r}.")
+        if self.gpus % self.gpus_per_node and self.gpus > self.gpus_per_node:
+            raise ValueError(f"{self.gpus} GPUs do not fill whole nodes of {self.gpus_per_node}; pick a multiple.")
+
+    def link_rate(self, link: str) -> float:
+        return self.nvlink_bytes_per_s if link == "NVLink" else self.infiniband_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to lay a training step out on the cluster."""
+
+    dp_shard: int  # ranks that shard the parameters (FSDP)
+    dp_replicate: int  # copies of each shard (HSDP's replicas across nodes); 1 = plain FSDP
+    tp: int
+    pp: int
+    checkpoint: str
+    microbatch_size: int  # sequences per microbatch
+    microbatches: int  # per pipeline step (1 without pipeline parallelism)
+    accumulation: int  # steps accumulated per optimizer step, so that the global batch is served
+
+    @property
+    def gpus(self) -> int:
+        return self.dp_shard * self.dp_replicate * self.tp * self.pp
+
+    def parallel(self) -> ParallelConfig:
+        strategy = _strategy(self.dp_shard, self.dp_replicate, self.tp)
+        return ParallelConfig(
+            strategy=strategy,
+            world_size=self.gpus,
+            tp=self.tp,
+            shard_group=self.dp_shard if strategy == "hsdp" else 0,
+            pp=self.pp,
+            microbatches=self.microbatches,
+            schedule="1f1b",
+        )
+
+    def model(self, config: ModelConfig, layers: int | None = None) -> ModelConfig:
+        """The config one simulated step of this layout runs: a (pipeline) step's batch, its checkpointing."""
+        return config.replace(
+            batch=self.microbatch_size * self.microbatches,
+            checkpoint=self.checkpoint,
+            layers=config.layers if layers is None else layers,
+        )
+
+    def mesh(self) -> dict[str, int]:
+        return {"dp_shard": self.dp_shard, "dp_replicate": self.dp_replicate, "tp": self.tp, "pp": self.pp}
+
+    def label(self) -> str:
+        parts = [f"FSDP {self.dp_shard}"]
+        if self.dp_replicate > 1:
+            parts.append(f"replicas {self.dp_replicate}")
+        if self.tp > 1:
+            parts.append(f"TP {self.tp}")
+        if self.pp > 1:
+            parts.append(f"PP {self.pp}")
+        return " x ".join(parts) + f", {self.checkpoint}, mb {self.microbatch_size}"
+
+
+def _strategy(dp_shard: int, dp_replicate: int, tp: int) -> str:
+    if dp_replicate > 1:
+        return "hsdp"
+    if dp_shard == 1:
+        return "tp" if tp > 1 else "none"
+    return "fsdp+tp" if tp > 1 else "fsdp"
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What one step of a layout does, from its simulation (full or scaled): integers keyed by name.
+
+    `peak/{rank}/{phase}`, `parameters/{rank}`, `gradients/{rank}`, `optimizer/{rank}`, `sent/{rank}/{link}` (bytes a
+    rank sends per step, per link), `flops/{stage}/{F|B}` (per microbatch; without a pipeline the step's forward and
+    backward), `transfers/{stage}` (pipeline sends). `rank` is the pipeline rank."""
+
+    values: dict[str, int]
+    order: dict[int, tuple[str, ...]] = field(default_factory=dict)  # the pipeline schedule's actions per rank
+
+    def ranks(self) -> list[int]:
+        return sorted({int(k.split("/")[1]) for k in self.values if k.startswith("peak/")})
+
+    def peak(self, rank: int) -> int:
+        return max(v for k, v in self.values.items() if k.startswith(f"peak/{rank}/"))
+
+    def peak_rank(self) -> int:
+        return max(self.ranks(), key=self.peak)
+
+
+def figures_of(result, gpus_per_node: int = GPUS_PER_NODE) -> Figures:
+    """A simulation's figures (a PerRank; with a pipeline, every pipeline rank it simulated), each collective's link
+    found for nodes of `gpus_per_node`."""
+    values: dict[str, int] = {}
+    pipeline = result.pipeline
+    ranks = list(pipeline.ranks) if pipeline else [result]
+    rank_ids = sorted({s.rank for s in pipeline.per_stage}) if pipeline else [0]
+    for rank, per_rank in zip(rank_ids, ranks, strict=True):
+        for phase in per_rank.phases:
+            values[f"peak/{rank}/{phase.phase}"] = phase.peak_bytes
+        values[f"parameters/{rank}"] = per_rank.parameter_bytes + per_rank.buffer_bytes
+        values[f"gradients/{rank}"] = per_rank.gradient_bytes
+        values[f"optimizer/{rank}"] = per_rank.optimizer_bytes
+        for c in per_rank.collectives:
+            if c.kind not in ("send", "recv"):
+                key = f"sent/{rank}/{link_of(list(c.ranks), gpus_per_node)}"
+                values[key] = values.get(key, 0) + c.traffic_bytes
+    if pipeline:
+        for s in pipeline.per_stage:
+            values[f"flops/{s.stage}/F"] = s.forward_flops_per_microbatch
+            values[f"flops/{s.stage}/B"] = s.backward_flops_per_microbatch
+            values[f"transfers/{s.stage}"] = s.send_bytes
+        return Figures(values, dict(pipeline.order))
+    values["flops/0/F"] = result.flops_by_phase.get("forward", 0)
+    values["flops/0/B"] = result.flops_by_phase.get("backward", 0)
+    return Figures(values)
+
+
+def scaled(small: Figures, large: Figures, per_stage: int) -> Figures:
+    """The figures at `per_stage` layers per stage from those at SAMPLE_LAYERS = (1, 2): f(1) + (L - 1)(f(2) - f(1))."""
+    if set(small.values) != set(large.values):
+        raise ValueError("the two sample runs measured different things; they cannot be scaled.")
+    low, high = SAMPLE_LAYERS
+    step = per_stage - low
+    values = {k: small.values[k] + step * (large.values[k] - small.values[k]) // (high - low) for k in small.values}
+    return Figures(values, large.order)
+
+
+# ---- simulating one layout ------------------------------------------------------------------------------------
+
+
+def simulation_ranks(layout: Layout) -> list[int] | None:
+    """The pipeline ranks simulated for a plan: the first (embedding, most microbatches in flight), one in the middle
+    (its FLOPs stand for every middle stage: the same layers) and the last (head and loss). A middle rank holds no
+    more than the first: the same layers, no embedding, fewer microbatches in flight under 1F1B."""
+    if layout.pp == 1:
+        return None
+    return sorted({0, min(1, layout.pp - 1), layout.pp - 1})
+
+
+def simulate_sample(config: ModelConfig, layout: Layout, per_stage: int | None,
+                    gpus_per_node: int = GPUS_PER_NODE) -> Figures:
+    """One simulation of `layout`: with `per_stage` layers per stage (a sample), or the model's own (None: full,
+    every pipeline rank)."""
+    from graphviz_core.parallel.pipeline import simulate_layout, simulate_pipeline
+
+    layers = None if per_stage is None else per_stage * layout.pp
+    model = layout.model(config, layers)
+    parallel = layout.parallel()
+    if layout.pp == 1:
+        return figures_of(simulate_layout(model, parallel, single_device=False), gpus_per_node)
+    ranks = None if per_stage is None else simulation_ranks(layout)
+    report = simulate_pipeline(model, parallel, ranks=ranks)
+    first = dataclasses.replace(report.ranks[0], pipeline=report)
+    return figures_of(first, gpus_per_node)
+
+
+def _sample_or_failure(config: ModelConfig, layout: Layout, per_stage: int, gpus_per_node: int,
+                       worker: bool = False) -> Figures | str:
+    """A sample run, or why it failed (one line): one layout torch cannot run must not end the whole plan."""
+    import gc
+
+    try:
+        return simulate_sample(config, layout, per_stage, gpus_per_node)
+    except Exception as exc:  # noqa: BLE001 - reported as the layout's reason, in the plan's output
+        text = str(exc).strip()
+        return f"the simulation failed: {type(exc).__name__}" + (f": {text.splitlines()[0]}" if text else "")
+    finally:
+        if worker:  # a worker process of this plan only: what the next run's collection would walk again (torch,
+            gc.collect()  # transformers) is set aside for good
+            gc.freeze()
+
+
+# ---- the estimate ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One layout, simulated (scaled from SAMPLE_LAYERS), with the estimate."""
+
+    layout: Layout
+    peak_bytes: int  # the busiest rank's
+    fits: bool
+    parameter_bytes: int  # of the busiest rank
+    gradient_bytes: int
+    optimizer_bytes: int
+    collective_bytes_per_step: int  # what the busiest rank sends per optimizer step (accumulation included)
+    compute_s: float
+    communication_s: float
+    bubble_fraction: float | None
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+
+    def to_dict(self) -> dict:
+        layout = self.layout
+        return {
+            "mesh": layout.mesh(),
+            "label": layout.label(),
+            "checkpoint": layout.checkpoint,
+            "microbatch_size": layout.microbatch_size,
+            "microbatches": layout.microbatches,
+            "accumulation": layout.accumulation,
+            "peak_bytes": self.peak_bytes,
+            "fits": self.fits,
+            "parameter_bytes": self.parameter_bytes,
+            "gradient_bytes": self.gradient_bytes,
+            "optimizer_bytes": self.optimizer_bytes,
+            "collective_bytes_per_step": self.collective_bytes_per_step,
+            "bubble_fraction": self.bubble_fraction,
+            "estimate": {
+                "compute_s": self.compute_s,
+                "communication_s": self.communication_s,
+                "step_time_s": self.step_time_s,
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            },
+        }
+
+
+def estimate(config: ModelConfig, layout: Layout, figures: Figures, cluster: Cluster, global_batch: int) -> Planned:
+    """The layout's place in the ranking: its busiest rank's peak against the GPU's memory, and the step-time
+    estimate from the measured FLOPs and bytes at the cluster's rates."""
+    values = figures.values
+    rank = figures.peak_rank()
+    peak = figures.peak(rank)
+    sent = {link: sum(v for k, v in values.items() if k.startswith("sent/") and k.endswith(link))
+            for link in ("NVLink", "InfiniBand")}
+    busiest_sent = max(sum(v for k, v in values.items() if k.startswith(f"sent/{r}/")) for r in figures.ranks())
+    communication_s = layout.accumulation * max(
+        sum(values.get(f"sent/{r}/{link}", 0) / cluster.link_rate(link) for link in sent) for r in figures.ranks())
+    bubble = None
+    if layout.pp == 1:
+        compute_s = layout.accumulation * (values["flops/0/F"] + values["flops/0/B"]) / cluster.gpu_flops
+    else:
+        from graphviz_core.parallel.pipeline import bubble_fraction, pipeline_time
+
+        costs = _stage_costs(values, layout, cluster)
+        bubble = bubble_fraction(figures.order, costs)
+        compute_s = layout.accumulation * pipeline_time(figures.order, costs)
+        transfers = max(v for k, v in values.items() if k.startswith("transfers/"))
+        # neighbouring stages' ranks are gpus / pp apart (pp is the outermost mesh dimension)
+        link = "NVLink" if layout.gpus // layout.pp < cluster.gpus_per_node else "InfiniBand"
+        communication_s += layout.accumulation * transfers / cluster.link_rate(link)
+    step = compute_s + communication_s
+    tokens = global_batch * config.seq
+    return Planned(
+        layout=layout,
+        peak_bytes=peak,
+        fits=peak <= cluster.gpu_memory_bytes,
+        parameter_bytes=values[f"parameters/{rank}"],
+        gradient_bytes=values[f"gradients/{rank}"],
+        optimizer_bytes=values[f"optimizer/{rank}"],
+        collective_bytes_per_step=layout.accumulation * busiest_sent,
+        compute_s=compute_s,
+        communication_s=communication_s,
+        bubble_fraction=bubble,
+        step_time_s=step,
+        tokens_per_s_per_gpu=tokens / step / layout.gpus if step else 0.0,
+    )
+
+
+def _stage_costs(values: dict[str, int], layout: Layout, cluster: Cluster) -> dict[int, tuple[float, float]]:
+    """Seconds per microbatch for each stage's forward and backward; a middle stage not simulated has the simulated
+    middle stage's FLOPs (the same layers)."""
+    costs = {}
+    middle = min(1, layout.pp - 1)
+    for stage in range(layout.pp):
+        source = stage if f"flops/{stage}/F" in values else middle
+        costs[stage] = (values[f"flops/{source}/F"] / cluster.gpu_flops, values[f"flops/{source}/B"] / cluster.gpu_flops)
+    return costs
+
+
+# ---- enumerating ----------------------------------------------------------------------------------------------
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def meshes(config: ModelConfig, cluster: Cluster, pp_degrees: Iterable[int]) -> list[tuple[int, int, int, int]]:
+    """(dp_shard, dp_replicate, tp, pp) meshes that respect the cluster: tensor parallelism inside a node (a power of
+    two dividing its GPUs), pipeline stages of whole layers, and data parallelism over the rest, either sharded over
+    all of it (FSDP) or sharded inside a node and replicated across nodes (HSDP)."""
+    out = []
+    for pp in pp_degrees:
+        if cluster.gpus % pp or config.layers % pp:
+            continue
+        for tp in _divisors(cluster.gpus_per_node):
+            if tp & (tp - 1) or (cluster.gpus // pp) % tp:
+                continue
+            dp = cluster.gpus // (pp * tp)
+            shapes = [(dp, 1)]
+            inside = cluster.gpus_per_node // tp  # data ranks that fit in one node beside tensor parallelism
+            if tp == 1 and 2 <= inside < dp and dp % inside == 0:  # HSDP: the simulator has no HSDP x TP
+                shapes.append((inside, dp // inside))
+            out.extend((shard, replicate, tp, pp) for shard, replicate in shapes)
+    return out
+
+
+def layouts_of(config: ModelConfig, cluster: Cluster, global_batch: int, checkpoints: Iterable[str],
+               microbatch_sizes: Iterable[int], pp_degrees: Iterable[int]) -> tuple[list[Layout], list[dict]]:
+    """Every layout the cluster allows, and those refused with the reason (a model rule, a batch that does not
+    divide)."""
+    layouts, refused = [], []
+    for shard, replicate, tp, pp in meshes(config, cluster, pp_degrees):
+        dp = shard * replicate
+        for size in microbatch_sizes:
+            for policy in checkpoints:
+                micro = 2 * pp if pp > 1 else 1  # a pipeline step runs 2 microbatches per stage
+                local = global_batch // dp if global_batch % dp == 0 else 0
+                layout = Layout(shard, replicate, tp, pp, policy, size, micro,
+                                local // (size * micro) if local and local % (size * micro) == 0 else 0)
+                reason = None
+                if not layout.accumulation:
+                    reason = (f"the global batch {global_batch} does not split into {dp} data-parallel ranks x "
+                              f"microbatches of {size} x {micro} per pipeline step")
+                else:
+                    try:
+                        check_parallel(layout.model(config), layout.parallel())
+                    except ValueError as exc:
+                        reason = str(exc)
+                if reason:
+                    refused.append({"mesh": layout.mesh(), "checkpoint": policy, "microbatch_size": size,
+                                    "reason": reason})
+                else:
+                    layouts.append(layout)
+    return layouts, refused
+
+
+# ---- the plan -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    config: ModelConfig
+    cluster: Cluster
+    global_batch: int
+    planned: tuple[Planned, ...]  # ranked: fitting layouts first, then by estimated tokens/s per GPU
+    skipped: tuple[dict, ...]  # layouts not simulated, each with the reason: refused by a rule, or settled by another
+    simulate_s: float
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": 1,
+            "cluster": dataclasses.asdict(self.cluster),
+            "global_batch": self.global_batch,
+            "seq": self.config.seq,
+            "estimate": "estimated, not measured: each rank's FLOPs (counted in the simulation) at gpu_flops, plus "
+            "the bytes it sends (ring volumes) at the link rates, without overlap; a pipeline runs its 1F1B schedule's "
+            "order with each forward and backward timed by its FLOPs. Memory is simulated (torch's own FSDP, TP and "
+            "pipelining over a fake process group), scaled from 1 and 2 layers per stage.",
+            "layouts": [p.to_dict() for p in self.planned],
+            "skipped": list(self.skipped),
+            "simulate_s": self.simulate_s,
+        }
+
+
+def plan(config: ModelConfig, cluster: Cluster, global_batch: int, checkpoints: Iterable[str] = ("none", "full"),
+         microbatch_sizes: Iterable[int] = (1,), pp_degrees: Iterable[int] = (1, 2), jobs: int = 2,
+         progress: Progress | None = None) -> Plan:
+    """Enumerate, simulate (scaled from two small runs per layout) and rank the layouts of `config` on `cluster`.
+
+    Within one mesh some layouts settle others without a run: when full checkpointing does not fit, nothing of that
+    microbatch size or larger does; when no checkpointing fits, a selective policy only recomputes more; when a
+    microbatch size does not fit with a policy, a larger one does not either. Those are listed as skipped, with why."""
+    if global_batch < 1:
+        raise ValueError(f"global batch must be a whole number >= 1, got {global_batch}.")
+    started = time.perf_counter()
+    layouts, refused = layouts_of(config, cluster, global_batch, checkpoints, microbatch_sizes, pp_degrees)
+    if not layouts:
+        raise ValueError(f"no layout of {config.model!r} fits the rules on {cluster.gpus} GPUs: "
+                         f"{refused[0]['reason'] if refused else 'nothing to try'}.")
+    search = _Search(config, cluster, global_batch, layouts)
+    _simulate(search, jobs, progress)
+    planned = sorted(search.planned.values(), key=lambda p: (not p.fits, -p.tokens_per_s_per_gpu, p.peak_bytes))
+    skipped = refused + [{"mesh": layout.mesh(), "checkpoint": layout.checkpoint,
+                          "microbatch_size": layout.microbatch_size, "reason": reason}
+                         for layout, reason in search.skipped.items()]
+    return Plan(config, cluster, global_batch, tuple(planned), tuple(skipped), time.perf_counter() - started)
+
+
+class _Search:
+    """Which layouts are simulated, in what order, and which are settled by others' results."""
+
+    def __init__(self, config: ModelConfig, cluster: Cluster, global_batch: int, layouts: list[Layout]) -> None:
+        self.config, self.cluster, self.global_batch = config, cluster, global_batch
+        self.layouts = layouts
+        self.planned: dict[Layout, Planned] = {}
+        self.skipped: dict[Layout, str] = {}
+        self.started: set[Layout] = set()
+
+    def _find(self, like: Layout, **changes) -> Layout | None:
+        wanted = dataclasses.replace(like, **changes)
+        return next((lay for lay in self.layouts if (lay.mesh(), lay.checkpoint, lay.microbatch_size) ==
+                     (wanted.mesh(), wanted.checkpoint, wanted.microbatch_size)), None)
+
+    def _settled(self, layout: Layout | None) -> bool:
+        return layout is None or layout in self.planned or layout in self.skipped
+
+    def _depends_on(self, layout: Layout) -> list[Layout]:
+        """The layouts of the same mesh whose results may settle this one."""
+        found = []
+        if layout.checkpoint != "full":
+            found.append(self._find(layout, checkpoint="full"))
+        if layout.checkpoint not in ("full", "none"):
+            found.append(self._find(layout, checkpoint="none"))
+        smaller = [lay.microbatch_size for lay in self.layouts
+                   if lay.mesh() == layout.mesh() and lay.microbatch_size < layout.microbatch_size]
+        if smaller:
+            found.append(self._find(layout, microbatch_size=max(smaller)))
+        return [lay for lay in found if lay is not None]
+
+    def _reason(self, layout: Layout) -> str | None:
+        memory = self.cluster.gpu_memory_bytes
+        for other in self._depends_on(layout):
+            if other in self.skipped and "does not fit" in self.skipped[other]:
+                return self.skipped[other]
+            result = self.planned.get(other)
+            if result is None:
+                continue
+            if other.checkpoint == "full" and other.microbatch_size == layout.microbatch_size and not result.fits:
+                return (f"does not fit: full checkpointing at microbatch {other.microbatch_size} already peaks at "
+                        f"{result.peak_bytes:,} bytes, above the GPU's {memory:,}")
+            if other.microbatch_size < layout.microbatch_size and not result.fits:
+                return (f"does not fit: microbatch {other.microbatch_size} with {other.checkpoint} checkpointing "
+                        f"already peaks at {result.peak_bytes:,} bytes, above the GPU's {memory:,}")
+            if other.checkpoint == "none" and result.fits and other.microbatch_size == layout.microbatch_size:
+                return f"no checkpointing fits already; {layout.checkpoint} would only recompute more"
+        return None
+
+    def ready(self) -> list[Layout]:
+        """Layouts not started whose settling layouts are settled; those settled by a result are skipped here."""
+        out = []
+        for layout in self.layouts:
+            if layout in self.started or not all(self._settled(d) for d in self._depends_on(layout)):
+                continue
+            self.started.add(layout)
+            reason = self._reason(layout)
+            if reason:
+                self.skipped[layout] = reason
+            else:
+                out.append(layout)
+        return out
+
+    def done(self, layout: Layout, samples: tuple[Figures, Figures]) -> Planned:
+        figures = scaled(*samples, self.config.layers // layout.pp)
+        self.planned[layout] = estimate(self.config, layout, figures, self.cluster, self.global_batch)
+        return self.planned[layout]
+
+    def finished(self) -> bool:
+        return len(self.started) == len(self.layouts)
+
+
+def _simulate(search: _Search, jobs: int, progress: Progress | None) -> None:
+    """Both sample runs of every layout the search asks for: in `jobs` forked worker processes where this process
+    runs no other thread (the CLI), here otherwise (a server's threads may hold locks a fork would copy)."""
+    config, node = search.config, search.cluster.gpus_per_node
+    results: dict[tuple[Layout, int], Figures] = {}
+
+    def finished(layout: Layout, layers: int, figures: Figures | str) -> None:
+        if isinstance(figures, str):
+            search.skipped.setdefault(layout, figures)
+            return
+        results[layout, layers] = figures
+        if layout not in search.skipped and all((layout, n) in results for n in SAMPLE_LAYERS):
+            planned = search.done(layout, tuple(results[layout, n] for n in SAMPLE_LAYERS))
+            if progress:
+                fits = "fits" if planned.fits else "does not fit"
+                progress(len(search.planned), len(search.layouts) - len(search.skipped),
+                         f"{layout.label()}: peak {planned.peak_bytes / 2**30:.1f} GiB, {fits}")
+
+    if jobs > 1 and threading.active_count() == 1:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            pending: dict[Future, tuple[Layout, int]] = {}
+            while True:
+                for layout in search.ready():
+                    for layers in SAMPLE_LAYERS:
+                        future = pool.submit(_sample_or_failure, config, layout, layers, node, True)
+                        pending[future] = (layout, layers)
+                if not pending:
+                    break
+                ready, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in ready:
+                    finished(*pending.pop(future), future.result())
+        return
+    while not search.finished():
+        for layout in search.ready():
+            for layers in SAMPLE_LAYERS:
+                finished(layout, layers, _sample_or_failure(config, layout, layers, node))
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """'80GiB' -> 85899345920, '80GB' -> 80000000000, '1.5 TiB', '4096' (bytes)."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match and match.group(2).lower()
+    if not match or unit not in _BYTE_UNITS or float(match.group(1)) <= 0:
+        raise ValueError(f"a memory size is a positive number and a unit (80GiB, 80GB, 81920MiB), not {text!r}.")
+    return int(float(match.group(1)) * _BYTE_UNITS[unit])
