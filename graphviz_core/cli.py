@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_plan_command(commands) -> None:
-    from graphviz_core.parallel.planner import H100_FLOPS
+    from graphviz_core.parallel.settings import H100_FLOPS, INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
 
     plan = commands.add_parser(
         "plan", help="the layouts of a model on N GPUs, each simulated, ranked: which fit, which is fastest",
@@ -99,9 +99,9 @@ def _add_plan_command(commands) -> None:
     plan.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, joined by NVLink (default 8)")
     plan.add_argument("--gpu-tflops", type=float, default=H100_FLOPS / 1e12,
                       help=f"dense TFLOP/s per GPU in the model's dtype (default {H100_FLOPS / 1e12:g}: H100 SXM, BF16)")
-    plan.add_argument("--nvlink-gbps", type=float, default=450.0,
+    plan.add_argument("--nvlink-gbps", type=float, default=NVLINK_BYTES_PER_S / 1e9,
                       help="GB/s per GPU each way inside a node (default 450: NVLink 4 on H100 SXM)")
-    plan.add_argument("--infiniband-gbps", type=float, default=50.0,
+    plan.add_argument("--infiniband-gbps", type=float, default=INFINIBAND_BYTES_PER_S / 1e9,
                       help="GB/s per GPU each way between nodes (default 50: one 400 Gb/s NDR NIC per GPU)")
     plan.add_argument("--checkpoints", default="none,selective,full",
                       help="checkpointing policies to try, comma-separated (default none,selective,full)")

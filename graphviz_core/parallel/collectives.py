@@ -19,12 +19,9 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphviz_core.graph.categories import category_of, normalise_op
+from graphviz_core.parallel.settings import GPUS_PER_NODE, INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
 
-# The interconnect the times are quoted at (per direction, per GPU). NVLink 4 on an H100 SXM node: 900 GB/s
-# bidirectional = 450 GB/s each way. Between nodes: one 400 Gb/s InfiniBand NDR NIC per GPU = 50 GB/s each way.
-GPUS_PER_NODE = 8
-NVLINK_BYTES_PER_S = 450e9
-INFINIBAND_BYTES_PER_S = 50e9
+# The interconnect the times are quoted at (per direction, per GPU): graphviz_core.parallel.settings.
 LINKS = {"NVLink": NVLINK_BYTES_PER_S, "InfiniBand": INFINIBAND_BYTES_PER_S}
 
 _c10d = torch.ops.c10d

@@ -24,12 +24,18 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 
 from graphviz_core.config import ModelConfig
-from graphviz_core.parallel.collectives import GPUS_PER_NODE, INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S, link_of
-from graphviz_core.parallel.settings import ParallelConfig, check_parallel
+from graphviz_core.parallel.collectives import link_of
+from graphviz_core.parallel.settings import (
+    GPUS_PER_NODE,
+    H100_FLOPS,
+    INFINIBAND_BYTES_PER_S,
+    NVLINK_BYTES_PER_S,
+    ParallelConfig,
+    check_parallel,
+)
 
 # H100 SXM: 989.4 TFLOP/s dense BF16 (NVIDIA H100 datasheet; 1979 with sparsity), 80 GB of HBM3 (the planner's
 # --gpu-memory is the caller's), NVLink 4 at 450 GB/s each way, one 400 Gb/s NDR InfiniBand NIC per GPU = 50 GB/s.
-H100_FLOPS = 989.4e12
 H100_MEMORY_BYTES = 80 * 2**30
 SAMPLE_LAYERS = (1, 2)  # layers per pipeline stage the scaled figures are measured at
 Progress = Callable[[int, int, str], None]  # (layouts done, layouts planned, what just finished)

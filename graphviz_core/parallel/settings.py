@@ -7,6 +7,12 @@ from dataclasses import dataclass
 
 from graphviz_core.config import FAMILIES, MODELS, ModelConfig
 
+# The cluster the planner and the collective times assume unless told otherwise: H100 SXM nodes of 8.
+H100_FLOPS = 989.4e12  # dense BF16 FLOP/s per GPU (H100 SXM datasheet, without sparsity)
+GPUS_PER_NODE = 8
+NVLINK_BYTES_PER_S = 450e9  # per GPU each way inside a node: NVLink 4 (900 GB/s both ways)
+INFINIBAND_BYTES_PER_S = 50e9  # per GPU each way between nodes: one 400 Gb/s NDR NIC per GPU
+
 # none: one device (today's capture). ddp: every rank holds the whole model and all-reduces gradients
 # (torch's `replicate`, DDP on FSDP2's engine). fsdp: FSDP2 `fully_shard` per transformer layer over
 # every rank. hsdp: shard inside groups of `shard_group` ranks, replicate across groups. tp: Megatron
