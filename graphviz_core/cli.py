@@ -15,13 +15,33 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 
-from graphviz_core.config import ATTENTIONS, CHECKPOINTS, DEVICES, DTYPES, MODELS, PRESETS, resolve_config
+from graphviz_core.config import (
+    ATTENTIONS,
+    AUTOCASTS,
+    CHECKPOINTS,
+    DEVICES,
+    DTYPES,
+    FINETUNES,
+    MODELS,
+    OPTIMIZERS,
+    PRESETS,
+    resolve_config,
+)
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program stopped by Ctrl-C
 INT_FLAGS = ("hidden", "heads", "layers", "vocab", "batch", "seq", "context", "seed", "kv_heads", "intermediate",
-             "experts", "experts_per_token", "image_size")
+             "experts", "experts_per_token", "image_size", "lora_rank", "lora_alpha")
+TEXT_FLAGS = ("lora_targets", "freeze")
 FLAG_HELP = {
+    "autocast": "run the ops under torch.autocast in this dtype; the weights stay in --dtype (fp32 master weights)",
+    "finetune": "full: every parameter trains; lora: peft adapters on --lora-targets, the base weights frozen",
+    "optimizer": "the torch.optim optimizer whose state the training step counts (default adamw)",
+    "lora_rank": "LoRA rank r (default 8)",
+    "lora_alpha": "LoRA alpha; the adapter's output is scaled by alpha/r (default 16)",
+    "lora_targets": "module names LoRA adapts, comma-separated (default: the family's attention query and value "
+                    "projections)",
+    "freeze": "freeze parameters whose names match this glob, e.g. '*embed*' (fnmatch)",
     "layers": "transformer layers; for resnet its depth (18, 34, 50, 101, 152)",
     "vocab": "vocabulary size; for vit and resnet the number of classes",
     "hidden": "hidden size; for resnet the stem width (64 in ResNet-50)",
@@ -33,7 +53,9 @@ FLAG_HELP = {
     "image_size": "square image side in pixels (vit, resnet)",
     "seed": "random seed for weights and inputs, 0 .. 2**31-1",
 }
-CHOICE_FLAGS = {"model": MODELS, "attention": ATTENTIONS, "checkpoint": CHECKPOINTS, "device": DEVICES, "dtype": DTYPES}
+CHOICE_FLAGS = {"model": MODELS, "attention": ATTENTIONS, "checkpoint": CHECKPOINTS, "device": DEVICES, "dtype": DTYPES,
+                "autocast": AUTOCASTS, "finetune": FINETUNES, "optimizer": OPTIMIZERS}
+CONFIG_FLAGS = (*CHOICE_FLAGS, *INT_FLAGS, *TEXT_FLAGS, "tied", "compile")  # every config field a flag sets
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -168,7 +190,7 @@ def _plan_table(result) -> str:
 
 
 def _add_memory_command(commands) -> None:
-    from graphviz_core.analysis.training_step import ACCELERATORS, OPTIMIZER_STATES
+    from graphviz_core.analysis.training_step import ACCELERATORS
 
     memory = commands.add_parser(
         "memory", help="the memory panel as JSON: peak, timeline, training step; checkpointing and will-it-fit",
@@ -177,8 +199,6 @@ def _add_memory_command(commands) -> None:
                     "--accelerator adds the largest batch and seq that fit per checkpoint policy.",
     )
     _add_config_flags(memory)
-    memory.add_argument("--optimizer", choices=list(OPTIMIZER_STATES), default="adamw",
-                        help="optimizer state counted in the training step (default adamw)")
     memory.add_argument("--checkpoints", action="store_true",
                         help="also compare none / full / selective checkpointing (meta captures)")
     budget = memory.add_mutually_exclusive_group()
@@ -202,18 +222,22 @@ def _memory_command(args: argparse.Namespace) -> str:
     elif args.accelerator:
         budget = next(v for k, v in ACCELERATORS.items() if k.split(" (")[0] == args.accelerator)
     config = _config_of(args)
-    report = memory_report(config, args.optimizer, args.checkpoints, budget)
+    report = memory_report(config, config.optimizer, args.checkpoints, budget)
     return json.dumps({**report, "config": _config_echo(config)}, indent=1)
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=list(PRESETS))
     for name, choices in CHOICE_FLAGS.items():
-        parser.add_argument(f"--{name}", choices=choices)
+        parser.add_argument(f"--{name}", choices=choices, help=FLAG_HELP.get(name))
+    for name in TEXT_FLAGS:
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="NAMES", help=FLAG_HELP.get(name))
     for name in INT_FLAGS:
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, help=FLAG_HELP.get(name))
     parser.add_argument("--tied", action=argparse.BooleanOptionalAction, default=None,
                         help="llama-style families: lm_head shares the token embedding (Llama 3.2 1B does)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="capture the step under torch.compile (its compiled backward opened in the graph)")
 
 
 def _add_parallel_flags(parser: argparse.ArgumentParser) -> None:
@@ -264,7 +288,7 @@ def _parallel_of(args: argparse.Namespace):
 
 
 def _config_of(args: argparse.Namespace):
-    return resolve_config(args.preset, **{name: getattr(args, name) for name in (*CHOICE_FLAGS, *INT_FLAGS, "tied")})
+    return resolve_config(args.preset, **{name: getattr(args, name) for name in CONFIG_FLAGS})
 
 
 def _compare_command(args: argparse.Namespace) -> str:
@@ -278,7 +302,7 @@ def _compare_command(args: argparse.Namespace) -> str:
     _add_config_flags(b_parser)
     b_args = b_parser.parse_args(args.vs)
     if b_args.preset is None:  # B inherits A's flags, then overrides them
-        for name in ("preset", *CHOICE_FLAGS, *INT_FLAGS, "tied"):
+        for name in ("preset", *CONFIG_FLAGS):
             if getattr(b_args, name) is None:
                 setattr(b_args, name, getattr(args, name))
     config_a, config_b = _config_of(args), _config_of(b_args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from graphviz_core.models.family import CHECKPOINTS, FIELD_WORDS, OPTIONAL_FIELDS, SELECTIVE, Preset
@@ -18,6 +19,15 @@ SEED_MAX = 2**31 - 1  # torch.manual_seed takes up to 2**64 - 1; the form and CL
 # and resolved to the family's own meaning of it (Family.selective_alias), so old links keep working.
 DEVICES = ("auto", "cpu", "cuda", "meta")
 DTYPES = ("float32", "bfloat16", "float16")
+# The training step as people run it (docs/training-step.md): ops under torch.autocast with the weights left in
+# `dtype` (fp32 master weights), LoRA adapters from peft or full fine-tuning, the torch.optim optimizer whose state
+# is counted, and the step under torch.compile.
+AUTOCASTS = ("none", "bfloat16", "float16")
+FINETUNES = ("full", "lora")
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
+LORA_RANK, LORA_ALPHA = 8, 16  # peft's usual r=8 and alpha = 2r
+LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_targets")
+_NAME_LIST = re.compile(r"[A-Za-z0-9_.*?\[\]-]+(,[A-Za-z0-9_.*?\[\]-]+)*")
 
 # Structural ceilings. They keep a typo (hidden=76800) from hanging the machine; memory budgets per
 # device are checked separately before a capture runs (graphviz_core.capture.device.check_budget).
@@ -34,6 +44,8 @@ LIMITS = {
     "experts": 256,
     "experts_per_token": 256,
     "image_size": 4_096,
+    "lora_rank": 4_096,
+    "lora_alpha": 65_536,
 }
 
 
@@ -69,6 +81,14 @@ class ModelConfig:
     checkpoint: str = "none"
     device: str = "auto"
     dtype: str = "float32"  # float32 everywhere: CPU half-precision matmuls are slow and partial
+    autocast: str = "none"  # bfloat16/float16: ops under torch.autocast, weights stay in dtype (fp32 master weights)
+    finetune: str = "full"  # lora: peft adapters on lora_targets, the base weights frozen
+    lora_rank: int = LORA_RANK
+    lora_alpha: int = LORA_ALPHA
+    lora_targets: str = ""  # module names, comma-separated; empty: the family's attention query and value projections
+    freeze: str = ""  # parameter names matching this glob (fnmatch) get no gradient, e.g. "*embed*"
+    optimizer: str = "adamw"  # the torch.optim optimizer whose state the training step counts
+    compile: bool = False  # the step under torch.compile
     seed: int = 0
     preset: str = ""  # the preset this config came from, for display only
 
@@ -102,6 +122,7 @@ class ModelConfig:
             object.__setattr__(self, "checkpoint", family.selective_alias)
         _check_choice("device", self.device, DEVICES)
         _check_choice("dtype", self.dtype, DTYPES)
+        self._check_training_step()
         for name in ("hidden", "heads", "layers", "vocab", "batch", "seq"):
             _check_size(name, getattr(self, name))
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -109,6 +130,25 @@ class ModelConfig:
         if not 0 <= self.seed <= SEED_MAX:
             raise ValueError(f"seed must be between 0 and {SEED_MAX:,}, got {self.seed}.")
         family.validate(self)
+
+    def _check_training_step(self) -> None:
+        """autocast, finetune, the LoRA settings, freeze, optimizer and compile: each refused with the fix."""
+        _check_choice("autocast", self.autocast, AUTOCASTS)
+        _check_choice("finetune", self.finetune, FINETUNES)
+        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile must be true or false, got {self.compile!r}.")
+        for name in ("lora_rank", "lora_alpha"):
+            _check_size(name, getattr(self, name))
+        for name in ("lora_targets", "freeze"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or len(value) > 200 or (value and not _NAME_LIST.fullmatch(value)):
+                raise ValueError(
+                    f"{name} takes parameter or module names (letters, digits, _ . - and the wildcards * ? [ ]), "
+                    f"comma-separated, at most 200 characters; got {str(value)[:60]!r}."
+                )
+        if self.finetune != "lora" and (self.lora_rank, self.lora_alpha, self.lora_targets) != (LORA_RANK, LORA_ALPHA, ""):
+            raise ValueError("lora_rank, lora_alpha and lora_targets shape LoRA adapters; set finetune to lora, or drop them.")
 
     @property
     def family(self):

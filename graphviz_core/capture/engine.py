@@ -92,6 +92,7 @@ def capture_backward(
 def _capture(config: ModelConfig, progress: Progress | None, ticket: Ticket | None, source: Source | None,
              instruments: Collection[str] | None) -> Capture:
     say = progress or (lambda phase: None)
+    _refuse_unbuilt(config)
     chosen = _with_needs(INSTRUMENTS if instruments is None else instruments)
     device = resolve_device(config.device)
     if device != "meta":
@@ -113,6 +114,21 @@ def _capture(config: ModelConfig, progress: Progress | None, ticket: Ticket | No
                 return _Phases(run, say, source).capture()
         finally:
             run.release()
+
+
+# Training-step settings the config accepts whose capture is still being built: refused, never silently ignored.
+_UNBUILT = {
+    "autocast": ("none", "--autocast"),
+    "finetune": ("full", "--finetune lora"),
+    "freeze": ("", "--freeze"),
+    "compile": (False, "--compile"),
+}
+
+
+def _refuse_unbuilt(config: ModelConfig) -> None:
+    for name, (default, flag) in _UNBUILT.items():
+        if getattr(config, name) != default:
+            raise ValueError(f"{flag} is not available in this version yet; leave {name} at {default!r}.")
 
 
 def _with_needs(names: Collection[str]) -> list[str]:
