@@ -105,17 +105,14 @@ def test_gemma3_meta_counts_what_cpu_runs():
     assert cpu.loss is not None and torch.isfinite(torch.tensor(cpu.loss))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="once seq reaches the window, sliding layers pass SDPA an s x s boolean mask; CPU's SDPA converts it to "
-    "the query's dtype before its flash kernel saves it, graphviz_core.capture.meta_kernels' CPU branch passes the "
-    "bool on: meta counts (element size - 1)*b*s^2 bytes fewer per sliding layer",
-)
 def test_gemma3_meta_counts_the_sliding_mask_as_cpu_keeps_it():
     cpu = captured("gemma3-tiny", layers=1, batch=1, seq=512)
     dry = meta("gemma3-tiny", layers=1, batch=1, seq=512)
     assert cpu.summary.by_category == dry.summary.by_category
-    assert cpu.memory.saved_bytes - dry.memory.saved_bytes == 0  # today: (4 - 1) * 512 * 512 = 786,432
+    # Once seq reaches the window, sliding layers pass SDPA a b x 1 x s x s boolean mask; CPU's SDPA converts it to
+    # the query's dtype before its flash kernel saves it. A meta run that passed the bool on would count
+    # (4 - 1) * 1 * 512 * 512 = 786,432 bytes fewer for this one sliding layer.
+    assert cpu.memory.saved_bytes - dry.memory.saved_bytes == 0
 
 
 def test_five_sliding_layers_to_one_global():

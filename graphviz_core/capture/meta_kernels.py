@@ -50,16 +50,18 @@ def fused_attention_on_meta(cuda: bool) -> Iterator[None]:
     def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         if q.device.type != "meta":
             return original(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        # Both devices' SDPA turn a boolean mask into an additive one in the query's dtype first (ATen's
+        # convert_boolean_attn_mask), and that is the tensor their kernels save for backward.
+        bias = attn_mask
+        if bias is not None and bias.dtype == torch.bool:
+            bias = torch.zeros(bias.shape, dtype=q.dtype, device=q.device).masked_fill(~bias, float("-inf"))
         if not cuda:
             out, _lse = aten._scaled_dot_product_flash_attention_for_cpu(
-                q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+                q, k, v, dropout_p, is_causal, attn_mask=bias, scale=scale
             )
             return out
         if q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None:
             return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
-        bias = attn_mask
-        if bias is not None and bias.dtype == torch.bool:
-            bias = torch.zeros(bias.shape, dtype=q.dtype, device=q.device).masked_fill(~bias, float("-inf"))
         return aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, dropout_p, is_causal, scale=scale)[0]
 
     with META_SDPA_LOCK:
