@@ -315,7 +315,7 @@ def _compare_command(args: argparse.Namespace) -> str:
 
 def _config_echo(config) -> dict:
     """The config as the JSON echoes it: the fields its family takes (a ResNet has no heads or sequence length)."""
-    return {name: value for name, value in config.to_dict().items() if config.family.takes(name)}
+    return config.shown()
 
 
 def _graph_command(args: argparse.Namespace) -> str | bytes:

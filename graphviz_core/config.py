@@ -182,6 +182,12 @@ class ModelConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def shown(self) -> dict:
+        """The fields that describe this config, as the JSON and the pages echo it: those its family takes (a ResNet
+        has no heads or sequence length) and the LoRA settings only when fine-tuning with LoRA."""
+        lora = self.finetune == "lora"
+        return {k: v for k, v in self.to_dict().items() if self.family.takes(k) and (lora or k not in LORA_FIELDS)}
+
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 

@@ -133,8 +133,10 @@ def _tally(capture: Capture) -> _Tally:
 
 
 def differing_fields(a: Capture, b: Capture) -> dict[str, list]:
-    ca, cb = a.config.to_dict(), b.config.to_dict()
-    return {k: [ca[k], cb.get(k)] for k in ca if ca[k] != cb.get(k) and k != "preset"}
+    """The config fields whose values differ, as [A's, B's]; a field only one side's family has reads None on the other."""
+    ca, cb = a.config.shown(), b.config.shown()
+    keys = [*ca, *(k for k in cb if k not in ca)]
+    return {k: [ca.get(k), cb.get(k)] for k in keys if ca.get(k) != cb.get(k) and k != "preset"}
 
 
 def _count_deltas(a: Counter, b: Counter) -> tuple[CountDelta, ...]:

@@ -75,7 +75,7 @@ def capture_to_dict(capture: Capture, graph: nx.DiGraph | None = None, view: Map
     return _finite(
         {
             "schema": SCHEMA_VERSION,
-            "config": capture.config.to_dict(),
+            "config": capture.config.shown(),
             "device": capture.device,
             "loss": capture.loss,
             "summary": dataclasses.asdict(capture.summary),
