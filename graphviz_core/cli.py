@@ -335,7 +335,7 @@ def _graph_command(args: argparse.Namespace) -> str | bytes:
             raise ValueError(f"--model-file brings its own model and inputs; drop {', '.join(given)}.")
         if _parallel_of(args) is not None:
             raise ValueError("parallelism flags simulate the built-in and Hugging Face models; drop them with --model-file.")
-        capture = _capture_model_file(args.model_file, args.ctrl_c)
+        capture = _capture_model_file(args.model_file, args.ctrl_c, compile=bool(args.compile))
     else:
         config = _config_of(args)
         parallel = _parallel_of(args)
@@ -343,7 +343,7 @@ def _graph_command(args: argparse.Namespace) -> str | bytes:
             from graphviz_core.parallel.settings import check_parallel
 
             check_parallel(config, parallel)  # refuse a bad layout before the capture runs
-        capture = capture_backward(config)
+        capture = capture_backward(config, progress=_phase_line if config.compile else None)  # compiling takes seconds
     if args.format == "json":
         import json
 
@@ -418,7 +418,7 @@ def _noting_ctrl_c() -> Iterator[_CtrlC]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _capture_model_file(spec: str, ctrl_c: _CtrlC):
+def _capture_model_file(spec: str, ctrl_c: _CtrlC, compile: bool = False):
     """`--model-file PATH:FACTORY`, loaded and captured; the user's code stopping the program instead of returning
     (KeyboardInterrupt without a Ctrl-C, sys.exit(), another BaseException) becomes one sentence (a ValueError).
 
@@ -432,7 +432,8 @@ def _capture_model_file(spec: str, ctrl_c: _CtrlC):
     try:
         model, inputs, loss_fn = load_factory(spec)
         phase = "during the capture (forward, loss and backward)"
-        return capture_module(model, inputs, loss_fn, name=spec)
+        return capture_module(model, inputs, loss_fn, name=spec, compile=compile,
+                              progress=_phase_line if compile else None)
     except Exception:
         raise
     except BaseException as exc:
@@ -468,6 +469,11 @@ def _expr_command(args: argparse.Namespace) -> str:
     trace = trace_expression(args.expression, values)
     # NaN/inf are not JSON: to_json_dict writes them as null and says where, in "notes"
     return json.dumps(trace.to_json_dict(), indent=1, allow_nan=False)
+
+
+def _phase_line(phase: str) -> None:
+    """A capture's phases on stderr, for the slow ones (--compile): stdout stays the result alone."""
+    _say(f"graphviz-core: {phase}")
 
 
 def _say(line: str) -> None:

@@ -16,6 +16,7 @@ modules) runs no dispatch mode and no node hooks.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import importlib
 import threading
@@ -106,9 +107,12 @@ def _capture(config: ModelConfig, progress: Progress | None, ticket: Ticket | No
         meta_kernels = fused_attention_on_meta(resolve_device("auto") == "cuda")
         if META_SDPA_LOCK.locked():  # the page's line said "waiting for its turn", as if queued behind real runs
             say("waiting for the dry run before it (dry runs in one process take turns)")
-    with admit(config, device, ticket) as admitted:  # waits its turn; reserves the estimated bytes
+    compiled = _compiled_regions(config, device, say, ticket, source) if config.compile else None
+    with admit(config, device, ticket) as admitted, _exclusive(compiled):  # waits its turn; reserves the bytes
         run = Run(config, device, admitted.check)
         run.instruments = {"modules": ModuleTracker(), **{name: INSTRUMENTS[name]() for name in chosen}}
+        if compiled is not None:
+            run.instruments["compiled"] = compiled
         try:
             with device_guard(device), meta_kernels, no_cyclic_gc():
                 return _Phases(run, say, source).capture()
@@ -121,7 +125,6 @@ _UNBUILT = {
     "autocast": ("none", "--autocast"),
     "finetune": ("full", "--finetune lora"),
     "freeze": ("", "--freeze"),
-    "compile": (False, "--compile"),
 }
 
 
@@ -129,6 +132,21 @@ def _refuse_unbuilt(config: ModelConfig) -> None:
     for name, (default, flag) in _UNBUILT.items():
         if getattr(config, name) != default:
             raise ValueError(f"{flag} is not available in this version yet; leave {name} at {default!r}.")
+
+
+def _compiled_regions(config: ModelConfig, device: str, say: Progress, ticket: Ticket | None, source: Source | None):
+    """--compile: the eager step's saved bytes first (the figure compile is compared with), then the instrument
+    that compiles the model (graphviz_core.capture.compiled; importing it imports torch._dynamo)."""
+    from graphviz_core.capture.compiled import CompiledRegions, check_compile
+
+    check_compile(config, device)
+    say("capturing the eager step first (its saved bytes, beside the compiled step's)")
+    eager = capture_backward(dataclasses.replace(config, compile=False), None, ticket, source, instruments={"saved"})
+    return CompiledRegions(eager.memory.saved_bytes)
+
+
+def _exclusive(compiled) -> contextlib.AbstractContextManager:
+    return compiled.exclusive() if compiled is not None else contextlib.nullcontext()
 
 
 def _with_needs(names: Collection[str]) -> list[str]:
@@ -171,6 +189,15 @@ class _OpObserver(TorchDispatchMode):
         return out
 
 
+class _CompiledOpObserver(_OpObserver):
+    """The op observer of a compiled step: dynamo runs the compiled code beside it (a mode that does not ignore
+    compile internals makes dynamo fall back to eager), and it sees the aten ops the compiled graphs run."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+
 class _Phases:
     """The phases of one capture over one Run; `capture()` returns the frozen Capture."""
 
@@ -187,7 +214,8 @@ class _Phases:
     def op_mode(self) -> contextlib.AbstractContextManager:
         observers = [i.on_op for i in self.hooked("on_op")]
         if observers or self.run.device == "meta":
-            return _OpObserver(observers, self.run.device == "meta")
+            kind = _CompiledOpObserver if self.run.instrument("compiled") is not None else _OpObserver
+            return kind(observers, self.run.device == "meta")
         return contextlib.nullcontext()
 
     def capture(self) -> Capture:
@@ -196,7 +224,7 @@ class _Phases:
         model, inputs, loss_of = self.build()
         run.model = model
         run.param_storages = {storage_key(p)[0] for p in model.parameters()}
-        handles = self.module_hooks(model)
+        call, handles = self.compiled_call(model, inputs, loss_of)
         for instrument in self.all:
             instrument.start(run)
         baseline = None
@@ -217,7 +245,7 @@ class _Phases:
                 for context in instrument.forward_contexts(run):
                     forward.enter_context(context)
             forward.enter_context(self.op_mode())
-            output = model(*inputs)
+            output = call(*inputs)
             loss = loss_of(output)
         synchronize(device)
         forward_s, forward_cpu_s = time.perf_counter() - started, time.thread_time() - started_cpu
@@ -261,6 +289,15 @@ class _Phases:
         batch = make_batch(config, run.device)
         run.held = (batch.inputs, batch.targets)
         return model, (batch.inputs,), lambda out: compute_loss(config, out, batch.targets)
+
+    def compiled_call(self, model: torch.nn.Module, inputs: tuple, loss_of: Callable) -> tuple[Callable, list]:
+        """What the forward calls, and the module hooks: the model with its hooks; under --compile the compiled model
+        (compiled here, by one uninstrumented step) and no hooks: dynamo would trace them into the compiled code."""
+        compiled = self.run.instrument("compiled")
+        if compiled is None:
+            return model, self.module_hooks(model)
+        self.say("compiling (torch.compile: dynamo, AOTAutograd, inductor's partitioner; no code generated)…")
+        return compiled.compile(model, inputs, loss_of), []
 
     def module_hooks(self, model: torch.nn.Module) -> list:
         """One pre and one post hook on every module: the tracker, then the instruments that watch modules, then
@@ -361,6 +398,7 @@ class _Phases:
             save_order=saved.save_events if saved else (),
             backward_order=tuple(order.order) if order else (),
             timeline=timeline,
+            compiled=getattr(run.instrument("compiled"), "summary", None),
         )
 
     def graph(self, model) -> tuple[nx.DiGraph, GraphSummary, int]:

@@ -117,3 +117,4 @@ class Capture:
     save_order: tuple[SaveEvent, ...] = field(repr=False)
     backward_order: tuple[str, ...] = field(repr=False)
     timeline: MemoryTimeline | None = field(default=None, repr=False)  # graphviz_core.capture.timeline
+    compiled: dict | None = field(default=None, repr=False)  # --compile: regions, breaks, saved bytes (capture.compiled)

@@ -23,11 +23,13 @@ def capture_module(
     loss_fn: Callable[..., torch.Tensor],
     name: str = "your model",
     progress: Progress | None = None,
+    compile: bool = False,
 ) -> Capture:
     """One instrumented forward + backward of `model(*inputs)`, with `loss_fn(output)` as the loss.
 
     The model runs where its parameters are (cpu, cuda or meta); the Capture is the same as for a built-in model,
-    with model "custom" and `config.preset` naming it. Raises ValueError with one sentence when the
+    with model "custom" and `config.preset` naming it; `compile` captures the step under torch.compile
+    (graphviz_core.capture.compiled). Raises ValueError with one sentence when the
     three things are not what they should be or when the model raises.
     """
     if not isinstance(model, nn.Module):
@@ -47,6 +49,7 @@ def capture_module(
         dtype=dtype if dtype in ("float32", "bfloat16", "float16") else "float32",
         batch=max(batch, 1),
         preset=name,
+        compile=compile,
     )
     return capture_backward(config, progress, source=Source(model.train(), inputs, checked_loss(loss_fn, name)))
 

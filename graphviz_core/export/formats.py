@@ -40,6 +40,7 @@ CATEGORY_COLOURS = {
     "shape": "#c7c7c7",
     "conversion": "#7f7f7f",
     "checkpoint": "#393b79",
+    "compiled": "#637939",
     "accumulate_grad": "#ffdd57",
     "conv": "#6baed6",
     "position": "#f7b6d2",
@@ -86,6 +87,7 @@ def capture_to_dict(capture: Capture, graph: nx.DiGraph | None = None, view: Map
             "time": dataclasses.asdict(capture.time),
             "backward_order": list(capture.backward_order),
             "save_order": [dataclasses.asdict(e) for e in capture.save_order],
+            **({"compile": capture.compiled} if capture.compiled is not None else {}),
             **extra,
             "graph": nx.node_link_data(graph, edges="links"),
         }

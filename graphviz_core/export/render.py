@@ -17,6 +17,7 @@ import json
 import math
 import re
 import secrets
+from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
@@ -138,6 +139,7 @@ def node_details(node: str, data: dict) -> list[list[str]]:
         rows.append(["  saved", f"{tuple(tensor['shape'])} {tensor['dtype']} {format_bytes(tensor['bytes'])}{note}"])
     if data.get("recomputed"):
         rows.append(["  saved", "nothing: this node's inputs are recomputed in backward (checkpoint)"])
+    rows.extend(compiled_details(data.get("compiled")))
     rows.append(["FLOPs", format_flops(data["flops"])])
     if data.get("recompute_flops"):
         rows.append(["  of which recompute", format_flops(data["recompute_flops"])])
@@ -152,6 +154,22 @@ def node_details(node: str, data: dict) -> list[list[str]]:
     rows.append([norm_label, "n/a" if norm is None else f"{norm:.4g}"])
     if data.get("backward_index") is not None:
         rows.append(["backward step", str(data["backward_index"])])
+    return rows
+
+
+def compiled_details(opened: dict | None) -> list[list[str]]:
+    """A torch.compile region's rows in the details panel: its backward FX graph, what its forward saved for it and
+    which forward ops it recomputes (the explorer's Compiled backward section shows the whole FX graph)."""
+    if not opened:
+        return []
+    recomputed = Counter(op["op"] for op in opened["recomputed"])
+    rows = [["compiled region", f"{opened['region'] + 1}: backward FX graph of {opened['backward_nodes']:,} nodes "
+                                f"(forward {opened['forward_nodes']:,})"],
+            ["  saved by its forward", f"{format_bytes(opened['saved_bytes'])} in {len(opened['saved'])} tensors "
+                                       "(parameters not counted)"],
+            ["  recomputed forward ops", ", ".join(f"{op} x{n}" for op, n in recomputed.most_common()) or "none"]]
+    if opened["graph_break_after"]:
+        rows.append(["  graph break after it", f"{opened['graph_break_after']} ({opened['graph_break_where']})"])
     return rows
 
 
@@ -417,12 +435,25 @@ def run_description(config, device: str | None = None) -> str:
     the attention kernel where the family has one and the checkpointing, named even when off (a user's own module
     decides both itself: neither is claimed for it)."""
     parts = [config.describe(device=device)]
+    compiled = ["torch.compile (inductor's partitioner, no code generated)"] if config.compile else []
+    compiled += _training_words(config)
     if config.family.user_code:
-        return parts[0]
+        return " · ".join([*parts, *compiled])
     if applies("attention", config.model):
         parts.append(f"{config.attention} attention ({ATTENTION_WORDS.get(config.attention, config.attention)})")
     parts.append("no checkpointing" if config.checkpoint == "none" else f"checkpoint {config.checkpoint}")
-    return " · ".join(parts)
+    return " · ".join([*parts, *compiled])
+
+
+def _training_words(config) -> list[str]:
+    """Autocast and the optimizer, where not the defaults (none; AdamW)."""
+    from graphviz_core.capture.instruments.optimizer import OPTIMIZER_NAMES
+
+    words = [f"{config.autocast} autocast" + (" + GradScaler" if config.autocast == "float16" else "")
+             ] if config.autocast != "none" else []
+    if config.optimizer != "adamw":
+        words.append(f"{OPTIMIZER_NAMES[config.optimizer]} optimizer")
+    return words
 
 
 def render_standalone_html(capture) -> str:

@@ -24,6 +24,7 @@ CATEGORIES = (
     "conversion",
     "communication",
     "checkpoint",
+    "compiled",
     "accumulate_grad",
     "other",
 )
@@ -218,6 +219,7 @@ _BY_STEM = {
     ),
     "conversion": ("ToCopy", "Copy", "CopyBackwards", "CopySlices", "ToDense", "Cpu", "Cuda", "ToSparse"),
     "checkpoint": ("CheckpointFunction", "Checkpoint"),
+    "compiled": ("CompiledFunction",),  # a torch.compile region's whole backward (graphviz_core.capture.compiled)
 }
 _STEM_TO_CATEGORY = {stem: cat for cat, stems in _BY_STEM.items() for stem in stems}
 _SUFFIX = re.compile(r"Backward\d*$")
@@ -280,7 +282,7 @@ def category_in_module(op: str, module_type: str) -> str:
     router routing, the arithmetic of a spelled-out attention core attention, and an Add is residual_add only
     where it joins the residual stream."""
     category = category_of(op)
-    if category in ("accumulate_grad", "attention", "conversion", "checkpoint"):
+    if category in ("accumulate_grad", "attention", "conversion", "checkpoint", "compiled"):
         return category
     if not module_type:
         return "loss" if _SUFFIX.sub("", op) == "LogSoftmax" else category

@@ -28,8 +28,9 @@ class Custom(Family):
     user_code = True
 
     def takes(self, field_name: str) -> bool:
-        """Only what the capture sets from the module itself (its batch, dtype and device) and the seed."""
-        return field_name in ("model", "preset", "batch", "dtype", "device", "seed")
+        """Only what the capture sets from the module itself (its batch, dtype and device), the seed, and whether the
+        step runs under torch.compile."""
+        return field_name in ("model", "preset", "batch", "dtype", "device", "seed", "compile")
 
     def validate(self, config: ModelConfig) -> None:
         """Nothing to check: the user's module decides its own shapes."""

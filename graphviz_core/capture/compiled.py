@@ -1,0 +1,305 @@
+"""The step under torch.compile, opened: each compiled region's backward graph, what it saves and what it recomputes.
+
+`torch.compile` hands the backward one `CompiledFunctionBackward` autograd node per compiled region (dynamo starts a
+new region at every graph break). This instrument compiles the model with AOTAutograd and inductor's own partitioner
+(`torch._inductor.compile_fx.partition_fn`: inductor's joint-graph passes, then `min_cut_rematerialization_partition`,
+over inductor's decompositions), so the tensors saved between the compiled forward and backward are the ones a
+training run with `torch.compile` keeps; it generates no code: the partitioned FX graphs run as Python calls to aten
+ops, which the other instruments watch as usual. Each compiled node of the captured graph gets a `compiled` field: its
+backward FX graph (nodes with ops, shapes, bytes and inputs), the saved tensors and the forward ops it recomputes.
+
+Dynamo's caches are process-wide: compiled captures take turns (`exclusive`) and reset dynamo before and after.
+Importing this module imports torch._dynamo and inductor's Python (seconds): only a compiled capture does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import networkx as nx
+import torch
+import torch._dynamo
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch._inductor.compile_fx import partition_fn as inductor_partition_fn
+from torch._inductor.decomposition import select_decomp_table
+
+from graphviz_core.capture.instrument import Instrument, Run
+from graphviz_core.graph.categories import category_of
+
+PARTITIONER = ("inductor's partitioner: torch._inductor.compile_fx.partition_fn (inductor's joint-graph passes, then "
+               "min_cut_rematerialization_partition) over inductor's decompositions")
+NO_CODEGEN = ("no code generated: the partitioned forward and backward FX graphs run as Python calls to aten ops, "
+              "so times are not inductor's kernels; the graphs and the saved tensors are the ones inductor compiles")
+COMPILED_OP = "CompiledFunctionBackward"
+
+_LOCK = threading.Lock()  # dynamo's caches and counters are the process's: one compiled capture at a time
+
+
+def check_compile(config, device: str) -> None:
+    """Refuse what a compiled capture does not do, with the fix."""
+    if device == "meta":
+        raise ValueError("--compile runs the compiled step on real tensors; use --device cpu or cuda, or drop --compile.")
+    if config.autocast != "none":
+        raise ValueError("--compile with --autocast is not captured; drop one of them (--autocast none or no --compile).")
+    if config.checkpoint != "none":
+        raise ValueError("--compile with checkpointing is not captured; use --checkpoint none or drop --compile.")
+
+
+@contextlib.contextmanager
+def _exclusive() -> Iterator[None]:
+    """One compiled capture at a time in this process, each starting and ending with dynamo's caches empty."""
+    with _LOCK:
+        torch._dynamo.reset()
+        try:
+            yield
+        finally:
+            torch._dynamo.reset()
+
+
+@dataclass
+class _Region:
+    """One graph dynamo compiled: why it ended, its parameters, and its partitioned forward and backward."""
+
+    index: int
+    reason: str
+    graph_break: bool
+    where: str  # the user's line the graph break is at ("" for none)
+    parameter_inputs: set[int]  # positions of the graph's inputs that are parameters (AOT's primals_<i+1>)
+    dynamo_ops: int
+    forward: dict | None = None
+    backward: dict | None = None
+    forward_names: set[str] = field(default_factory=set)
+
+
+class CompiledRegions(Instrument):
+    """Compiles the model (the `compile` phase), then maps each CompiledFunctionBackward node to its region."""
+
+    name = "compiled"
+
+    def __init__(self, eager_saved_bytes: int | None = None) -> None:
+        self.eager_saved_bytes = eager_saved_bytes
+        self.regions: list[_Region] = []
+        self.region_of: dict[str, int] = {}
+        self.compile_s = 0.0
+        self.compiled_during_step = 0
+        self.summary: dict = {}
+
+    def exclusive(self) -> contextlib.AbstractContextManager:
+        """Held around the whole compiled capture: dynamo's caches are the process's."""
+        return _exclusive()
+
+    def compile(self, model: torch.nn.Module, inputs: tuple, loss_of: Callable) -> Callable:
+        """torch.compile the model and run one uninstrumented step, which compiles every region's forward and
+        backward; the measured step then runs the compiled code. Gradients of that step are dropped."""
+        started = time.perf_counter()
+        backend = aot_autograd(fw_compiler=self._keep("forward"), bw_compiler=self._keep("backward"),
+                               partition_fn=inductor_partition_fn, decompositions=select_decomp_table())
+        compiled = torch.compile(model, backend=self._noting(backend), dynamic=False)
+        loss = loss_of(compiled(*inputs))
+        if loss.requires_grad:
+            loss.backward()
+        del loss
+        for tensor in (*model.parameters(), *inputs):
+            if isinstance(tensor, torch.Tensor) and tensor.is_leaf:
+                tensor.grad = None
+        self.compile_s = time.perf_counter() - started
+        self.compiled_regions = len(self.regions)
+        return compiled
+
+    def _keep(self, side: str) -> Callable:
+        """The compiler AOTAutograd calls for each region's forward or backward: record the graph, run it as is."""
+
+        def compiler(graph: torch.fx.GraphModule, example_inputs) -> Callable:
+            region = self.regions[-1] if side == "forward" else self._region_of_backward(graph)
+            if side == "forward":
+                region.forward = fx_graph(graph, region.parameter_inputs)
+                region.forward_names = {n.name for n in graph.graph.nodes if n.op == "call_function"}
+            else:
+                region.backward = fx_graph(graph, region.parameter_inputs, region.forward_names)
+            run = make_boxed_func(graph.forward)
+            run.region = region.index
+            return run
+
+        return compiler
+
+    def _region_of_backward(self, graph: torch.fx.GraphModule) -> _Region:
+        """The region a (lazily compiled) backward belongs to: backward runs the regions last first, so the latest
+        one still without a backward whose forward returned every tensor this backward takes as saved."""
+        saved = {n.name for n in graph.graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents_")}
+        waiting = [r for r in reversed(self.regions) if r.backward is None and r.forward is not None]
+        for region in waiting:
+            if saved <= set(region.forward["output_names"]):
+                return region
+        return waiting[0]
+
+    def _noting(self, backend: Callable) -> Callable:
+        """Dynamo's backend: note the graph (why it ended, which inputs are parameters), then AOTAutograd."""
+
+        def note_then_compile(gm, example_inputs):
+            self._note(gm, example_inputs)
+            return backend(gm, example_inputs)
+
+        return note_then_compile
+
+    def _note(self, gm: torch.fx.GraphModule, example_inputs) -> None:
+        # The graph's compile_subgraph_reason is what torch._dynamo.explain reads for its break reasons.
+        reason = getattr(gm, "compile_subgraph_reason", None)
+        stack = list(getattr(reason, "user_stack", None) or [])
+        where = f"{os.path.basename(stack[-1].filename)}:{stack[-1].lineno} in {stack[-1].name}" if stack else ""
+        self.regions.append(_Region(
+            index=len(self.regions),
+            reason=str(getattr(reason, "reason", "")).strip(),
+            graph_break=bool(getattr(reason, "graph_break", False)),
+            where=where if getattr(reason, "graph_break", False) else "",
+            parameter_inputs={i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter)},
+            dynamo_ops=sum(n.op == "call_function" for n in gm.graph.nodes),
+        ))
+
+    def after_forward(self, run: Run) -> None:
+        for node in run.nodes:
+            if run.ops[node] == COMPILED_OP:
+                index = getattr(getattr(node._forward_cls, "compiled_fw", None), "region", None)
+                if index is not None:
+                    self.region_of[run.ids[node]] = index
+
+    def after_backward(self, run: Run) -> None:
+        self.compiled_during_step = len(self.regions) - self.compiled_regions
+
+    def annotate(self, node_id: str, record: dict) -> None:
+        index = self.region_of.get(node_id)
+        if index is None:
+            return
+        region = self.regions[index]
+        record["compiled"] = opened(region, record.get("saved") or [])
+
+    def finish(self, run: Run, graph: nx.DiGraph) -> None:
+        regions = []
+        for node_id in sorted(self.region_of, key=self.region_of.get):
+            opened_region = graph.nodes[node_id]["compiled"]
+            regions.append({"node": node_id, **{k: v for k, v in opened_region.items() if k not in ("nodes", "edges")}})
+        breaks = [{"reason": r.reason.splitlines()[0] if r.reason else "", "where": r.where, "explanation": r.reason}
+                  for r in self.regions if r.graph_break]
+        compiled_saved = sum(graph.nodes[n]["saved_bytes"] for n in self.region_of)
+        self.summary = {
+            "partitioner": PARTITIONER,
+            "code_generated": False,
+            "note": NO_CODEGEN,
+            "compile_s": self.compile_s,
+            "graphs": len(self.regions),
+            "graph_breaks": len(breaks),
+            "break_reasons": breaks,
+            "compiled_nodes": len(self.region_of),
+            "compiled_saved_bytes": compiled_saved,
+            "saved_bytes": sum(data["saved_bytes"] for _, data in graph.nodes(data=True)),
+            "eager_saved_bytes": self.eager_saved_bytes,
+            "recompiled_during_step": self.compiled_during_step,
+            "regions": regions,
+        }
+
+    def release(self) -> None:
+        self.regions = []
+        self.region_of = {}
+
+
+def _tensor_facts(value) -> dict:
+    """Shape, dtype, the tensor's own bytes and its storage's (a view of a wider result keeps all of it alive)."""
+    if not isinstance(value, torch.Tensor):
+        return {"shape": None, "dtype": None, "bytes": 0, "storage_bytes": 0}
+    try:
+        storage_bytes = value.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError):
+        storage_bytes = value.numel() * value.element_size()
+    return {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch."),
+            "bytes": value.numel() * value.element_size(), "storage_bytes": storage_bytes}
+
+
+def _aten_name(target) -> str:
+    """`aten.mm.default` -> `mm`; other targets as Python names them (`getitem`)."""
+    name = str(getattr(target, "__name__", target))
+    parts = str(target).split(".")
+    return parts[1] if len(parts) >= 2 and parts[0] in ("aten", "prims") else name.split(".")[0]
+
+
+def fx_category(op_name: str) -> str:
+    """An aten op's category, asked as autograd's node of the same op would be (`mm` -> `Mm` -> matmul); an add is
+    `elementwise` here: no module says whether it joins the residual stream."""
+    stem = "".join(part.capitalize() for part in op_name.removesuffix("_backward").split("_"))
+    category = category_of(stem + "Backward0")
+    return "elementwise" if category == "residual_add" else category
+
+
+def fx_graph(graph: torch.fx.GraphModule, parameter_inputs: set[int], forward_names: set[str] | None = None) -> dict:
+    """An FX graph as plain data: every node (name, kind, op, shape, dtype, bytes, inputs, role) in graph order.
+
+    For a backward graph (`forward_names` given) each node's role is `saved` (a placeholder the forward saved),
+    `tangent` (the gradient coming in), `recomputed` (a forward op computed again here: the same joint-graph node
+    appears in the forward graph, which computed it too), `gradient` (everything else) or `output`."""
+    nodes = []
+    for node in graph.graph.nodes:
+        value = node.meta.get("val")
+        facts = _tensor_facts(value)
+        op = _aten_name(node.target) if node.op == "call_function" else node.op
+        if forward_names is None:
+            role = "forward"
+        elif node.op == "placeholder":
+            role = "tangent" if node.name.startswith("tangents_") else "saved"
+        elif node.op == "output":
+            role = "output"
+        else:
+            role = "recomputed" if node.name in forward_names else "gradient"
+        primal = node.name.startswith("primals_") and node.name.removeprefix("primals_").isdigit()
+        nodes.append({"name": node.name, "kind": node.op, "op": op, "target": str(node.target), **facts,
+                      "inputs": [a.name for a in node.all_input_nodes], "role": role,
+                      "parameter": primal and int(node.name.removeprefix("primals_")) - 1 in parameter_inputs,
+                      "storage": _storage_id(value)})
+    output = graph.graph.output_node() if hasattr(graph.graph, "output_node") else list(graph.graph.nodes)[-1]
+    return {"nodes": nodes, "output_names": [a.name for a in output.all_input_nodes]}
+
+
+def _storage_id(value) -> int | None:
+    if not isinstance(value, torch.Tensor):
+        return None
+    try:
+        return value.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def opened(region: _Region, saved_at_run: list[dict]) -> dict:
+    """What a CompiledFunctionBackward node shows when opened: its region, its backward FX graph as nodes and edges,
+    the tensors saved between its forward and backward (with bytes; storages counted once, parameters apart) and
+    the forward ops its backward recomputes."""
+    backward = region.backward or {"nodes": [], "output_names": []}
+    nodes = backward["nodes"]
+    saved = [n for n in nodes if n["role"] == "saved" and n["shape"] is not None]
+    seen: set = set()
+    saved_bytes = 0
+    for tensor in saved:
+        key = tensor["storage"] if tensor["storage"] is not None else ("node", tensor["name"])
+        if tensor["parameter"] or key in seen:
+            continue
+        seen.add(key)
+        saved_bytes += tensor["storage_bytes"]
+    recomputed = [n for n in nodes if n["role"] == "recomputed"]
+    for n in nodes:
+        n["category"] = fx_category(n["op"]) if n["kind"] == "call_function" else "other"
+    return {
+        "region": region.index,
+        "graph_break_after": region.reason.splitlines()[0] if region.graph_break and region.reason else "",
+        "graph_break_where": region.where,
+        "dynamo_ops": region.dynamo_ops,
+        "forward_nodes": len((region.forward or {}).get("nodes", [])),
+        "backward_nodes": len(nodes),
+        "saved": [{k: t[k] for k in ("name", "shape", "dtype", "bytes", "storage_bytes", "parameter")} for t in saved],
+        "saved_bytes": saved_bytes,
+        "saved_at_run": len(saved_at_run),
+        "recomputed": [{"name": n["name"], "op": n["op"], "shape": n["shape"]} for n in recomputed],
+        "nodes": [{k: v for k, v in n.items() if k != "storage"} for n in nodes],
+        "edges": [[source, n["name"]] for n in nodes for source in n["inputs"]],
+    }

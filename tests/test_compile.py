@@ -1,0 +1,218 @@
+"""--compile: the step under torch.compile, each CompiledFunctionBackward opened (graphviz_core.capture.compiled).
+
+The independent counts here compile the same model with torch's own APIs (torch.compile, AOTAutograd, inductor's
+partition_fn) and count what autograd saves with saved_tensors_hooks, or ask torch._dynamo.explain for the breaks.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from graphviz_core.capture.engine import capture_backward
+from graphviz_core.cli import main
+from graphviz_core.config import resolve_config
+from graphviz_core.models.registry import build_model, compute_loss, make_batch
+
+BREAK_NET = '''\
+import torch
+from torch import nn
+
+
+class TwoHalves(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(16, 32)
+        self.second = nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = nn.functional.gelu(self.first(x))
+        torch._dynamo.graph_break()
+        return nn.functional.gelu(self.second(h))
+
+
+def make():
+    torch.manual_seed(0)
+    return TwoHalves(), torch.randn(4, 16), lambda out: out.pow(2).mean()
+'''
+
+
+@functools.lru_cache(maxsize=1)
+def gpt2_tiny_json() -> dict:
+    """`graph --preset gpt2-tiny --compile --format json`, as a user gets it."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "compiled.json")
+        assert main(["graph", "--preset", "gpt2-tiny", "--device", "cpu", "--compile", "-o", out]) == 0
+        with open(out) as f:
+            return json.load(f)
+
+
+@functools.lru_cache(maxsize=1)
+def independent_gpt2_tiny() -> dict:
+    """gpt2-tiny compiled here with torch's APIs alone: AOTAutograd with inductor's partitioner and decompositions,
+    compilers that keep the FX graphs; then one step's saves counted by saved_tensors_hooks on the compiled node."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.decomposition import select_decomp_table
+
+    graphs = {}
+
+    def keep(side):
+        def compiler(gm, example_inputs):
+            graphs[side] = gm
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    config = resolve_config("gpt2-tiny", device="cpu")
+    model, batch = build_model(config), make_batch(config, "cpu")
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(model, backend=aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"),
+                                                             partition_fn=partition_fn,
+                                                             decompositions=select_decomp_table()))
+        compute_loss(config, compiled(batch.inputs), batch.targets).backward()  # compiles forward and backward
+        packed = []
+
+        def pack(t):
+            packed.append(t)
+            return len(packed) - 1
+
+        unpacked = []
+
+        def unpack(i):
+            unpacked.append(i)
+            return packed[i]
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            loss = compute_loss(config, compiled(batch.inputs), batch.targets)
+        node = loss.grad_fn
+        stack, seen = [node], set()
+        while stack:  # find the compiled node by a next_functions walk
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            if node.name() == "CompiledFunctionBackward":
+                break
+            stack.extend(n for n, _ in node.next_functions)
+        node.saved_tensors  # noqa: B018 - reading the field unpacks each of this node's saves once
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        storages = {}
+        for i in unpacked:
+            storage = packed[i].untyped_storage()
+            if storage.data_ptr() not in params:
+                storages[storage.data_ptr()] = storage.nbytes()
+        layer_norms = sum(isinstance(m, torch.nn.LayerNorm) for m in model.modules())
+        return {"hook_bytes": sum(storages.values()), "saves": len(unpacked),
+                "bw_nodes": [n.name for n in graphs["bw"].graph.nodes], "layer_norms": layer_norms}
+    finally:
+        torch._dynamo.reset()
+
+
+def compiled_nodes(out: dict) -> list[dict]:
+    return [n for n in out["graph"]["nodes"] if n["op"] == "CompiledFunctionBackward"]
+
+
+def test_gpt2_tiny_compiled_saved_bytes_are_a_hook_count_beside_eager():
+    out, mine = gpt2_tiny_json(), independent_gpt2_tiny()
+    (node,) = compiled_nodes(out)  # no graph break in gpt2-tiny: one region, one compiled node
+    assert out["compile"]["graphs"] == 1 and out["compile"]["graph_breaks"] == 0
+    # The compiled node's saved bytes: the capture's hook count, the opened FX graph's own sum over its saved
+    # placeholders (storages counted once, parameters apart), and this test's saved_tensors_hooks count agree.
+    assert node["saved_bytes"] == node["compiled"]["saved_bytes"] == mine["hook_bytes"] > 0
+    assert node["compiled"]["saved_at_run"] == len(node["compiled"]["saved"]) == mine["saves"]
+    assert out["compile"]["compiled_saved_bytes"] == node["saved_bytes"]
+    compiled, eager = out["memory"]["saved_bytes"], out["compile"]["eager_saved_bytes"]
+    eager_capture = capture_backward(resolve_config("gpt2-tiny", device="cpu"), instruments={"saved"})
+    assert eager == eager_capture.memory.saved_bytes
+    # Why compiled <= eager. Eager LayerNorm saves x, its mean and 1/std; the decomposed norm inductor partitions
+    # saves x-hat and 1/std (x-hat replaces x, same size), so the mean, a (b, s, 1) fp32 tensor, is not kept:
+    # 5 LayerNorms (2 layers x 2 + the final one) x 2*32*1*4 B = 1,280 B less.
+    assert mine["layer_norms"] == 5
+    assert eager - compiled == mine["layer_norms"] * 2 * 32 * 1 * 4 == 1280
+    stats = Counter(tuple(s["shape"]) for s in node["compiled"]["saved"])
+    eager_stats = Counter(e["shape"] for e in (vars(x) for x in eager_capture.save_order) if e["counted"])
+    assert stats[(2, 32, 1)] == 5 and eager_stats[(2, 32, 1)] == 10  # 1/std per norm vs mean and 1/std per norm
+    # And GELU costs no more than eager: min-cut recomputes its tanh approximation's pointwise ops in backward from
+    # the saved c_fc output instead of saving them (one tanh per layer in the recompute list).
+    recomputed = Counter(op["op"] for op in node["compiled"]["recomputed"])
+    assert recomputed["tanh"] == 2  # 2 layers, one GELU each
+    assert not {op["name"] for op in node["compiled"]["recomputed"]} & {s["name"] for s in node["compiled"]["saved"]}
+
+
+def test_the_opened_backward_lists_its_fx_nodes():
+    out, mine = gpt2_tiny_json(), independent_gpt2_tiny()
+    (node,) = compiled_nodes(out)
+    opened = node["compiled"]
+    # the FX backward graph this test compiled itself, node for node
+    assert opened["backward_nodes"] == len(opened["nodes"]) == len(mine["bw_nodes"])
+    assert [n["name"] for n in opened["nodes"]] == mine["bw_nodes"]
+    roles = Counter(n["role"] for n in opened["nodes"])
+    assert roles["saved"] == len(opened["saved"]) and roles["recomputed"] == len(opened["recomputed"])
+    assert roles["tangent"] == 1 and roles["output"] == 1  # one incoming gradient (the logits'), one output node
+    names = {n["name"] for n in opened["nodes"]}
+    assert all(a in names and b in names for a, b in opened["edges"])
+    # every saved tensor and recomputed op has its shape (multi-output kernels such as the attention backward
+    # return tuples, which getitem nodes unpack with shapes)
+    shaped = {n["name"] for n in opened["nodes"] if n["shape"] is not None}
+    assert {n["name"] for n in opened["nodes"] if n["role"] in ("saved", "recomputed")} <= shaped
+
+
+def test_the_run_says_which_partitioner_and_that_no_code_was_generated():
+    out = gpt2_tiny_json()
+    assert "min_cut_rematerialization_partition" in out["compile"]["partitioner"]
+    assert "inductor" in out["compile"]["partitioner"]
+    assert out["compile"]["code_generated"] is False and "no code generated" in out["compile"]["note"]
+    assert out["compile"]["compile_s"] > 0 and out["compile"]["recompiled_during_step"] == 0
+    assert out["config"]["compile"] is True
+    assert out["summary"]["by_category"]["compiled"] == 1
+
+
+def test_a_graph_break_gives_two_compiled_nodes_and_its_reason(tmp_path):
+    path = tmp_path / "break_net.py"
+    path.write_text(BREAK_NET)
+    out_file = tmp_path / "out.json"
+    assert main(["graph", "--model-file", f"{path}:make", "--compile", "-o", str(out_file)]) == 0
+    out = json.loads(out_file.read_text())
+    # independently: dynamo's own explain on the same module
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("break_net", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model, x, _ = module.make()
+    explained = torch._dynamo.explain(model)(x)
+    assert explained.graph_count == 2 and explained.graph_break_count == 1
+    assert len(compiled_nodes(out)) == explained.graph_count == out["compile"]["graphs"]
+    assert out["compile"]["graph_breaks"] == explained.graph_break_count
+    (reason,) = out["compile"]["break_reasons"]
+    line = BREAK_NET.splitlines().index("        torch._dynamo.graph_break()") + 1
+    assert reason["where"] == f"break_net.py:{line} in forward"
+    assert "graph_break()" in reason["reason"] and "graph_break()" in explained.break_reasons[0].reason
+    first, second = sorted(compiled_nodes(out), key=lambda n: n["compiled"]["region"])
+    assert first["compiled"]["graph_break_after"] == reason["reason"] and second["compiled"]["graph_break_after"] == ""
+    # Region 1 saves x (4x16) and the first Linear's output (4x32), from which backward recomputes GELU; region 2
+    # saves h (4x32) and the second Linear's output (4x8), and the second weight (a parameter, not counted):
+    # (4*16 + 4*32) * 4 = 768 B and (4*32 + 4*8) * 4 = 640 B.
+    assert first["compiled"]["saved_bytes"] == first["saved_bytes"] == 768
+    assert second["compiled"]["saved_bytes"] == second["saved_bytes"] == 640
+    assert {op["op"] for op in first["compiled"]["recomputed"]} >= {"erf"}  # GELU's erf form, recomputed
+    assert out["config"]["compile"] is True
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--device", "meta"], "--device cpu or cuda"),
+    (["--checkpoint", "full"], "--checkpoint none"),
+])
+def test_what_compile_does_not_capture_is_refused_with_the_fix(flags, words, capsys):
+    assert main(["graph", "--preset", "gpt2-tiny", "--compile", *flags, "-o", "/dev/null"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
