@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from graphviz_core.models.family import CHECKPOINTS, FIELD_WORDS, OPTIONAL_FIELDS, SELECTIVE, Preset
-from graphviz_core.models.registry import FAMILIES, OFFERED, PRESETS, family_named
+from graphviz_core.models.registry import FAMILIES, OFFERED, PRESETS, RENAMED_PRESETS, family_named
 
 __all__ = ["PRESETS", "Preset", "FAMILIES", "ModelConfig", "applies", "config_from_preset", "resolve_config"]
 
@@ -168,7 +168,19 @@ class ModelConfig:
         family = FAMILIES[self.model]
         size = family.sample_size(self)
         parts = [*family.describe(self), f"b={self.batch}", *([size] if size else []), self.dtype, device or self.device]
-        return " · ".join(parts)
+        tuning = self.finetuning_words()
+        return " · ".join([*parts, *([tuning] if tuning else [])])
+
+    def finetuning_words(self) -> str:
+        """How this config fine-tunes, in words ("LoRA r=8, alpha 16 on q_proj, v_proj; frozen: *embed*"); "" for
+        full fine-tuning with nothing frozen."""
+        parts = []
+        if self.finetune == "lora":
+            targets = self.lora_targets.replace(",", ", ") or ", ".join(self.family.default_lora_targets(self))
+            parts.append(f"LoRA r={self.lora_rank}, alpha {self.lora_alpha} on {targets}")
+        if self.freeze:
+            parts.append(f"frozen: {self.freeze.replace(',', ', ')}")
+        return "; ".join(parts)
 
     @property
     def head_dim(self) -> int:
@@ -211,8 +223,15 @@ def _check_size(name: str, value: object) -> None:
 DEFAULT_PRESET = "gpt2-tiny"
 
 
+def preset_named(name: str) -> str:
+    """The preset `name` is now called: a former name (RENAMED_PRESETS) gives the preset it became."""
+    return RENAMED_PRESETS.get(name, name)
+
+
 def config_from_preset(name: str, **overrides) -> ModelConfig:
-    """The preset's config with `overrides` (fields left as None are ignored) applied on top."""
+    """The preset's config with `overrides` (fields left as None are ignored) applied on top; a preset's former name
+    gives the preset it became."""
+    name = preset_named(name)
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}.")
     given = {k: v for k, v in overrides.items() if v is not None}

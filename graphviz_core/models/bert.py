@@ -18,6 +18,7 @@ class Bert(TransformersFamily):
     optional = ("intermediate", "context")
     hf_module = "bert"
     auto_class, config_class, model_class = "AutoModelForMaskedLM", "BertConfig", "BertForMaskedLM"
+    lora_targets = ("query", "value")  # BertSelfAttention's query and value projections
     presets = (
         tiny("bert", "BERT (post-LN encoder, masked-language-model head)", hidden=64, intermediate=256, layers=2,
              heads=4, vocab=512, context=64),

@@ -23,6 +23,16 @@ class _BuiltIn(Family):
     tensor_parallel = True
     selective_alias = "selective-attention"  # what `selective` meant here: the attention core, as Korthikanti et al.
     module_class = ""  # the nn.Module in graphviz_core.models.teaching
+    # The teaching attention computes q, k and v in one nn.Linear: an adapter there adapts all three at once.
+    lora_targets = ("qkv",)
+    lora_targets_note = "the fused query/key/value projection qkv: one adapter spans q, k and v"
+
+    def validate_finetuning(self, config: ModelConfig) -> None:
+        super().validate_finetuning(config)
+        if config.finetune == "lora" and not config.lora_targets and config.attention == "mha" and self.has_attention:
+            raise ValueError("with attention 'mha' the projections are packed inside nn.MultiheadAttention, which LoRA's "
+                             "default targets cannot reach; choose attention sdpa or manual, or name other layers "
+                             "with lora_targets (e.g. fc).")
 
     def checkpoint_note(self, policy: str, config: ModelConfig | None = None) -> str:
         note = super().checkpoint_note(policy, config)
@@ -73,6 +83,8 @@ class MLPFamily(_BuiltIn):
     module_class = "MLP"
     hidden_grows = Family.hidden_grows
     has_attention = False
+    lora_targets = ("fc", "proj")
+    lora_targets_note = "both linear layers of every block (an MLP has no attention)"
     selective_alias = None  # `selective` always meant the attention core, which an MLP has not
     language_model = False
     tp_attention = False

@@ -26,6 +26,7 @@ class Custom(Family):
     rebuildable = False
     shardable = False
     user_code = True
+    lora_targets = ()  # the capture runs the user's module as given: no fine-tuning settings apply
 
     def takes(self, field_name: str) -> bool:
         """Only what the capture sets from the module itself (its batch, dtype and device), the seed, and whether the

@@ -86,6 +86,8 @@ FIELD_LABELS = {
     "checkpoint": "Checkpointing",
     "device": "Device",
     "dtype": "Dtype",
+    "autocast": "Mixed precision (autocast)",
+    "optimizer": "Optimizer",
 }
 # The same fields in a sentence ("model 'mlp' has no attention heads").
 FIELD_WORDS = {
@@ -142,6 +144,8 @@ class Family:
     spelled_out_attention: str | None = None  # the attention that runs the core op by op: "manual" or "eager"
     labels: dict[str, str] = {}  # form labels that differ from FIELD_LABELS
     presets: tuple[Preset, ...] = ()
+    # (old name, preset) pairs: names a preset had, still accepted by --preset, links and config_from_preset
+    renamed_presets: tuple[tuple[str, str], ...] = ()
     default_fields: dict = {}  # what `--model NAME` starts from when no preset is named
     offered: bool = True  # in the form's family box and `--model`'s choices
     # What the analyses ask.
@@ -165,6 +169,10 @@ class Family:
     layer_memory_formula: str | None = None
     gpt2_backward_terms: bool = False  # the per-op backward FLOP terms of "Backpropagating through GPT-2"
     preload: tuple[str, ...] = ()  # modules a worker process imports before its first capture of this family
+    # LoRA's default targets (module names, matched as peft matches them: the path's last parts): the attention
+    # query and value projections, as Hu et al. 2021 adapt W_q and W_v; empty: the user names them (--lora-targets).
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
+    lora_targets_note: str = "the attention query and value projections"
 
     # ---- the config -----------------------------------------------------------------------------------------
 
@@ -207,6 +215,17 @@ class Family:
                 f"seq {config.seq} is longer than the context {config.context} (position-embedding rows); "
                 f"lower seq or raise context."
             )
+        self.validate_finetuning(config)
+
+    def validate_finetuning(self, config: ModelConfig) -> None:
+        """LoRA needs modules to adapt: the family's defaults or the user's --lora-targets."""
+        if config.finetune == "lora" and not config.lora_targets and not self.lora_targets:
+            raise ValueError(f"model {self.name!r} has no default LoRA targets ({self.lora_targets_note}); name the "
+                             f"layers to adapt with lora_targets (--lora-targets).")
+
+    def default_lora_targets(self, config: ModelConfig) -> tuple[str, ...]:
+        """The modules LoRA adapts when lora_targets is empty (lora_targets_note says what they are)."""
+        return self.lora_targets
 
     def tokens(self, config: ModelConfig) -> int:
         """Positions per example the model sees."""

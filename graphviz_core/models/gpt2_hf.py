@@ -20,6 +20,10 @@ class GPT2HF(TransformersFamily):
     hf_module = "gpt2"
     config_class, model_class = "GPT2Config", "GPT2LMHeadModel"
     hidden_grows = "matmuls grow as hidden², GELU and LayerNorm as hidden"
+    # GPT-2 computes q, k and v in one Conv1D: an adapter there adapts all three at once (its B spans 3h outputs),
+    # as peft's own default for GPT-2 does.
+    lora_targets = ("c_attn",)
+    lora_targets_note = "the fused query/key/value projection c_attn: one adapter spans q, k and v"
     presets = (
         tiny("gpt2-hf", "GPT-2 in Hugging Face's implementation", hidden=64, intermediate=256, layers=2, heads=4,
              vocab=512, context=32),

@@ -32,6 +32,8 @@ FAMILIES: dict[str, Family] = {
     family.name: family for module in _MODULES for family in importlib.import_module(module).FAMILIES
 }
 PRESETS: dict[str, Preset] = {preset.name: preset for family in FAMILIES.values() for preset in family.presets}
+# A preset's former names (a link or script that names one gets the preset it became).
+RENAMED_PRESETS: dict[str, str] = {old: new for family in FAMILIES.values() for old, new in family.renamed_presets}
 OFFERED = tuple(name for name, family in FAMILIES.items() if family.offered)
 
 
@@ -54,13 +56,19 @@ _BUILD_LOCK = threading.Lock()
 
 
 def build_model(config: ModelConfig) -> nn.Module:
-    """The model for `config` with weights from `config.seed`, in training mode, on the current default device."""
+    """The model for `config` with weights from `config.seed`, in training mode, on the current default device;
+    with LoRA adapters and frozen parameters where the config asks (graphviz_core.models.finetune)."""
     import torch
 
     family = family_of(config)
     with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        return family.build(config)
+        model = family.build(config)
+        if config.finetune == "full" and not config.freeze:
+            return model
+        from graphviz_core.models.finetune import apply_finetuning  # imports peft (~1 s) only for LoRA
+
+        return apply_finetuning(model, config, family.default_lora_targets(config))
 
 
 def make_batch(config: ModelConfig, device) -> Batch:

@@ -98,6 +98,9 @@ class ResNet(_Vision):
     config_class, model_class = "ResNetConfig", "ResNetForImageClassification"
     labels = {"vocab": "Classes", "layers": "Depth (18, 34, 50, 101, 152)", "hidden": "Stem width (channels)"}
     has_attention = False
+    # No attention to adapt; LoRA on convolutions is the user's choice of layers (peft adapts nn.Conv2d).
+    lora_targets = ()
+    lora_targets_note = "it has no attention; LoRA can adapt its convolutions: name them, e.g. 'convolution'"
     stacked_layers = False
     min_batch = 2
     convolutional = True
