@@ -112,13 +112,13 @@ def test_a_config_too_big_for_this_machine_is_refused_with_a_sentence(monkeypatc
     assert any("budget there is 1.0 GiB" in plain(e.value) and "'meta'" in e.value for e in at.error)
 
 
-def test_the_llama_70b_shape_preset_runs_on_meta_from_the_form():
+def test_the_llama_70b_preset_runs_on_meta_from_the_form():
     at = AppTest.from_file(APP, default_timeout=180).run()
-    at.selectbox(key="config.preset").set_value("llama-70b-shape").run()
+    at.selectbox(key="config.preset").set_value("llama-3.1-70b").run()
     at.number_input(key="config.layers").set_value(4)  # same per-layer graph as 80 layers, faster to render
     next(b for b in at.button if b.label == "Run backward pass").click().run()
     assert not at.exception
-    assert at.metric[0].value == f"{captured('llama-70b-shape', layers=4).summary.nodes:,}"
+    assert at.metric[0].value == f"{captured('llama-3.1-70b', layers=4).summary.nodes:,}"
     assert any("shapes only" in c.value for c in at.caption)
 
 

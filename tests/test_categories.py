@@ -42,7 +42,7 @@ PRESET_RUNS = [
     ("mlp", {}),
     ("seed-block", {"batch": 1, "seq": 16}),
     ("gpt2-small", {"device": "meta"}),
-    ("llama-70b-shape", {"layers": 2}),  # same ops per layer as 80; meta either way
+    ("llama-3.1-70b", {"layers": 2}),  # same ops per layer as 80; meta either way
     *[("gpt2-tiny", {"attention": a, "checkpoint": c}) for a in ("sdpa", "mha", "manual") for c in ("none", "full", "selective")],
     ("gpt2-tiny", {"dtype": "bfloat16"}),
     ("mlp", {"checkpoint": "full"}),

@@ -67,6 +67,17 @@ def test_flags_override_the_preset():
     assert data["time"] == {"forward_s": None, "backward_s": None, "forward_cpu_s": None, "backward_cpu_s": None}
 
 
+def test_a_presets_former_name_still_works_and_is_not_offered(tmp_path, capsys):
+    out = tmp_path / "g.json"
+    # llama-70b-shape was llama-3.1-70b under a second name (one layer on meta: the 70B's width, quickly)
+    assert main(["graph", "--preset", "llama-70b-shape", "--layers", "1", "-o", str(out)]) == 0
+    config = json.loads(out.read_text())["config"]
+    assert (config["preset"], config["hidden"], config["kv_heads"], config["device"]) == ("llama-3.1-70b", 8192, 8, "meta")
+    with pytest.raises(SystemExit):
+        main(["graph", "--help"])
+    assert "llama-70b-shape" not in capsys.readouterr().out
+
+
 def test_graphml_and_dot_describe_the_same_graph(tmp_path):
     graphml, dot = tmp_path / "g.graphml", tmp_path / "g.dot"
     assert main(["graph", "--preset", "mlp", "--layers", "1", "--format", "graphml", "-o", str(graphml)]) == 0

@@ -41,6 +41,12 @@ def test_a_config_survives_the_round_trip_through_the_url(config):
     assert parse_config(both, "a.") == (config, [])
 
 
+def test_a_link_naming_a_presets_former_name_opens_the_preset_it_became():
+    # llama-70b-shape was llama-3.1-70b under a second name; links made with it still open that config
+    assert parse_config({"preset": "llama-70b-shape"}) == (config_from_preset("llama-3.1-70b"), [])
+    assert config_params(parse_config({"preset": "llama-70b-shape"})[0]) == {"preset": "llama-3.1-70b"}
+
+
 def test_an_exact_preset_is_linked_by_its_name_and_other_configs_by_the_fields_that_differ():
     assert config_params(config_from_preset("gpt2-small")) == {"preset": "gpt2-small"}
     # gpt2-tiny is ModelConfig's defaults; 3 layers differ from them in one field

@@ -49,7 +49,7 @@ def test_the_captured_step_adds_adamw_state_to_the_measured_peak():
 
 
 def test_a_70b_class_step_fits_none_of_the_single_accelerators():
-    capture = captured("llama-70b-shape")  # the real Llama 3.1 70B on meta, 80 layers
+    capture = captured("llama-3.1-70b")  # the real Llama 3.1 70B on meta, 80 layers
     step = training_step_of(capture)
     h, L, V, kv, inter = 8192, 80, 128_256, 8 * 128, 28_672
     # embedding + untied lm_head 2*V*h, per layer q and o h^2 each, k and v h*kv each, SwiGLU 3*h*inter, two

@@ -111,12 +111,6 @@ class Llama(LlamaStyle):
             on_meta("llama", **_LLAMA_70B),
         ),
         Preset(
-            "llama-70b-shape",
-            "The activation-memory question for Llama 3.1 70B (s=8192, b=1, bf16) on the real "
-            "architecture: the same config as llama-3.1-70b.",
-            on_meta("llama", **_LLAMA_70B),
-        ),
-        Preset(
             "llama-3.1-405b",
             "Llama 3.1 405B: 126 layers, h=16384, 128 query / 8 key-value heads, SwiGLU 53248, "
             "V=128256 (406B parameters); s=8192 on meta.",
@@ -124,6 +118,8 @@ class Llama(LlamaStyle):
                     seq=8192),
         ),
     )
+    # llama-70b-shape was the same config as llama-3.1-70b under a second name
+    renamed_presets = (("llama-70b-shape", "llama-3.1-70b"),)
     default_fields = presets[0].fields
 
 

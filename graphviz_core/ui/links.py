@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 import streamlit as st
 
 from graphviz_core.capture.device import check_budget, resolve_device
-from graphviz_core.config import CUSTOM, FAMILIES, PRESETS, ModelConfig, config_from_preset
+from graphviz_core.config import CUSTOM, FAMILIES, PRESETS, ModelConfig, config_from_preset, preset_named
 from graphviz_core.export.render import METRICS
 from graphviz_core.graph.views import module_groups
 from graphviz_core.ui.format import escape_markdown
@@ -79,6 +79,8 @@ def parse_config(params: Mapping[str, str], prefix: str = "") -> tuple[ModelConf
         else:
             fields[name] = value
     preset = given.get("preset")
+    if preset is not None:
+        preset = preset_named(preset)  # a link made before a preset was renamed
     if preset is not None and preset not in PRESETS:
         problems.append(f"there is no preset {preset!r}")
         return None, problems
