@@ -25,6 +25,7 @@ from graphviz_core.config import (
     MODELS,
     OPTIMIZERS,
     PRESETS,
+    preset_named,
     resolve_config,
 )
 
@@ -227,7 +228,7 @@ def _memory_command(args: argparse.Namespace) -> str:
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", choices=list(PRESETS))
+    parser.add_argument("--preset", choices=list(PRESETS), type=preset_named)  # a former name gives the preset it became
     for name, choices in CHOICE_FLAGS.items():
         parser.add_argument(f"--{name}", choices=choices, help=FLAG_HELP.get(name))
     for name in TEXT_FLAGS:
