@@ -29,6 +29,8 @@ with dim_stale_results(config is not None and not is_captured(config)):  # the l
     capture = get_capture(config) if config is not None else None
     if capture is not None:
         show_summary(capture)
+        if capture.compiled:  # --compile: each compiled node opened, under the figures (pandas: imported only here)
+            importlib.import_module("graphviz_core.ui.compiled_view").show_compiled(capture)
         # One tab per panel, each reading the same capture (nothing here re-runs the backward pass). Only the open
         # tab is drawn: a newcomer's first page is the graph, sooner; the tab is in the URL (?tab=Memory).
         keep_widget_state([*(key for key, _ in VIEW.values()), *MEMORY_WIDGETS, *FLOPS_WIDGETS])

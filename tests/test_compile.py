@@ -216,3 +216,21 @@ def test_what_compile_does_not_capture_is_refused_with_the_fix(flags, words, cap
     assert main(["graph", "--preset", "gpt2-tiny", "--compile", *flags, "-o", "/dev/null"]) == 2
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err
+
+
+def test_the_explorer_opens_the_compiled_node_below_its_figures():
+    from graphviz_core.units import format_bytes
+    from tests.conftest import explorer_tab, plain
+
+    at = explorer_tab("Graph", timeout=300, preset="gpt2-tiny", compile="1")
+    assert not at.exception
+    (expander,) = [e for e in at.expander if e.label.startswith("Compiled backward")]
+    assert expander.label.startswith("Compiled backward: 1 compiled node, 0 graph breaks, compiled in ")
+    out = gpt2_tiny_json()  # the same config from the CLI: its figures, byte for byte
+    text = " ".join(plain(m.value) for m in at.markdown)
+    assert (f"**{format_bytes(out['memory']['saved_bytes'])}** compiled, "
+            f"**{format_bytes(out['compile']['eager_saved_bytes'])}** eager") in text
+    (node,) = compiled_nodes(out)
+    assert f"its backward FX graph has **{node['compiled']['backward_nodes']} nodes**" in text
+    assert any("torch.compile" in plain(c.value) for c in at.caption)  # the run's config line says so
+    assert [c.label for c in at.checkbox if c.label == "torch.compile"] and at.checkbox(key="config.compile").value

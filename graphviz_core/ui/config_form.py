@@ -106,7 +106,7 @@ def form_fields(key: str) -> dict:
     """The config fields as the form holds them now; fields the family does not have take their neutral value."""
     model = st.session_state[f"{key}.model"]
     fields = {}
-    for name in (*INT_FIELDS, *CHOICE_FIELDS, "tied"):
+    for name in (*INT_FIELDS, *CHOICE_FIELDS, "tied", "compile"):
         value = st.session_state.get(f"{key}.{name}", getattr(ModelConfig, name))
         if name in ("kv_heads", "intermediate", "experts", "experts_per_token", "image_size", "context", "tied"):
             value = value if applies(name, model) else getattr(ModelConfig, name)
@@ -269,6 +269,13 @@ def _fields(key: str, model: str) -> None:
         + ("" if "cuda" in devices else "; cuda is not offered: this machine has none"),
     )
     right.selectbox("Dtype", DTYPES, key=f"{key}.dtype")
+    st.checkbox(
+        "torch.compile",
+        key=f"{key}.compile",
+        help="Capture the step under torch.compile: each compiled region's backward is one node, opened below the "
+        "summary (its FX graph, what its forward saved, what it recomputes). Compiling takes seconds; inductor's "
+        "partitioner decides what is saved, and no kernel code is generated.",
+    )
     st.number_input(_label("seed", model), step=1, key=f"{key}.seed", help=f"0 to {SEED_MAX:,}")
 
 
