@@ -81,8 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_parallel_flags(graph)
     graph.add_argument("--format", choices=("json", "html", "graphml", "dot", "svg", "png"), default="json",
                        help="png: the html page photographed by headless Chromium (/usr/bin/chromium)")
-    graph.add_argument("--png-size", default="1600x1000", metavar="WIDTHxHEIGHT",
-                       help="png: the page's size in CSS pixels (default 1600x1000)")
+    graph.add_argument("--png-size", default=None, metavar="WIDTHxHEIGHT",
+                       help="png: the page's size in CSS pixels, each side 100..8000 (default: 1600 wide and as tall as "
+                            "the layers need, at least 1000: up to 48 layers one column, top to bottom, as the app's "
+                            "PNG downloads; deeper graphs folded into columns at 1600x1000)")
     graph.add_argument("--png-scale", type=int, default=2, choices=(1, 2, 3, 4),
                        help="png: device pixels per CSS pixel (default 2: a 1600x1000 page gives 3200x2000 pixels)")
     graph.add_argument("-o", "--output", help="file to write (default: stdout)")
@@ -321,11 +323,11 @@ def _config_echo(config) -> dict:
 
 def _graph_command(args: argparse.Namespace) -> str | bytes:
     from graphviz_core.capture.engine import capture_backward
-    from graphviz_core.export.formats import png_problem, to_dot, to_graphml, to_svg
+    from graphviz_core.export.formats import PNG_SIZE, png_problem, to_dot, to_graphml, to_svg
 
     if args.format == "png":  # refuse before a capture that could take minutes
-        size = _png_size(args.png_size)
-        if problem := png_problem(*size, args.png_scale):
+        size = _png_size(args.png_size) if args.png_size is not None else None
+        if problem := png_problem(*(size or PNG_SIZE), args.png_scale):
             raise ValueError(problem)
     parallel = None
     if args.model_file:
@@ -368,11 +370,13 @@ def _graph_command(args: argparse.Namespace) -> str | bytes:
         return to_svg(capture.graph)
     from graphviz_core.export.render import render_standalone_html
 
-    if args.format == "png":
+    if args.format == "png":  # laid out as the app's PNG downloads: layers top to bottom
         from graphviz_core.export.formats import to_png
+        from graphviz_core.export.render import standalone_png_page
 
-        width, height = size
-        return to_png(render_standalone_html(capture), width=width, height=height, scale=args.png_scale)
+        page, height = standalone_png_page(capture)
+        width, height = size or (PNG_SIZE[0], height)
+        return to_png(page, width=width, height=height, scale=args.png_scale)
     return render_standalone_html(capture)
 
 

@@ -153,6 +153,30 @@ def test_png_is_the_html_page_photographed_at_the_requested_size(tmp_path):
     assert blue > 500, blue
 
 
+def test_png_lays_the_layers_out_top_to_bottom_as_the_apps_download(tmp_path):
+    import re
+    import struct
+
+    import networkx as nx
+
+    from graphviz_core.export.render import standalone_png_page
+    from tests.conftest import captured
+
+    out = tmp_path / "block.png"
+    assert main(["graph", "--preset", "seed-block", "--batch", "1", "--seq", "16", "--format", "png", "-o", str(out)]) == 0
+    capture = captured("seed-block", batch=1, seq=16)
+    layers = nx.dag_longest_path_length(capture.graph) + 1  # the longest chain of nodes from the loss
+    assert layers == 32
+    # one column of 32 layers, as tall as it must be to read at scale 0.5: (31 x 80 + 60) px x 1.12 (the fit's margin)
+    # x 0.5 = 1,422.4, rounded up to 1,423; 1600 wide; at the default --png-scale 2. It was the folded 1600x1000 page
+    # (3200x2000 pixels) before
+    assert struct.unpack(">II", out.read_bytes()[16:24]) == (3200, 2 * 1423)
+    # the page photographed: each layer a row of its own, none beside another
+    page, height = standalone_png_page(capture)
+    data = json.loads(re.search(r'id="graph-data" type="application/json">(.*?)</script>', page, re.S).group(1))
+    assert height == 1423 and len({node["y"] for node in data["nodes"]}) == layers
+
+
 def test_png_without_chromium_is_one_line_exit_2(monkeypatch, capsys, tmp_path):
     from graphviz_core.export import formats as export
 

@@ -458,9 +458,19 @@ def _training_words(config) -> list[str]:
 
 def render_standalone_html(capture) -> str:
     """The capture's full graph as a standalone page (CLI `--format html`, the download button)."""
+    return render_html(capture.graph, **_standalone_titles(capture))
+
+
+def standalone_png_page(capture) -> tuple[str, int]:
+    """The page a PNG of the capture's full graph photographs, and its height in CSS px (CLI `--format png`): laid out
+    as the app's PNG downloads are (png_page), layers top to bottom."""
+    return png_page(capture.graph, **_standalone_titles(capture))
+
+
+def _standalone_titles(capture) -> dict[str, str]:
     config = capture.config
     name = config.preset or config.model
-    return render_html(capture.graph, title=f"autograd graph: {name}", subtitle=run_description(config, capture.device))
+    return dict(title=f"autograd graph: {name}", subtitle=run_description(config, capture.device))
 
 
 ONE_COLUMN = 1e-6  # an aspect no fold comes near: layered_layout keeps every layer in one column
