@@ -234,3 +234,32 @@ def test_the_explorer_opens_the_compiled_node_below_its_figures():
     assert f"its backward FX graph has **{node['compiled']['backward_nodes']} nodes**" in text
     assert any("torch.compile" in plain(c.value) for c in at.caption)  # the run's config line says so
     assert [c.label for c in at.checkbox if c.label == "torch.compile"] and at.checkbox(key="config.compile").value
+
+
+def _two_halves():
+    namespace: dict = {}
+    exec(compile(BREAK_NET, "break_net.py", "exec"), namespace)  # noqa: S102 - the test's own module text
+    return namespace["make"]()
+
+
+def test_compiled_captures_in_threads_beside_eager_ones_each_get_their_own_regions():
+    # A server runs captures in threads: two compiled ones take turns (dynamo's caches are the process's) and an
+    # eager capture's dispatch mode in another thread does not turn the compiled step eager (the mode stack is the
+    # thread's). Each compiled capture still sees its 2 regions, compiled once, none again during the step.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from graphviz_core.capture.user import capture_module
+
+    def compiled_capture():
+        model, x, loss = _two_halves()
+        return capture_module(model, x, loss, name="two halves", compile=True)
+
+    with ThreadPoolExecutor(3) as pool:
+        runs = [pool.submit(compiled_capture), pool.submit(compiled_capture),
+                pool.submit(capture_backward, resolve_config("gpt2-tiny", device="cpu"))]
+        first, second, eager = (run.result() for run in runs)
+    for capture in (first, second):
+        assert capture.summary.by_op["CompiledFunctionBackward"] == 2
+        assert capture.compiled["graphs"] == 2 and capture.compiled["recompiled_during_step"] == 0
+        assert capture.compiled["compiled_saved_bytes"] == 768 + 640  # the two regions' bytes derived above
+    assert "CompiledFunctionBackward" not in eager.summary.by_op and eager.compiled is None
