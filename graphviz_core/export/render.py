@@ -368,6 +368,7 @@ def render_html(
     node_links: bool = False,
     nonce: str | None = None,
     aspect: float = ASPECT,
+    top_label: str = "Zoom to the loss",
 ) -> str:
     """One self-contained HTML page drawing `graph` with vis-network; works offline, from disk or an iframe.
 
@@ -382,6 +383,7 @@ def render_html(
     `node_links`: the details panel offers a link to the node, made from the embedding page's URL (the app's pages).
     `nonce`: the page's script nonce (by default a fresh random one).
     `aspect`: the width : height the layout folds a deep graph to (graph.layout.layered_layout; ONE_COLUMN: never).
+    `top_label`: the button that zooms to the first layer's first node (the loss in an autograd graph).
     """
     for metric in (colour_by, size_by):
         if metric is not None and metric not in METRICS:
@@ -400,6 +402,7 @@ def render_html(
     vis_js, vis_css = _vis_assets()
     return _environment().get_template("graph_view.html.j2").render(
         title=title,
+        top_label=top_label,
         subtitle=subtitle,
         nonce=nonce or secrets.token_urlsafe(16),
         vis_src=vis_src,

@@ -64,7 +64,8 @@ def _show_region(capture: Capture, node_id: str, opened: dict) -> None:
     page = graph_page(capture, ("compiled", node_id, src), lambda nonce: render_html(
         graph, title=f"backward FX graph of {node_id}", subtitle="pink border: forward ops recomputed in backward",
         highlight={op["name"] for op in opened["recomputed"]}, highlight_is_search=False, vis_src=src, nonce=nonce,
-        hint="Data flows top to bottom: saved tensors and the incoming gradient first, the returned gradients last."))
+        hint="Data flows top to bottom: saved tensors and the incoming gradient first, the returned gradients last.",
+        top_label="Zoom to the top"))
     st.iframe(page, height=620)
     saved, fx_nodes = st.tabs(["Saved tensors", "FX nodes"], key="compiled.tables")
     with saved:
