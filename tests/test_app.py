@@ -145,15 +145,32 @@ def test_only_the_open_tab_is_drawn_and_panel_choices_survive_switching_tabs():
     at.session_state["tab"] = "Memory"  # what a click on the tab does
     at.run()
     assert "Peak memory" in [m.label for m in at.metric] and not at.get("iframe")
-    at.selectbox(key="memory.optimizer").set_value("sgd").run()
+    at.selectbox(key="memory.budget_choice").set_value("40 GB (A100 40GB)").run()
     at.session_state["tab"] = "Graph"
     at.run()
     assert at.selectbox(key="view.colour").value == "flops"
     at.session_state["tab"] = "Memory"  # what a click on the tab does
     at.run()
-    assert at.selectbox(key="memory.optimizer").value == "sgd"
-    assert "Step peak (SGD)" in [m.label for m in at.metric]  # the headline follows the optimizer picked
+    assert at.selectbox(key="memory.budget_choice").value == "40 GB (A100 40GB)"
+    assert "Step peak (AdamW)" in [m.label for m in at.metric]  # the config's optimizer (the form's Optimizer)
     assert not at.exception and not at.warning
+
+
+def test_the_memory_tab_follows_the_configs_optimizer_and_autocast():
+    from tests.conftest import explorer_tab
+
+    at = explorer_tab("Memory", preset="llama-tiny", optimizer="sgd-momentum", autocast="bfloat16")
+    assert not at.exception
+    assert "Step peak (SGD with momentum)" in [m.label for m in at.metric]
+    assert at.selectbox(key="config.optimizer").value == "sgd-momentum"  # the form shows the link's choices
+    assert at.selectbox(key="config.autocast").value == "bfloat16"
+    assert any(m.value == "##### One training step (SGD with momentum, bfloat16 autocast)" for m in at.markdown)
+    table = next(t for t in tables(at) if "part" in t.columns)
+    # llama-tiny: 139,584 fp32 parameters; SGD's momentum is one fp32 buffer each: 4 x 139,584 B = 545.2 KiB
+    assert list(table["part"]) == ["weights", "gradients", "optimizer state", "activations at their peak",
+                                   "bfloat16 weight copies", "sum of the parts", "step peak"]
+    assert table.set_index("part").loc["optimizer state", "bytes"] == "545.2 KiB"
+    assert any("torch.autocast('cpu', bfloat16)" in c.value.replace("\\", "") for c in at.caption)
 
 
 def test_the_line_under_the_figures_names_the_checkpointing_that_produced_them():

@@ -31,6 +31,7 @@ APP = str(Path(__file__).resolve().parent.parent / "app.py")
         config_from_preset("gpt2-tiny", layers=3, attention="manual").replace(preset=""),
         config_from_preset("llama-tiny", tied=True, checkpoint="selective", seed=7).replace(preset=""),
         ModelConfig(model="mlp", hidden=32, layers=3, batch=4, seq=8),
+        config_from_preset("llama-tiny", autocast="float16", optimizer="adafactor").replace(preset=""),
     ],
 )
 def test_a_config_survives_the_round_trip_through_the_url(config):
@@ -45,6 +46,17 @@ def test_a_link_naming_a_presets_former_name_opens_the_preset_it_became():
     # llama-70b-shape was llama-3.1-70b under a second name; links made with it still open that config
     assert parse_config({"preset": "llama-70b-shape"}) == (config_from_preset("llama-3.1-70b"), [])
     assert config_params(parse_config({"preset": "llama-70b-shape"})[0]) == {"preset": "llama-3.1-70b"}
+
+
+def test_autocast_and_the_optimizer_travel_in_a_link_and_the_config_line_names_them():
+    from graphviz_core.export.render import run_description
+
+    config = config_from_preset("gpt2-tiny", autocast="bfloat16", optimizer="sgd-momentum")
+    assert config_params(config) == {"autocast": "bfloat16", "optimizer": "sgd-momentum"}  # gpt2-tiny: the defaults
+    line = run_description(config, "cpu")
+    assert line.endswith("· no checkpointing · bfloat16 autocast · SGD with momentum optimizer"), line
+    assert "autocast" not in run_description(config_from_preset("gpt2-tiny"), "cpu")  # defaults unnamed
+    assert "float16 autocast + GradScaler" in run_description(config.replace(autocast="float16"), "cpu")
 
 
 def test_an_exact_preset_is_linked_by_its_name_and_other_configs_by_the_fields_that_differ():
@@ -66,6 +78,8 @@ def test_an_exact_preset_is_linked_by_its_name_and_other_configs_by_the_fields_t
         ({"model": "custom", "preset": "evil.py:f"}, "there is no preset 'evil.py:f'"),
         ({"model": "custom"}, "a link cannot name your own model"),
         ({"device": "/etc/passwd"}, "device"),
+        ({"autocast": "int8"}, "autocast"),
+        ({"optimizer": "lion"}, "optimizer"),
     ],
 )
 def test_a_bad_config_in_a_link_is_refused_with_a_sentence(params, problem):

@@ -44,11 +44,12 @@ def test_the_training_step_table_wraps_so_every_why_reads_whole():
     step = next(t for t in tables(at) if "why" in t.columns).set_index("part")
     assert step.loc["step peak", "why"] == "measured forward + backward peak + master weights + optimizer state"
     # gpt2-tiny in float32: 134,912 parameters × 4 B = 539,648 B = 527.0 KiB
-    assert step.loc["parameters", ["bytes", "why"]].tolist() == ["527.0 KiB", "134,912 × float32"]
-    # AdamW as torch.optim keeps it: two fp32 moments per parameter and a 4 B step count per parameter tensor
-    # (gpt2-tiny: 28 tensors = wte, wpe, 2 blocks x 12, ln_f's weight and bias; lm_head is tied to wte)
+    assert step.loc["weights", ["bytes", "why"]].tolist() == ["527.0 KiB", "134,912 parameters × float32"]
+    # AdamW as torch.optim keeps it after the capture's step: two fp32 moments per parameter (527.0 KiB each) and a
+    # 4 B step count per parameter tensor (gpt2-tiny: 28 tensors = wte, wpe, 2 blocks x 12, ln_f's weight and bias;
+    # lm_head is tied to wte): 28 x 4 = 112 B
     assert step.loc["optimizer state", "why"] == (
-        "two fp32 moments (8 B) per parameter + a 4 B step count for each of 28 tensors")
+        "AdamW: exp_avg 527.0 KiB + exp_avg_sq 527.0 KiB + step 112 B (torch.optim after one step)")
     assert not [d for d in at.dataframe if "why" in d.value.columns]
 
 

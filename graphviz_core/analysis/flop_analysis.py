@@ -68,7 +68,7 @@ FOLKLORE_RATIO = 2.0
 # Categories whose backward does no arithmetic: views and reshapes, dtype copies, storing a gradient, and a residual
 # add's backward (it hands the same gradient to both inputs). A 0 there is the truth; a 0 elsewhere means the ops
 # ran have no FLOP formula (torch's flop_counter registers none for silu, relu, batch norm, embedding backward...).
-NO_ARITHMETIC = frozenset({"shape", "conversion", "accumulate_grad", "residual_add"})
+NO_ARITHMETIC = frozenset({"shape", "conversion", "cast", "accumulate_grad", "residual_add"})
 NOT_COUNTED_NOTE = "not counted: these ops have no FLOP formula in torch's flop_counter or ours"
 # Op families whose backward op has a FLOP formula but whose forward op has none (torch's flop_counter registers
 # none for gelu, native_layer_norm, softmax, log_softmax): their backward is counted, their forward is not.
@@ -303,7 +303,8 @@ CONV_RULE = (
 def rule_of_thumb(capture: Capture) -> RuleOfThumb:
     config = capture.config
     tokens = config.batch * config.tokens  # ViT: patches + class token per image, not seq
-    n = capture.summary.parameter_count
+    frozen = capture.summary.frozen_parameter_count  # LoRA's base weights, --freeze: forward and input grads only
+    n = capture.summary.parameter_count + frozen
     six_n = 6 * n * tokens
     has_attention = config.family.has_attention
     attention = 12 * config.layers * config.batch * config.tokens**2 * config.hidden if has_attention else 0
@@ -342,7 +343,8 @@ def rule_of_thumb(capture: Capture) -> RuleOfThumb:
         ]
     gap += [
         RuleTerm(
-            "linear layers' backward is not exactly 2× their forward (e.g. no gradient for an input that needs none)",
+            "linear layers' backward is not exactly 2× their forward (e.g. no gradient for an input that needs none"
+            + (f"; the {frozen:,} frozen parameters get no weight gradient" if frozen else "") + ")",
             linear_backward - 2 * linear_forward,
         ),
         RuleTerm(

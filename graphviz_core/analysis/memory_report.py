@@ -7,17 +7,21 @@ import dataclasses
 
 from graphviz_core.analysis.checkpointing import compare_checkpointing
 from graphviz_core.analysis.fit import will_it_fit
+from graphviz_core.analysis.step_terms import step_parts
 from graphviz_core.analysis.training_step import accelerator_fits, training_step_of
 from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import ModelConfig
 
 
 def memory_report(
-    config: ModelConfig, optimizer: str = "adamw", checkpoints: bool = False, budget_bytes: int | None = None
+    config: ModelConfig, optimizer: str | None = None, checkpoints: bool = False, budget_bytes: int | None = None
 ) -> dict:
     """Keys: config, device, kept_for_backward_bytes (saved + held for recompute), saved_bytes,
     checkpoint_held_bytes, peak_bytes, timeline, training_step, accelerators; `checkpoints` (one row per
-    policy, captured on meta) with checkpoints=True; `fit` (largest batch and seq per policy) with a budget."""
+    policy, captured on meta) with checkpoints=True; `fit` (largest batch and seq per policy) with a budget;
+    `finetuning` (full fine-tuning and this config's LoRA or freezing, both captured on meta) when it fine-tunes.
+    `optimizer` defaults to the config's, whose state the capture read from torch.optim after one step."""
+    optimizer = optimizer or config.optimizer
     capture = capture_backward(config)
     step = training_step_of(capture, optimizer)
     report = {
@@ -30,6 +34,10 @@ def memory_report(
         "timeline": capture.timeline.to_dict(),
         "training_step": dataclasses.asdict(step),
         "accelerators": [dataclasses.asdict(f) for f in accelerator_fits(step.step_peak_bytes)],
+        "training_step_terms": [{"term": t, "bytes": b, "what": w} for t, b, w in step_parts(capture, step)],
+        "optimizer": dataclasses.asdict(capture.optimizer) if capture.optimizer else None,
+        "autocast": dataclasses.asdict(capture.autocast) if capture.autocast else None,
+        "notes": list(capture.notes),
     }
     if checkpoints:
         table = compare_checkpointing(config, optimizer=optimizer)

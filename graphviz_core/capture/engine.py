@@ -29,17 +29,36 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphviz_core.capture.admission import CaptureCancelled, Ticket, admit
+from graphviz_core.capture.autocast import (
+    autocast_context,
+    autocast_device_type,
+    autocast_observer,
+    fake_device,
+    on_fake_device,
+    outside_fake_mode,
+    scaled,
+    scaler_note,
+    uses_fake_tensors,
+)
 from graphviz_core.capture.device import device_guard, resolve_device, synchronize
 from graphviz_core.capture.gc_pause import no_cyclic_gc
 from graphviz_core.capture.instrument import Instrument, Run, overrides
 from graphviz_core.capture.instruments.flops import FlopCounter
 from graphviz_core.capture.instruments.modules import ModuleTracker
 from graphviz_core.capture.instruments.norms import GradientNorms
+from graphviz_core.capture.instruments.optimizer import OptimizerStep
 from graphviz_core.capture.instruments.order import BackwardOrder
 from graphviz_core.capture.instruments.saved import SavedTensors
 from graphviz_core.capture.instruments.timing import NodeTiming
 from graphviz_core.capture.meta_kernels import GROUPED_MM, META_SDPA_LOCK, fused_attention_on_meta, grouped_mm_on_meta
-from graphviz_core.capture.result import Capture, FlopSummary, GraphSummary, MemorySummary, TimeSummary
+from graphviz_core.capture.result import (
+    AutocastSummary,
+    Capture,
+    FlopSummary,
+    GraphSummary,
+    MemorySummary,
+    TimeSummary,
+)
 from graphviz_core.capture.timeline import StorageObserver
 from graphviz_core.capture.walk import autograd_nodes, storage_key
 from graphviz_core.config import ModelConfig
@@ -58,6 +77,7 @@ INSTRUMENTS: dict[str, type[Instrument]] = {
     "timeline": StorageObserver,
     "norms": GradientNorms,
     "timing": NodeTiming,
+    "optimizer": OptimizerStep,  # after the backward: the config's torch.optim optimizer, one step, its state
 }
 GRAPH_ONLY: frozenset[str] = frozenset()  # nodes, edges, categories and modules: module attribution alone
 
@@ -110,22 +130,19 @@ def _capture(config: ModelConfig, progress: Progress | None, ticket: Ticket | No
     compiled = _compiled_regions(config, device, say, ticket, source) if config.compile else None
     with admit(config, device, ticket) as admitted, _exclusive(compiled):  # waits its turn; reserves the bytes
         run = Run(config, device, admitted.check)
-        run.instruments = {"modules": ModuleTracker(), **{name: INSTRUMENTS[name]() for name in chosen}}
+        run.instruments = {"modules": ModuleTracker(), **autocast_observer(config),
+                           **{name: INSTRUMENTS[name]() for name in chosen}}
         if compiled is not None:
             run.instruments["compiled"] = compiled
         try:
-            with device_guard(device), meta_kernels, no_cyclic_gc():
+            with device_guard(device), meta_kernels, no_cyclic_gc(), fake_device(run):
                 return _Phases(run, say, source).capture()
         finally:
             run.release()
 
 
 # Training-step settings the config accepts whose capture is still being built: refused, never silently ignored.
-_UNBUILT = {
-    "autocast": ("none", "--autocast"),
-    "finetune": ("full", "--finetune lora"),
-    "freeze": ("", "--freeze"),
-}
+_UNBUILT: dict[str, tuple] = {}
 
 
 def _refuse_unbuilt(config: ModelConfig) -> None:
@@ -215,7 +232,7 @@ class _Phases:
         observers = [i.on_op for i in self.hooked("on_op")]
         if observers or self.run.device == "meta":
             kind = _CompiledOpObserver if self.run.instrument("compiled") is not None else _OpObserver
-            return kind(observers, self.run.device == "meta")
+            return kind(observers, self.run.device == "meta" and not uses_fake_tensors(self.run))
         return contextlib.nullcontext()
 
     def capture(self) -> Capture:
@@ -245,22 +262,26 @@ class _Phases:
                 for context in instrument.forward_contexts(run):
                     forward.enter_context(context)
             forward.enter_context(self.op_mode())
+            forward.enter_context(autocast_context(run))
             output = call(*inputs)
             loss = loss_of(output)
+            root = scaled(run, loss)  # float16 autocast: backward starts from the GradScaler's scaled loss
         synchronize(device)
         forward_s, forward_cpu_s = time.perf_counter() - started, time.thread_time() - started_cpu
         run.phase = "walk"
         del output
+        self.notes = [note for note in (scaler_note(run),) if note]  # before backward: the scale it started with
 
         self.say("walking the autograd graph")
-        self.walk(loss)
+        self.walk(root)
         node_hooks = self.node_hooks()
 
         self.say("running the backward pass")
         run.phase = "backward"
         started, started_cpu = time.perf_counter(), time.thread_time()
         with self.op_mode():
-            loss.backward()
+            root.backward()
+        del root
         synchronize(device)
         backward_s, backward_cpu_s = time.perf_counter() - started, time.thread_time() - started_cpu
         run.phase = "done"
@@ -281,14 +302,18 @@ class _Phases:
         if self.source is not None:
             run.held = self.source.inputs
             return self.source.model, self.source.inputs, self.source.loss_fn
-        if run.device == "cpu":  # the default device: torch.device()'s hook on every call costs ~1.5 ms here
-            model = build_model(config)
-        else:
-            with torch.device(run.device):
+        with outside_fake_mode(run):  # a dry run under autocast builds on meta, then goes fake (capture.autocast)
+            if run.device == "cpu":  # the default device: torch.device()'s hook on every call costs ~1.5 ms here
                 model = build_model(config)
-        batch = make_batch(config, run.device)
-        run.held = (batch.inputs, batch.targets)
-        return model, (batch.inputs,), lambda out: compute_loss(config, out, batch.targets)
+            else:
+                with torch.device(run.device):
+                    model = build_model(config)
+            batch = make_batch(config, run.device)
+        inputs, targets = batch.inputs, batch.targets
+        if uses_fake_tensors(run):  # a dry run under autocast: fake tensors of a real device (capture.autocast)
+            model, (inputs, targets) = on_fake_device(model, (inputs, targets), autocast_device_type(run.device))
+        run.held = (inputs, targets)
+        return model, (inputs,), lambda out: compute_loss(config, out, targets)
 
     def compiled_call(self, model: torch.nn.Module, inputs: tuple, loss_of: Callable) -> tuple[Callable, list]:
         """What the forward calls, and the module hooks: the model with its hooks; under --compile the compiled model
@@ -369,7 +394,8 @@ class _Phases:
 
     def result(self, model, loss, times: TimeSummary, peak: int | None, baseline: int | None) -> Capture:
         run = self.run
-        graph, summary, parameter_bytes = self.graph(model)
+        graph, summary, trainable_bytes = self.graph(model)
+        frozen_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
         for instrument in self.hooked("finish"):
             instrument.finish(run, graph)
         saved, flops = run.instrument("saved"), run.instrument("flops")
@@ -384,9 +410,9 @@ class _Phases:
             summary=summary,
             memory=MemorySummary(
                 saved_bytes=saved.saved_bytes if saved else 0,
-                parameter_bytes=parameter_bytes,
+                parameter_bytes=trainable_bytes + frozen_bytes,
                 buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
-                gradient_bytes=parameter_bytes,
+                gradient_bytes=trainable_bytes,
                 peak_bytes=peak,
                 baseline_bytes=baseline,
                 checkpoint_held_bytes=saved.checkpoint_held_bytes if saved else 0,
@@ -399,12 +425,32 @@ class _Phases:
             backward_order=tuple(order.order) if order else (),
             timeline=timeline,
             compiled=getattr(run.instrument("compiled"), "summary", None),
+            **self.training_parts(),
         )
+
+    def training_parts(self) -> dict:
+        """Capture's `optimizer`, `autocast` and `notes`: what torch.optim kept, what autocast did, and how."""
+        run, notes = self.run, list(getattr(self, "notes", ()))
+        stepper, casts = run.instrument("optimizer"), run.instrument("casts")
+        state = stepper.result if stepper is not None else None
+        autocast = None
+        if casts is not None:
+            device_type = autocast_device_type(run.device)
+            autocast = AutocastSummary(run.config.autocast, device_type, len(casts.cast_ids), casts.weight_casts,
+                                       casts.weight_copy_bytes, " ".join(notes))
+            master = " (fp32 master weights)" if run.config.dtype == "float32" else ""
+            notes.insert(0, f"Ops ran under torch.autocast({device_type!r}, {run.config.autocast}); the weights stayed "
+                            f"{run.config.dtype}{master}: {len(casts.cast_ids):,} cast nodes, "
+                            f"{casts.weight_casts:,} of them 16-bit copies of weights.")
+        if state is not None:
+            notes.extend(state.notes)
+        return {"optimizer": state, "autocast": autocast, "notes": tuple(notes)}
 
     def graph(self, model) -> tuple[nx.DiGraph, GraphSummary, int]:
         """The graph in DESIGN.md's schema: every key on every node, each instrument filling its own."""
         run, tracker = self.run, self.run.modules
         param_names = {p: name for name, p in model.named_parameters()}
+        frozen = [p for p in param_names if not p.requires_grad]  # no AccumulateGrad node: autograd leaves them out
         annotators = [i.annotate for i in self.hooked("annotate")]
         by_category: Counter[str] = Counter()
         by_op: Counter[str] = Counter()
@@ -423,7 +469,6 @@ class _Phases:
                 parameter_bytes += tensor.numel() * tensor.element_size()
             # The owning module's type refines categories (graphviz_core.graph.categories.category_in_module).
             category = category_in_module(op, tracker.module_type(node))
-            by_category[category] += 1
             by_op[op] += 1
             record = {
                 "op": op, "category": category, "module": module, "saved_bytes": 0, "flops": 0, "recompute_flops": 0,
@@ -432,6 +477,7 @@ class _Phases:
             }
             for annotate in annotators:
                 annotate(node_id, record)
+            by_category[record["category"]] += 1  # after the instruments: autocast's casts are `cast`
             records.append((node_id, record))
         graph = nx.DiGraph()
         graph.add_nodes_from(records)
@@ -445,6 +491,8 @@ class _Phases:
             by_op=dict(sorted(by_op.items())),
             parameters=by_category.get("accumulate_grad", 0),
             parameter_count=parameter_count,
+            frozen_parameters=len(frozen),
+            frozen_parameter_count=sum(p.numel() for p in frozen),
         )
         return graph, summary, parameter_bytes
 

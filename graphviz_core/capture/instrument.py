@@ -44,6 +44,7 @@ class Run:
         self.phase = "setup"  # "forward", "walk", "backward", "done"
         self.model: torch.nn.Module | None = None
         self.held: tuple = ()  # the batch (or a user's inputs): alive through the step, not the model's
+        self.scaler: torch.amp.GradScaler | None = None  # float16 autocast: scales the loss, then steps the optimizer
         self.param_storages: set[int] = set()  # storage keys of the parameters
         self.modules: ModuleTracker | None = None  # always present: the module stack every instrument may read
         self.current: str | None = None  # the node whose backward is running (None between nodes)
@@ -61,7 +62,8 @@ class Run:
         """Drop every reference to autograd nodes, modules and tensors, each instrument's first: instruments and the
         run point at each other, so without this the model and its gradients would live until a cyclic GC pass."""
         for instrument in self.instruments.values():
-            instrument.release()
+            if getattr(instrument, "run", None) is not None:  # started: building the model may refuse before that
+                instrument.release()
         self.instruments = {}
         self.modules = None
         self.model = None

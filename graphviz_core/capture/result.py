@@ -28,8 +28,10 @@ class GraphSummary:
     edges: int
     by_category: dict[str, int]
     by_op: dict[str, int]
-    parameters: int  # AccumulateGrad nodes = parameter tensors reached by backward
+    parameters: int  # AccumulateGrad nodes = parameter tensors reached by backward: the ones that train
     parameter_count: int  # scalars in those tensors
+    frozen_parameters: int = 0  # parameter tensors with requires_grad off (LoRA's base weights, --freeze): no node
+    frozen_parameter_count: int = 0  # scalars in those tensors
 
 
 @dataclass(frozen=True)
@@ -39,9 +41,9 @@ class MemorySummary:
     checkpoint policies (saved_bytes alone drops what a checkpoint keeps itself)."""
 
     saved_bytes: int  # tensors saved for backward, storages de-duplicated, parameters excluded
-    parameter_bytes: int  # parameters reached by backward
+    parameter_bytes: int  # parameters reached by backward, plus the frozen ones (they are in memory all the same)
     buffer_bytes: int  # the model's buffers (BatchNorm running statistics, rotary tables): no gradient, not parameters
-    gradient_bytes: int  # .grad of every parameter reached
+    gradient_bytes: int  # .grad of every parameter reached (the trainable ones)
     peak_bytes: int  # CUDA max_memory_allocated over forward + backward; elsewhere the timeline's peak
     baseline_bytes: int | None  # allocated before the forward (parameters, inputs); CUDA only
     checkpoint_held_bytes: int  # inputs that checkpointed regions keep for recomputation (not saved tensors)
@@ -103,6 +105,33 @@ class TimeSummary:
 
 
 @dataclass(frozen=True)
+class OptimizerState:
+    """What the config's torch.optim optimizer kept after one step over the captured parameters
+    (graphviz_core.capture.instruments.optimizer)."""
+
+    optimizer: str
+    state_bytes: int  # every tensor in optimizer.state, storages counted once
+    bytes_by_key: dict[str, int]  # state key (exp_avg, exp_avg_sq, step, momentum_buffer, row_var...) -> bytes
+    tensors: int  # state tensors
+    parameter_tensors: int  # parameters with a gradient that the optimizer stepped
+    parameter_count: int  # their scalars
+    stepped: bool  # the whole update ran (False: meta, or a step the GradScaler skipped)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AutocastSummary:
+    """What torch.autocast did in the forward (graphviz_core.capture.instruments.casts)."""
+
+    dtype: str  # bfloat16 | float16: the dtype autocast's lower-precision ops ran in
+    device_type: str  # the device type autocast ran for (cpu | cuda; a meta dry run's fake tensors' device)
+    cast_nodes: int  # ToCopyBackward0 nodes autocast made (category `cast`)
+    weight_casts: int  # of those, casts of a parameter (an fp32 weight's 16-bit copy)
+    weight_copy_bytes: int  # the 16-bit weight copies saved for backward, storages counted once
+    scaler: str  # what the gradient scaler did ("" without one: bfloat16 needs none)
+
+
+@dataclass(frozen=True)
 class Capture:
     """One captured backward pass: the graph (DESIGN.md's schema) plus summaries."""
 
@@ -117,4 +146,7 @@ class Capture:
     save_order: tuple[SaveEvent, ...] = field(repr=False)
     backward_order: tuple[str, ...] = field(repr=False)
     timeline: MemoryTimeline | None = field(default=None, repr=False)  # graphviz_core.capture.timeline
+    optimizer: OptimizerState | None = None  # torch.optim's state after one step (the "optimizer" instrument)
+    autocast: AutocastSummary | None = None  # what torch.autocast did (config.autocast other than none)
+    notes: tuple[str, ...] = ()  # sentences about how this step ran (autocast, the GradScaler, the optimizer)
     compiled: dict | None = field(default=None, repr=False)  # --compile: regions, breaks, saved bytes (capture.compiled)

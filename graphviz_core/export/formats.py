@@ -39,6 +39,7 @@ CATEGORY_COLOURS = {
     "embedding": "#17becf",
     "shape": "#c7c7c7",
     "conversion": "#7f7f7f",
+    "cast": "#a55194",  # autocast's casts: a magenta apart from conversion's grey
     "checkpoint": "#393b79",
     "compiled": "#637939",
     "accumulate_grad": "#ffdd57",
@@ -85,6 +86,10 @@ def capture_to_dict(capture: Capture, graph: nx.DiGraph | None = None, view: Map
                        **dataclasses.asdict(capture.memory), **memory_details(capture)},
             "flops": dataclasses.asdict(capture.flops),
             "time": dataclasses.asdict(capture.time),
+            # the training step as it ran: torch.optim's state after one step, what autocast did, how (notes)
+            "optimizer": dataclasses.asdict(capture.optimizer) if capture.optimizer else None,
+            "autocast": dataclasses.asdict(capture.autocast) if capture.autocast else None,
+            "notes": list(capture.notes),
             "backward_order": list(capture.backward_order),
             "save_order": [dataclasses.asdict(e) for e in capture.save_order],
             **({"compile": capture.compiled} if capture.compiled is not None else {}),

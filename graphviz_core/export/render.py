@@ -439,12 +439,24 @@ def run_description(config, device: str | None = None) -> str:
     decides both itself: neither is claimed for it)."""
     parts = [config.describe(device=device)]
     compiled = ["torch.compile (inductor's partitioner, no code generated)"] if config.compile else []
+    compiled += _training_words(config)
     if config.family.user_code:
         return " · ".join([*parts, *compiled])
     if applies("attention", config.model):
         parts.append(f"{config.attention} attention ({ATTENTION_WORDS.get(config.attention, config.attention)})")
     parts.append("no checkpointing" if config.checkpoint == "none" else f"checkpoint {config.checkpoint}")
     return " · ".join([*parts, *compiled])
+
+
+def _training_words(config) -> list[str]:
+    """Autocast and the optimizer, where not the defaults (none; AdamW)."""
+    from graphviz_core.capture.instruments.optimizer import OPTIMIZER_NAMES
+
+    words = [f"{config.autocast} autocast" + (" + GradScaler" if config.autocast == "float16" else "")
+             ] if config.autocast != "none" else []
+    if config.optimizer != "adamw":
+        words.append(f"{OPTIMIZER_NAMES[config.optimizer]} optimizer")
+    return words
 
 
 def render_standalone_html(capture) -> str:

@@ -22,6 +22,7 @@ CATEGORIES = (
     "embedding",
     "shape",
     "conversion",
+    "cast",  # ToCopyBackward0 nodes torch.autocast made (capture.instruments.casts decides, not the op name)
     "communication",
     "checkpoint",
     "compiled",

@@ -88,6 +88,11 @@ FIELD_LABELS = {
     "dtype": "Dtype",
     "autocast": "Mixed precision (autocast)",
     "optimizer": "Optimizer",
+    "finetune": "Fine-tuning",
+    "lora_rank": "LoRA rank r",
+    "lora_alpha": "LoRA alpha",
+    "lora_targets": "LoRA targets",
+    "freeze": "Freeze parameters (glob)",
 }
 # The same fields in a sentence ("model 'mlp' has no attention heads").
 FIELD_WORDS = {

@@ -9,15 +9,22 @@ import streamlit as st
 import torch
 
 from graphviz_core.capture.device import check_budget, resolve_device
+from graphviz_core.capture.instruments.optimizer import OPTIMIZER_NAMES
 from graphviz_core.config import (
+    AUTOCASTS,
     CHECKPOINTS,
     CUSTOM,
     DEFAULT_PRESET,
     DEVICES,
     DTYPES,
     FAMILIES,
+    FINETUNES,
+    LORA_ALPHA,
+    LORA_FIELDS,
+    LORA_RANK,
     MODEL_DEFAULTS,
     MODELS,
+    OPTIMIZERS,
     PRESETS,
     SEED_MAX,
     ModelConfig,
@@ -31,7 +38,11 @@ from graphviz_core.ui.state import keep_widget_state
 
 SIZE_FIELDS = ("hidden", "heads", "layers", "vocab", "batch", "seq")
 INT_FIELDS = (*SIZE_FIELDS, "kv_heads", "intermediate", "experts", "experts_per_token", "image_size", "context", "seed")
-CHOICE_FIELDS = ("model", "attention", "checkpoint", "device", "dtype")
+CHOICE_FIELDS = ("model", "attention", "checkpoint", "device", "dtype", "autocast", "optimizer")
+FINETUNE_FIELDS = ("finetune", *LORA_FIELDS, "freeze")  # the Fine-tuning box (outside the form) and its fields
+FINETUNE_LABELS = {"full": "full (every parameter trains)", "lora": "LoRA (low-rank adapters, base frozen)"}
+AUTOCAST_LABELS = {"none": "none (every op in the dtype above)", "bfloat16": "bfloat16",
+                   "float16": "float16 (with a gradient scaler)"}
 
 
 def _label(name: str, model: str) -> str:
@@ -106,7 +117,7 @@ def form_fields(key: str) -> dict:
     """The config fields as the form holds them now; fields the family does not have take their neutral value."""
     model = st.session_state[f"{key}.model"]
     fields = {}
-    for name in (*INT_FIELDS, *CHOICE_FIELDS, "tied", "compile"):
+    for name in (*INT_FIELDS, *CHOICE_FIELDS, "tied", "compile", *FINETUNE_FIELDS):
         value = st.session_state.get(f"{key}.{name}", getattr(ModelConfig, name))
         if name in ("kv_heads", "intermediate", "experts", "experts_per_token", "image_size", "context", "tied"):
             value = value if applies(name, model) else getattr(ModelConfig, name)
@@ -117,6 +128,13 @@ def form_fields(key: str) -> dict:
         fields[name] = value
     if fields["checkpoint"] not in FAMILIES[model].checkpoint_policies():  # an MLP has no attention to recompute
         fields["checkpoint"] = "full"
+    if fields["finetune"] != "lora":  # the LoRA fields are hidden then: their values shape nothing
+        fields.update(lora_rank=LORA_RANK, lora_alpha=LORA_ALPHA, lora_targets="")
+    for name in ("lora_targets", "freeze"):
+        fields[name] = str(fields[name] or "").replace(" ", "")  # "q_proj, v_proj" as typed
+    for name in ("lora_rank", "lora_alpha"):
+        if isinstance(fields[name], float) and fields[name].is_integer():
+            fields[name] = int(fields[name])
     return fields
 
 
@@ -184,6 +202,7 @@ def config_form(key: str = "config", where=None, submit_label: str = "Run backwa
     sidebar = where or st.sidebar
     _pickers(key, sidebar)
     _trusted_models(key, where)
+    _finetune_picker(key, sidebar)
     # Refusals and "stale result" notices go here, above the fields, where they are seen without scrolling.
     notice = sidebar.empty()
     model = st.session_state[f"{key}.model"]
@@ -269,6 +288,24 @@ def _fields(key: str, model: str) -> None:
         + ("" if "cuda" in devices else "; cuda is not offered: this machine has none"),
     )
     right.selectbox("Dtype", DTYPES, key=f"{key}.dtype")
+    st.selectbox(
+        _label("autocast", model),
+        AUTOCASTS,
+        key=f"{key}.autocast",
+        format_func=AUTOCAST_LABELS.get,
+        help="Run the forward under torch.autocast: matmuls, linears and attention in 16 bits, the weights kept in "
+        "the dtype above (fp32 master weights). Autocast's casts show as cast nodes; float16 also scales the loss "
+        "with a GradScaler, as training does.",
+    )
+    st.selectbox(
+        _label("optimizer", model),
+        OPTIMIZERS,
+        key=f"{key}.optimizer",
+        format_func=OPTIMIZER_NAMES.get,
+        help="The torch.optim optimizer stepped once after the backward: the memory panel counts the state it keeps "
+        "(SGD none, SGD with momentum one buffer, Adam and AdamW two moments, Adafactor row and column factors).",
+    )
+    _finetune_fields(key, model)
     st.checkbox(
         "torch.compile",
         key=f"{key}.compile",
@@ -277,6 +314,44 @@ def _fields(key: str, model: str) -> None:
         "partitioner decides what is saved, and no kernel code is generated.",
     )
     st.number_input(_label("seed", model), step=1, key=f"{key}.seed", help=f"0 to {SEED_MAX:,}")
+
+
+def _finetune_picker(key: str, sidebar) -> None:
+    """Full fine-tuning or LoRA: outside the form, so that choosing LoRA shows its fields at once."""
+    sidebar.selectbox(
+        _label("finetune", st.session_state[f"{key}.model"]),
+        FINETUNES,
+        key=f"{key}.finetune",
+        format_func=FINETUNE_LABELS.get,
+        help="LoRA (peft): low-rank adapters A (r × in) and B (out × r) beside the chosen layers, every base weight "
+        "frozen: frozen weights get no AccumulateGrad node, no gradient, no optimizer state and no weight-gradient "
+        "matmul. The Memory and FLOPs tabs put it side by side with full fine-tuning.",
+    )
+
+
+def _finetune_fields(key: str, model: str) -> None:
+    """LoRA's rank, alpha and targets (while LoRA is chosen) and the freeze glob."""
+    if st.session_state.get(f"{key}.finetune") == "lora":
+        left, right = st.columns(2)
+        left.number_input(_label("lora_rank", model), step=1, key=f"{key}.lora_rank",
+                          help="r: the adapters' inner width; each adapted layer gains r·(in + out) parameters")
+        right.number_input(_label("lora_alpha", model), step=1, key=f"{key}.lora_alpha",
+                           help="the adapter's output is scaled by alpha / r")
+        family = FAMILIES[model]
+        st.text_input(
+            _label("lora_targets", model),
+            key=f"{key}.lora_targets",
+            placeholder=", ".join(family.lora_targets) or "e.g. convolution",
+            help=f"module names, comma-separated (the end of a module's path, or a glob of the whole path); empty: "
+            f"{family.lora_targets_note}",
+        )
+    st.text_input(
+        _label("freeze", model),
+        key=f"{key}.freeze",
+        placeholder="e.g. *embed*",
+        help="parameters whose names match this glob (fnmatch; comma-separated for several) get no gradient, with "
+        "full fine-tuning or LoRA",
+    )
 
 
 def _say_what_differs(key: str, applied: ModelConfig, model: str, notice, where, submit_label: str) -> None:

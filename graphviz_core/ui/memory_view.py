@@ -10,19 +10,18 @@ import streamlit as st
 from graphviz_core.analysis.checkpointing import compare_checkpointing
 from graphviz_core.analysis.fit import will_it_fit
 from graphviz_core.analysis.memory_breakdown import largest_saved_tensors, saved_bytes_by_layer
+from graphviz_core.analysis.step_terms import step_parts
 from graphviz_core.analysis.training_step import (
     ACCELERATORS,
-    DEFAULT_OPTIMIZER,
     OPTIMIZER_NAMES,
     TrainingStep,
     accelerator_fits,
-    optimizer_state_note,
     training_step_of,
 )
 from graphviz_core.capture.result import Capture
 from graphviz_core.capture.timeline import KINDS, sampled_steps
 from graphviz_core.ui.charts import show_chart
-from graphviz_core.ui.format import bytes_unit, format_bytes, format_flops, literal_cells
+from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, format_flops, literal_cells
 
 KIND_COLOURS = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e", "#c7c7c7"]  # same order as KINDS
 CUSTOM = "Custom (GiB)"
@@ -30,11 +29,11 @@ CUSTOM = "Custom (GiB)"
 
 @st.fragment
 def show_memory(capture: Capture) -> None:
-    """A fragment: its widgets (optimizer, budget, the two actions) rerun this panel only, never the capture."""
+    """A fragment: its widgets (budget, the two actions) rerun this panel only, never the capture. The optimizer is
+    the config's (the form's Optimizer control): its state is what torch.optim kept after the capture's step."""
     timeline = capture.timeline
-    # the headline follows the optimizer picked below (AdamW until one is picked)
-    optimizer = st.session_state.setdefault("memory.optimizer", DEFAULT_OPTIMIZER)
-    step = training_step_of(capture, optimizer)
+    optimizer = capture.config.optimizer
+    step = training_step_of(capture)
     peak = timeline.peak
     cols = st.columns(4)
     cols[0].metric(
@@ -58,7 +57,8 @@ def show_memory(capture: Capture) -> None:
     cols[3].metric(
         f"Step peak ({OPTIMIZER_NAMES[optimizer]})",
         format_bytes(step.step_peak_bytes),
-        help="forward + backward peak plus optimizer state and fp32 master weights (16-bit dtypes)",
+        help="forward + backward peak plus the optimizer's state (torch.optim's own, after one step) and fp32 master "
+        "weights (16-bit dtypes)",
     )
     _saved_above_activation_peak(capture)
     where = peak.label if peak.phase != "start" else "before the forward"
@@ -219,26 +219,10 @@ def _where_the_bytes_are(capture: Capture) -> None:
 
 
 def _training_step(capture: Capture, step: TrainingStep) -> None:
-    """`step`: the training step for the optimizer this run's selectbox holds (show_memory computed it)."""
-    st.markdown("##### One training step")
-    optimizer = st.selectbox("Optimizer", list(OPTIMIZER_NAMES), format_func=OPTIMIZER_NAMES.get, key="memory.optimizer")
-    parts = [
-        ("parameters", step.parameter_bytes, f"{step.parameter_count:,} × {capture.config.dtype}"),
-        ("gradients", step.gradient_bytes, "one per parameter, same dtype"),
-        (
-            "fp32 master weights",
-            step.master_weight_bytes,
-            "4 B per parameter (16-bit training updates an fp32 copy)" if step.mixed_precision else "none: fp32",
-        ),
-        (
-            "optimizer state",
-            step.optimizer_state_bytes,
-            optimizer_state_note(optimizer, capture.summary.parameters),
-        ),
-        ("activations at their peak", step.activation_peak_bytes, "measured (timeline)"),
-        ("sum of the parts", step.sum_of_parts_bytes, "as if all were live at once"),
-        ("step peak", step.step_peak_bytes, "measured forward + backward peak + master weights + optimizer state"),
-    ]
+    """`step`: the training step of the config's optimizer (show_memory computed it); one row per term."""
+    st.markdown(f"##### One training step ({OPTIMIZER_NAMES[step.optimizer]}"
+                + (f", {step.autocast} autocast" if step.autocast != "none" else "") + ")")
+    parts = step_parts(capture, step)
     st.table(  # st.table wraps long cells; st.dataframe cut "why" off at 1280 px
         literal_cells(pd.DataFrame([{"part": p, "bytes": format_bytes(b), "why": w} for p, b, w in parts])),
         hide_index=True,
@@ -259,6 +243,8 @@ def _training_step(capture: Capture, step: TrainingStep) -> None:
         width="stretch",
     )
     st.caption("One device, no sharding; capacity as nvidia-smi reports it.")
+    for note in capture.notes:  # how the step ran: autocast, the GradScaler, the optimizer's step
+        st.caption(escape_markdown(note))
 
 
 def _run_action(key: str, label: str, action):
@@ -283,12 +269,12 @@ def _checkpointing(capture: Capture) -> None:
     device = capture.device if same_device else "meta"
     measured = capture.time.forward_s + capture.time.backward_s if capture.time.forward_s is not None else None
     step_time = measured if capture.config.checkpoint == "none" else None
-    key = f"memory.ckpt::{config}::{device}::{st.session_state.get('memory.optimizer', 'adamw')}"
+    key = f"memory.ckpt::{config}::{device}"
     result = _run_action(
         key,
         "Compare the checkpointing policies",
         lambda: compare_checkpointing(
-            config, device=device, optimizer=st.session_state.get("memory.optimizer", DEFAULT_OPTIMIZER), step_time_s=step_time
+            config, device=device, optimizer=config.optimizer, step_time_s=step_time
         ),
     )
     if result is None:
@@ -383,8 +369,8 @@ def _will_it_fit(capture: Capture) -> None:
         disabled=choice != CUSTOM,
     )
     budget = ACCELERATORS[choice] if choice != CUSTOM else int(gib * 2**30)
-    optimizer = st.session_state.get("memory.optimizer", DEFAULT_OPTIMIZER)
     config = capture.config
+    optimizer = config.optimizer
     key = f"memory.fit::{config}::{budget}::{optimizer}"
     result = _run_action(
         key,
@@ -394,7 +380,7 @@ def _will_it_fit(capture: Capture) -> None:
     if result is None:
         st.caption(
             "Bisection over shapes-only captures on meta: the training step's peak (as above, with the "
-            "optimizer chosen there) must stay within the budget. Batch keeps this seq; seq keeps this batch."
+            "config's optimizer) must stay within the budget. Batch keeps this seq; seq keeps this batch."
         )
         return
     rows = []

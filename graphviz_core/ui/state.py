@@ -9,7 +9,7 @@ import streamlit as st
 
 # The panels' choices the explorer keeps while another tab is open (keep_widget_state). Here, not in the panels'
 # modules, so that the explorer's first run need not import those (pandas, Altair: ~0.7 s on a cold server).
-MEMORY_WIDGETS = ("memory.optimizer", "memory.ckpt_device", "memory.budget_choice", "memory.budget_gib")
+MEMORY_WIDGETS = ("memory.ckpt_device", "memory.budget_choice", "memory.budget_gib")
 FLOPS_WIDGETS = ("flops.both_ways", "flops.top_n")
 
 

@@ -1,0 +1,47 @@
+"""The training step's memory as the terms a person adds up, each with what it is: weights, gradients, fp32 master
+weights, the optimizer's state (torch.optim's own, by state key), the activations, and under autocast the 16-bit
+weight copies autocast saved for backward, split out of the activations. The memory panel shows these rows and
+`graphviz-core memory` writes them (`training_step_terms`)."""
+
+from __future__ import annotations
+
+from graphviz_core.analysis.training_step import FORMULA, OPTIMIZER_NAMES, TrainingStep, optimizer_state_note
+from graphviz_core.capture.result import Capture
+from graphviz_core.units import format_bytes
+
+
+def optimizer_note(step: TrainingStep, parameter_tensors: int) -> str:
+    """What the optimizer-state term holds, in words."""
+    name = OPTIMIZER_NAMES[step.optimizer]
+    if step.optimizer_state_source == FORMULA:
+        return f"{name}, by formula: {optimizer_state_note(step.optimizer, parameter_tensors)}"
+    if not step.optimizer_state_by_key:
+        return f"{name} keeps no state ({step.optimizer_state_source})"
+    keys = " + ".join(f"{key} {format_bytes(b)}" for key, b in step.optimizer_state_by_key.items())
+    return f"{name}: {keys} ({step.optimizer_state_source})"
+
+
+def step_parts(capture: Capture, step: TrainingStep) -> list[tuple[str, int, str]]:
+    """(term, bytes, what it is) for every term of the step, then the sum and the step's peak."""
+    dtype = capture.config.dtype
+    parts = [
+        ("weights", step.parameter_bytes, f"{step.parameter_count + step.frozen_parameter_count:,} parameters × {dtype}"
+         + (" (the master weights autocast reads)" if step.autocast != "none" else "")),
+        ("gradients", step.gradient_bytes, f"one per trainable parameter, {dtype}"),
+    ]
+    if step.mixed_precision:
+        parts.append(("fp32 master weights", step.master_weight_bytes,
+                      "4 B per parameter (16-bit training updates an fp32 copy)"))
+    parts.append(("optimizer state", step.optimizer_state_bytes, optimizer_note(step, capture.summary.parameters)))
+    if step.autocast != "none":
+        parts.append(("activations at their peak", step.activation_peak_bytes - step.weight_copy_bytes,
+                      "measured (timeline), without the weight copies below"))
+        parts.append((f"{step.autocast} weight copies", step.weight_copy_bytes,
+                      f"autocast's {step.autocast} copies of the weights, saved for backward (part of the "
+                      "measured activation peak)"))
+    else:
+        parts.append(("activations at their peak", step.activation_peak_bytes, "measured (timeline)"))
+    parts.append(("sum of the parts", step.sum_of_parts_bytes, "as if all were live at once"))
+    parts.append(("step peak", step.step_peak_bytes,
+                  "measured forward + backward peak + master weights + optimizer state"))
+    return parts
