@@ -134,8 +134,11 @@ def largest_fitting(
     dimension: str,
     optimizer: str = "adamw",
     parameter_count: int | None = None,
+    frozen_parameter_count: int = 0,
 ) -> FitResult:
-    """The largest `dimension` (batch or seq) whose step peak under `policy` is at most `budget_bytes`."""
+    """The largest `dimension` (batch or seq) whose step peak under `policy` is at most `budget_bytes`.
+    `parameter_count`: the trainable parameters (None: from a meta capture, which also gives the frozen ones);
+    `frozen_parameter_count`: weights with no gradient or optimizer state (LoRA's base, --freeze)."""
     if dimension not in DIMENSIONS:
         raise ValueError(f"unknown dimension {dimension!r}; choose batch or seq.")
     if not applies(dimension, config.model):
@@ -147,15 +150,20 @@ def largest_fitting(
     prober = _Prober(config, optimizer)
     limit = LIMITS[dimension]
     if parameter_count is None:
-        parameter_count = capture_backward(config.replace(device="meta")).summary.parameter_count
+        summary = capture_backward(config.replace(device="meta")).summary
+        parameter_count, frozen_parameter_count = summary.parameter_count, summary.frozen_parameter_count
         prober.captures += 1
-    predicted = predicted_largest(config, budget_bytes, policy, dimension, optimizer, parameter_count)
+    predicted = predicted_largest(config, budget_bytes, policy, dimension, optimizer, parameter_count,
+                                  frozen_parameter_count)
 
     # Parameters, gradients, master weights and optimizer state alone over budget: nothing fits, no capture
     # needed (at seq 1 a gpt2's position table has one row, so its other rows are left out of this bound).
     grows = dimension == "seq" and applies("context", config.model)
     floor_count = parameter_count - (config.positions - 1) * config.hidden * grows
-    if training_step(floor_count, config.dtype, optimizer, 0, 0).sum_of_parts_bytes > budget_bytes:
+    if floor_count < 0:  # LoRA: the position table is among the frozen weights; take its rows off those
+        floor_count, frozen_parameter_count = 0, frozen_parameter_count + floor_count
+    floor = training_step(floor_count, config.dtype, optimizer, 0, 0, frozen_parameter_count=frozen_parameter_count)
+    if floor.sum_of_parts_bytes > budget_bytes:
         return FitResult(policy, dimension, 0, None, predicted, False, True, prober.captures)
 
     def exact_fits(n: int) -> bool:
@@ -176,13 +184,15 @@ def largest_fitting(
 
 
 def predicted_largest(
-    config: ModelConfig, budget_bytes: int, policy: str, dimension: str, optimizer: str, parameter_count: int
+    config: ModelConfig, budget_bytes: int, policy: str, dimension: str, optimizer: str, parameter_count: int,
+    frozen_parameter_count: int = 0,
 ) -> int | None:
     """Closed form: parameters, gradients, master weights and optimizer state for `parameter_count`, plus
     layers x Korthikanti's per-layer activation bytes for the policy; the largest value within budget."""
     if not config.family.has_attention or policy not in KORTHIKANTI_POLICIES:  # per transformer layer, his policies
         return None
-    fixed = training_step(parameter_count, config.dtype, optimizer, 0, 0).sum_of_parts_bytes
+    fixed = training_step(parameter_count, config.dtype, optimizer, 0, 0,
+                          frozen_parameter_count=frozen_parameter_count).sum_of_parts_bytes
 
     def fits(n: int) -> bool:
         probe = config.replace(**({dimension: n, "context": 0} if applies("context", config.model) else {dimension: n}))
@@ -198,16 +208,18 @@ def will_it_fit(
     dimensions: tuple[str, ...] = DIMENSIONS,
     parameter_count: int | None = None,
     progress: Callable[[str], None] | None = None,
+    frozen_parameter_count: int = 0,
 ) -> FitSearch:
     """Every policy the model supports x every dimension asked for; `parameter_count` (the config's, from a
     capture already made) saves a capture for the prediction."""
-    count = parameter_count
+    count, frozen = parameter_count, frozen_parameter_count
     if count is None:
-        count = capture_backward(config.replace(device="meta")).summary.parameter_count
+        summary = capture_backward(config.replace(device="meta")).summary
+        count, frozen = summary.parameter_count, summary.frozen_parameter_count
     results = []
     for policy in policies_for(config):
         for dimension in (d for d in dimensions if applies(d, config.model)):
             if progress:
                 progress(f"largest {dimension} with checkpoint {policy}")
-            results.append(largest_fitting(config, budget_bytes, policy, dimension, optimizer, count))
+            results.append(largest_fitting(config, budget_bytes, policy, dimension, optimizer, count, frozen))
     return FitSearch(config, budget_bytes, optimizer, tuple(results))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from graphviz_core.analysis.checkpointing import compare_checkpointing
+from graphviz_core.analysis.finetuning import compare_finetuning
 from graphviz_core.analysis.fit import will_it_fit
 from graphviz_core.analysis.step_terms import step_parts
 from graphviz_core.analysis.training_step import accelerator_fits, training_step_of
@@ -33,17 +34,23 @@ def memory_report(
         "peak_bytes": capture.memory.peak_bytes,
         "timeline": capture.timeline.to_dict(),
         "training_step": dataclasses.asdict(step),
-        "accelerators": [dataclasses.asdict(f) for f in accelerator_fits(step.step_peak_bytes)],
         "training_step_terms": [{"term": t, "bytes": b, "what": w} for t, b, w in step_parts(capture, step)],
         "optimizer": dataclasses.asdict(capture.optimizer) if capture.optimizer else None,
         "autocast": dataclasses.asdict(capture.autocast) if capture.autocast else None,
         "notes": list(capture.notes),
+        "accelerators": [dataclasses.asdict(f) for f in accelerator_fits(step.step_peak_bytes)],
     }
+    if config.finetune == "lora" or config.freeze:  # what fine-tuning fewer parameters saves, against full
+        both = compare_finetuning(config, optimizer=optimizer)
+        report["finetuning"] = {
+            "device": both.device, "full": dataclasses.asdict(both.full), "tuned": dataclasses.asdict(both.tuned),
+        }
     if checkpoints:
         table = compare_checkpointing(config, optimizer=optimizer)
         report["checkpoints"] = {"device": table.device, "rows": [dataclasses.asdict(r) for r in table.rows]}
     if budget_bytes is not None:
-        search = will_it_fit(config, budget_bytes, optimizer, parameter_count=capture.summary.parameter_count)
+        search = will_it_fit(config, budget_bytes, optimizer, parameter_count=capture.summary.parameter_count,
+                             frozen_parameter_count=capture.summary.frozen_parameter_count)
         report["fit"] = {
             "budget_bytes": budget_bytes,
             "optimizer": optimizer,

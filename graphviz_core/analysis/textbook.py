@@ -74,6 +74,19 @@ def _in_block(d: dict, part: str = "") -> bool:
     return bool(match) and (not part or d["module"][match.end(1):].startswith(part))
 
 
+def frozen_note(capture: Capture, effect: str) -> str:
+    """A sentence for rows whose formula assumes every weight trains, when some do not (LoRA, --freeze)."""
+    frozen = capture.summary.frozen_parameter_count
+    if not frozen:
+        return ""
+    return f" The formula assumes every weight trains; here {frozen:,} parameters are frozen: {effect}."
+
+
+FROZEN_MEMORY = ("a frozen linear layer keeps no copy of its input (only its weight's gradient would read it), so "
+                 "less is saved wherever no adapter keeps that input instead")
+FROZEN_FLOPS = "a frozen weight gets no weight-gradient GEMM, so its layer measures one GEMM, not two"
+
+
 def memory_per_layer(capture: Capture) -> list[Comparison]:
     """Saved bytes of one transformer layer (mean over the blocks) against Korthikanti's formula."""
     config = capture.config
@@ -98,7 +111,7 @@ def memory_per_layer(capture: Capture) -> list[Comparison]:
                               " (fused attention keeps no s×s scores)") + "; the measured remainder is per-token "
                    "statistics the formula ignores: LayerNorm mean and rstd"
                    + (", the causal mask" if config.attention == "manual" else ", the attention log-sum-exp")
-                   + "."),
+                   + "." + frozen_note(capture, FROZEN_MEMORY)),
     ]
     if config.checkpoint != "none":
         rows.append(Comparison("checkpointing: inputs held for recompute (whole model)", None,
@@ -136,7 +149,7 @@ def _llama_memory_per_layer(capture: Capture) -> list[Comparison]:
                 else "eager attention keeps the float32 softmax and its copy; "
             )
             + "SwiGLU keeps 4 tensors of the MLP width. The rotary cos/sin tables "
-            f"({rotary:,} bytes, once per model) are left out.",
+            f"({rotary:,} bytes, once per model) are left out." + frozen_note(capture, FROZEN_MEMORY),
         ),
         Comparison(
             "same layer with a fused RMSNorm (no float32 upcast)",
@@ -182,14 +195,16 @@ def backward_flops(capture: Capture) -> list[Comparison]:
     rows = [
         Comparison("qkv_proj + attn_out (12bsh² + 4bsh², per layer)", seed["layers x qkv_proj"] + seed["layers x attn_out"],
                    _sum(capture, "flops", lambda x: _in_block(x, ".attn") and x["category"] == "matmul" and not attn_core(x)),
-                   "exact: two GEMMs per weight (input and weight gradients); bias sums are not counted."),
+                   "exact: two GEMMs per weight (input and weight gradients); bias sums are not counted."
+                   + frozen_note(capture, FROZEN_FLOPS)),
         Comparison("attention core: query@key, scaling, softmax, attn@value", core,
                    _sum(capture, "flops", attn_core),
                    f"the fused kernel recomputes q@kᵀ: 10·b·nh·s²·d = {10 * b * n_h * s * s * d * L:,} for {L} layers, "
                    "and its softmax/scaling arithmetic is not counted separately." if fused else
                    "4 batched GEMMs (8·b·nh·s²·d), softmax 4 and scaling 1 FLOP per score, as the textbook derivation counts them."),
         Comparison("mlp_up + mlp_down (32bsh²)", seed["layers x mlp_up"] + seed["layers x mlp_down"],
-                   _sum(capture, "flops", lambda x: _in_block(x, ".mlp") and x["category"] == "matmul"), "exact."),
+                   _sum(capture, "flops", lambda x: _in_block(x, ".mlp") and x["category"] == "matmul"),
+                   "exact." + frozen_note(capture, FROZEN_FLOPS)),
         Comparison("gelu (76bsh)", seed["layers x gelu"], _sum(capture, "flops", lambda x: x["category"] == "activation"),
                    "the textbook's 19 FLOPs per element is the count registered for gelu_backward."),
         Comparison("LayerNorms (11bsh each, 2 per layer + final)",

@@ -13,6 +13,7 @@ from graphviz_core.analysis.flop_terms import terms_both_ways
 from graphviz_core.capture.device_peak import DevicePeak, measure_peak
 from graphviz_core.capture.result import Capture
 from graphviz_core.ui.charts import category_scale, show_chart
+from graphviz_core.ui.finetune_view import FLOP_ROWS, show_finetune_comparison
 from graphviz_core.ui.format import (
     escape_markdown,
     flops_unit,
@@ -102,6 +103,7 @@ def show_flops(capture: Capture) -> None:
     _per_layer(capture)
     _ratios(capture)
     _rule_of_thumb(rule)
+    show_finetune_comparison(capture, FLOP_ROWS, "flops")
     _both_attentions(capture)
     _time_and_roofline(capture)
 

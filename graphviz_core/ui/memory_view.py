@@ -21,6 +21,7 @@ from graphviz_core.analysis.training_step import (
 from graphviz_core.capture.result import Capture
 from graphviz_core.capture.timeline import KINDS, sampled_steps
 from graphviz_core.ui.charts import show_chart
+from graphviz_core.ui.finetune_view import MEMORY_ROWS, show_finetune_comparison
 from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, format_flops, literal_cells
 
 KIND_COLOURS = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e", "#c7c7c7"]  # same order as KINDS
@@ -75,6 +76,7 @@ def show_memory(capture: Capture) -> None:
     _timeline_chart(capture)
     _where_the_bytes_are(capture)
     _training_step(capture, step)
+    show_finetune_comparison(capture, MEMORY_ROWS, "memory")
     _checkpointing(capture)
     _will_it_fit(capture)
 
@@ -375,7 +377,8 @@ def _will_it_fit(capture: Capture) -> None:
     result = _run_action(
         key,
         f"Find the largest batch and seq within {format_bytes(budget)}",
-        lambda: will_it_fit(config, budget, optimizer, parameter_count=capture.summary.parameter_count),
+        lambda: will_it_fit(config, budget, optimizer, parameter_count=capture.summary.parameter_count,
+                            frozen_parameter_count=capture.summary.frozen_parameter_count),
     )
     if result is None:
         st.caption(

@@ -21,8 +21,12 @@ def show_summary(capture: Capture) -> None:
     top, bottom = st.columns(3), st.columns(3)
     top[0].metric("Nodes", f"{s.nodes:,}", help="autograd nodes reached from the loss")
     top[1].metric("Edges", f"{s.edges:,}", help="gradient paths between nodes")
-    top[2].metric("Parameters", f"{s.parameter_count:,}", f"in {s.parameters} tensors", delta_color="off", delta_arrow="off",
-                  help="trainable scalars the backward pass computes a gradient for")
+    frozen = f"; {s.frozen_parameter_count:,} frozen" if s.frozen_parameters else ""
+    top[2].metric("Trainable parameters" if frozen else "Parameters", f"{s.parameter_count:,}",
+                  f"in {s.parameters} tensors{frozen}", delta_color="off", delta_arrow="off",
+                  help="trainable scalars the backward pass computes a gradient for (one AccumulateGrad node per "
+                  "tensor)" + (f"; {s.frozen_parameter_count:,} more in {s.frozen_parameters} frozen tensors get no "
+                               "gradient and no node" if frozen else ""))
     bottom[0].metric("Saved for backward", format_bytes(m.saved_bytes), help="storages de-duplicated, parameters excluded")
     bottom[1].metric("Backward FLOPs", format_flops(f.backward), f"forward {format_flops(f.forward)}", delta_color="off", delta_arrow="off")
     bottom[2].metric("Backward time", format_seconds(t.backward_s), f"forward {format_seconds(t.forward_s)}", delta_color="off", delta_arrow="off",
