@@ -146,9 +146,12 @@ def memtracker(config: ModelConfig, r: Round) -> None:
 
 
 def capture(config: ModelConfig, r: Round) -> None:
+    # Every instrument of the forward + backward; not the optimizer's step after it, which bare and the peers never run.
+    engine = importlib.import_module(graphviz_core.capture_backward.__module__)
+    measured = [name for name in getattr(engine, "INSTRUMENTS", ()) if name != "optimizer"] or None
     fresh_heap()
     started = now()
-    result = graphviz_core.capture_backward(config)
+    result = graphviz_core.capture_backward(config, instruments=measured)
     r.record("capture", started)  # the build inside is subtracted in finish()
     r.extra["nodes"] = result.summary.nodes
     r.extra["our peak"] = result.memory.peak_bytes

@@ -99,8 +99,9 @@ def scaler_note(run: Run) -> str:
     if run.scaler is None:
         return ""
     if run.real:
-        return f"float16 autocast: the loss was multiplied by the GradScaler's scale {run.scaler.get_scale():,.0f} " \
-               "before backward (every gradient in the graph is scaled by it)."
+        return (f"float16 autocast: the loss was multiplied by the GradScaler's scale {run.scaler.get_scale():,.0f} "
+                "before backward (the gradients flowing through the graph are scaled by it; the gradient norms shown "
+                "are divided by it again, as the optimizer steps with them).")
     return ("float16 autocast: the loss was multiplied by the GradScaler's scale (65,536 to start) before backward; "
             "on a dry run the scaler's inf/NaN check reads values fake tensors do not have, so the optimizer's state "
             "is counted as if the step ran.")

@@ -40,10 +40,14 @@ class GradientNorms(Instrument):
         return norm
 
     def after_backward(self, run: Run) -> None:
-        """Every norm read in one transfer (one sync on CUDA, instead of one per gradient)."""
+        """Every norm read in one transfer (one sync on CUDA, instead of one per gradient). Under float16 autocast the
+        backward carried the GradScaler's scaled gradients: the norms are divided by its scale, so they read as the
+        gradients the optimizer steps with (after the scaler unscales them)."""
         unique = {id(p): p for parts in self.parts.values() for p in parts}
+        scale = run.scaler.get_scale() if run.scaler is not None and run.real else 1.0
         if unique:
-            self.values = dict(zip(unique, torch.stack(list(unique.values())).tolist(), strict=True))
+            norms = torch.stack(list(unique.values())).tolist()
+            self.values = dict(zip(unique, (norm / scale for norm in norms), strict=True))
 
     def annotate(self, node_id: str, record: dict) -> None:
         parts = self.parts.get(node_id)
