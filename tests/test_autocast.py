@@ -12,6 +12,7 @@ from graphviz_core.analysis.step_terms import step_parts
 from graphviz_core.analysis.training_step import MEASURED, training_step_of
 from graphviz_core.config import config_from_preset
 from graphviz_core.models.registry import build_model, compute_loss, make_batch
+from graphviz_core.units import format_bytes
 from tests.conftest import captured
 
 # llama-tiny: hidden 64, 4 heads (head 16), 2 key-value heads, MLP 128, 2 layers, vocabulary 512, batch 2, seq 32.
@@ -39,11 +40,11 @@ def _independent_run(autocast: bool):
     model = build_model(config)
     batch = make_batch(config, "cpu")
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}  # storage address -> bytes, parameters left out
+    saved: dict[int, tuple[int, torch.dtype]] = {}  # storage address -> (bytes, dtype), parameters left out
 
     def pack(t):
         if t.untyped_storage().data_ptr() not in params:
-            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            saved[t.untyped_storage().data_ptr()] = (t.untyped_storage().nbytes(), t.dtype)
         return t
 
     context = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.autocast("cpu", enabled=False)
@@ -72,7 +73,7 @@ def test_autocast_bf16_casts_are_the_walks_to_copy_nodes_and_the_weights_stay_fp
     assert capture.summary.parameter_count == sum(p.numel() for p in model.parameters()) == P
     assert capture.memory.parameter_bytes == capture.memory.gradient_bytes == 4 * P
     # Saved bytes: the independent saved_tensors_hooks count of distinct non-parameter storages.
-    assert capture.memory.saved_bytes == sum(saved.values())
+    assert capture.memory.saved_bytes == sum(nbytes for nbytes, _ in saved.values())
     # The 16-bit weight copies autocast saved: every weight a linear reads, i.e. all but the embedding table and the
     # 5 RMSNorm weights (64 each), in 2 bytes: (139,584 - 32,768 - 320) x 2 = 212,992.
     assert capture.autocast.weight_copy_bytes == (P - 512 * 64 - 5 * 64) * 2 == 212_992
@@ -104,12 +105,19 @@ def test_the_training_step_under_autocast_counts_fp32_weights_grads_adamw_and_th
     assert step.master_weight_bytes == 0  # the weights are the master weights
     assert step.optimizer_state_bytes == 8 * P + 4 * TENSORS  # exp_avg + exp_avg_sq fp32, a 4 B step per tensor
     assert step.sum_of_parts_bytes == 4 * P + 4 * P + 8 * P + 4 * TENSORS + step.activation_peak_bytes
-    terms = {term: b for term, b, _ in step_parts(capture, step)}
+    parts = step_parts(capture, step)
+    terms = {term: b for term, b, _ in parts}
     assert terms["weights"] == terms["gradients"] == 4 * P
     assert terms["optimizer state"] == 8 * P + 4 * TENSORS
     assert terms["bfloat16 weight copies"] == 212_992
     assert terms["activations at their peak"] + terms["bfloat16 weight copies"] == step.activation_peak_bytes
     assert terms["sum of the parts"] == sum(b for t, b in terms.items() if t not in ("sum of the parts", "step peak"))
+    # the activations' term says what was saved in 16 bits besides the weight copies: the independent hooks' bfloat16
+    # bytes less the 212,992 B of copies
+    _, _, saved = _independent_run(autocast=True)
+    bf16 = sum(nbytes for nbytes, dtype in saved.values() if dtype == torch.bfloat16) - 212_992
+    what = next(w for t, _, w in parts if t == "activations at their peak")
+    assert f"{format_bytes(bf16)} bfloat16" in what, what
 
 
 def test_float16_autocast_scales_the_loss_and_steps_through_the_scaler():

@@ -21,6 +21,17 @@ def optimizer_note(step: TrainingStep, parameter_tensors: int) -> str:
     return f"{name}: {keys} ({step.optimizer_state_source})"
 
 
+def _saved_by_dtype(capture: Capture, step: TrainingStep) -> str:
+    """The saved activations by dtype, the weight copies left out ("saved for backward: 264.0 KiB bfloat16 + ...")."""
+    by_dtype: dict[str, int] = {}
+    for save in capture.save_order:
+        if save.counted:
+            by_dtype[save.dtype] = by_dtype.get(save.dtype, 0) + save.storage_bytes
+    by_dtype[step.autocast] = by_dtype.get(step.autocast, 0) - step.weight_copy_bytes
+    shown = " + ".join(f"{format_bytes(b)} {dtype}" for dtype, b in sorted(by_dtype.items(), key=lambda kv: -kv[1]) if b)
+    return f"saved for backward: {shown}"
+
+
 def step_parts(capture: Capture, step: TrainingStep) -> list[tuple[str, int, str]]:
     """(term, bytes, what it is) for every term of the step, then the sum and the step's peak."""
     dtype = capture.config.dtype
@@ -35,7 +46,7 @@ def step_parts(capture: Capture, step: TrainingStep) -> list[tuple[str, int, str
     parts.append(("optimizer state", step.optimizer_state_bytes, optimizer_note(step, capture.summary.parameters)))
     if step.autocast != "none":
         parts.append(("activations at their peak", step.activation_peak_bytes - step.weight_copy_bytes,
-                      "measured (timeline), without the weight copies below"))
+                      "measured (timeline), without the weight copies below; " + _saved_by_dtype(capture, step)))
         parts.append((f"{step.autocast} weight copies", step.weight_copy_bytes,
                       f"autocast's {step.autocast} copies of the weights, saved for backward (part of the "
                       "measured activation peak)"))
