@@ -265,6 +265,12 @@ def _add_parallel_flags(parser: argparse.ArgumentParser) -> None:
                             "stages per rank)")
     group.add_argument("--schedule", choices=SCHEDULES, help="pipeline: gpipe, 1f1b (default) or interleaved-1f1b")
     group.add_argument("--stages-per-rank", type=int, help="interleaved-1f1b: stages each pipeline rank holds")
+    group.add_argument("--cp", type=int, help="context-parallel ranks: each holds s/cp of every sequence and attention "
+                       "runs as torch's ring (context_parallel); with ddp, fsdp or fsdp+tp, whose data-parallel "
+                       "group spans data x context ranks; the world size counts them")
+    group.add_argument("--sequence-parallel", action="store_true", default=None,
+                       help="with tp / fsdp+tp: norms run on s/tp tokens, projections all-gather their input and "
+                            "reduce-scatter their output (Megatron sequence parallel)")
 
 
 def _parallel_of(args: argparse.Namespace):
@@ -272,7 +278,8 @@ def _parallel_of(args: argparse.Namespace):
     from graphviz_core.parallel.settings import ParallelConfig
 
     pipeline = (args.pp, args.microbatches, args.schedule, args.stages_per_rank)
-    given = (args.strategy, args.world_size, args.tp, args.shard_group, args.mixed_precision, *pipeline)
+    given = (args.strategy, args.world_size, args.tp, args.shard_group, args.mixed_precision, *pipeline, args.cp,
+             args.sequence_parallel)
     if all(v is None for v in given) and not args.no_reshard_after_forward:
         return None
     strategy = args.strategy or ("none" if args.pp else None)  # --pp alone: one rank per stage
@@ -280,13 +287,13 @@ def _parallel_of(args: argparse.Namespace):
         raise ValueError("parallelism flags need --strategy (none, ddp, fsdp, hsdp, tp or fsdp+tp).")
     if args.pp is None and any(v is not None for v in pipeline):
         raise ValueError("--microbatches, --schedule and --stages-per-rank are pipeline flags; add --pp.")
-    tp, pp, per_rank = args.tp or 1, args.pp or 1, args.stages_per_rank or 1
-    world = args.world_size or (tp * pp if strategy in ("tp", "none") else 1)
+    tp, pp, per_rank, cp = args.tp or 1, args.pp or 1, args.stages_per_rank or 1, args.cp or 1
+    world = args.world_size or (tp * pp if strategy in ("tp", "none") else cp * tp if cp > 1 else 1)
     return ParallelConfig(
         strategy=strategy, world_size=world, tp=tp, shard_group=args.shard_group or 0,
         reshard_after_forward=not args.no_reshard_after_forward, mixed_precision=args.mixed_precision or "none",
         pp=pp, microbatches=args.microbatches or (pp * per_rank if pp > 1 else 1), schedule=args.schedule or "1f1b",
-        stages_per_rank=per_rank,
+        stages_per_rank=per_rank, cp=cp, sequence_parallel=bool(args.sequence_parallel),
     )
 
 

@@ -119,3 +119,50 @@ def meta_layer_norm_statistics(graph, device: str, dtype: str) -> tuple[int, int
             nodes += 1
             extra += sum(s["bytes"] // 2 for s in stats)  # float32 -> 16-bit halves each statistic
     return nodes, extra
+
+
+def llama_layer_bytes_split(config: ModelConfig, tp: int = 1, cp: int = 1, sequence_parallel: bool = False) -> dict:
+    """llama_layer_bytes (fused `sdpa`, transformers' RMSNorm with its float32 upcast) on one rank of a layout, part
+    by part: {"norms", "attention", "mlp", "gathered_inputs", "ring_output_copy"} -> bytes; their sum is the layer.
+
+    Tensor parallel `tp`: attention (q, k, v, output, log-sum-exp) and SwiGLU are split by heads and width, /tp;
+    the norms stay whole on every rank ((f + 2e)·sbh + f·sb each, the normalised output kept by the projections).
+    Sequence parallel: each norm keeps its input and normalised x for s/tp tokens ((f + e)·sbh/tp + f·sb/tp), and
+    the attention's and MLP's column-split projections keep the all-gathered input, e·sbh each, whole: torch's
+    matmul saves the tensor it multiplied, where Megatron (Korthikanti et al. 4.2.2) keeps the 1/tp shard and
+    gathers it again in backward. Context parallel `cp`: every term at s/cp tokens, plus e·b·(s/cp)·h/tp per layer:
+    torch's ring merges the attention output in (batch, heads, sequence, dim) layout, so transformers'
+    transpose(1, 2).contiguous() copies it for o_proj, where the CPU kernel's own output is already laid out
+    (batch, sequence, heads, dim) and the transpose is free.
+    """
+    e, f = BYTES_PER[config.dtype], FP32
+    s, b, h, a = config.seq // cp, config.batch, config.hidden, config.heads
+    kv_width = (config.kv_heads or a) * (h // a)
+    inter = config.intermediate or 4 * h
+    sb = s * b
+    attention = (e * sb * h + 2 * e * sb * kv_width + e * sb * h + f * a * sb) // tp
+    parts = {
+        "norms": 2 * ((f + 2 * e) * sb * h + f * sb),
+        "attention": attention,
+        "mlp": 4 * e * sb * inter // tp,
+        "gathered_inputs": 0,
+        "ring_output_copy": e * sb * h // tp if cp > 1 else 0,
+    }
+    if sequence_parallel:
+        parts["norms"] = 2 * ((f + e) * sb * h + f * sb) // tp
+        parts["gathered_inputs"] = 2 * e * sb * h
+    return parts
+
+
+def korthikanti_split_layer_bytes(config: ModelConfig, tp: int = 1, sequence_parallel: bool = False) -> dict:
+    """Korthikanti et al. 2022 per layer as published (16-bit activations, dropout, attention scores stored), by
+    part, at the config's s, b, h, a: attention 11sbh + 5as²b, MLP 19sbh, two LayerNorm inputs 4sbh. Tensor
+    parallel (their Eq. 2) splits all but the attention's and MLP's inputs (2sbh each), their dropout masks (sbh
+    each) and the norms' 4sbh: sbh(10 + 24/t + 5as/(ht)); with sequence parallel (Eq. 3) every term is /t:
+    sbh/t·(34 + 5as/h). Bytes at 16 bits, as published."""
+    s, b, h, a = config.seq, config.batch, config.hidden, config.heads
+    sbh = s * b * h
+    scores = 5 * a * s * s * b
+    if sequence_parallel:
+        return {"attention": (11 * sbh + scores) // tp, "mlp": 19 * sbh // tp, "norms": 4 * sbh // tp}
+    return {"attention": 3 * sbh + (8 * sbh + scores) // tp, "mlp": 3 * sbh + 16 * sbh // tp, "norms": 4 * sbh}

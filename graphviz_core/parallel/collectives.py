@@ -217,6 +217,12 @@ class CollectiveRecorder(TorchDispatchMode):
             ranks, size = [dist.get_rank(), dist.get_global_rank(group, args[2])], 2
         link = link_of(ranks)
         traffic = ring_traffic_bytes(kind, buffer, size)
+        if kind == "all_to_all" and functional and args[2]:
+            # Uneven splits (torch's permute_tensor, the ring attention's rotation, sends its whole buffer to one
+            # peer): the rows this rank sends to the others, from its own input split sizes.
+            me = dist.get_rank(group)
+            rows = sum(args[2])
+            traffic = buffer * sum(n for peer, n in enumerate(args[2]) if peer != me) // max(rows, 1)
         node = torch._C._current_autograd_node()
         node_name = normalise_op(node.name()) if node is not None else ""
         if category_of(node_name) != "communication":

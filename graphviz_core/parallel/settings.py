@@ -44,6 +44,13 @@ class ParallelConfig:
     microbatches: int = 1  # pipeline parallel: the batch (per data-parallel rank) is split into this many
     schedule: str = "1f1b"  # pipeline parallel: the order each rank runs its microbatches' forwards and backwards
     stages_per_rank: int = 1  # interleaved-1f1b: stages each pipeline rank holds (looped: rank r has r, r+pp, ...)
+    # Context parallel (torch's context_parallel, ring attention): each of `cp` ranks holds s/cp of every sequence;
+    # attention exchanges keys and values among them. The data-parallel wrapper spans data x context ranks, as
+    # torchtitan's FSDP over its "dp_shard_cp" mesh does (the cp ranks' gradients are summed).
+    cp: int = 1
+    # Megatron sequence parallel inside tensor parallel (Korthikanti et al.): norms run on s/tp of the tokens, the
+    # column-split projections all-gather their input, the row-split ones reduce-scatter their output.
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -52,7 +59,7 @@ class ParallelConfig:
             raise ValueError(
                 f"unknown mixed precision {self.mixed_precision!r}; choose one of: {', '.join(MIXED_PRECISIONS)}."
             )
-        for name in ("world_size", "tp", "pp", "microbatches", "stages_per_rank"):
+        for name in ("world_size", "tp", "pp", "microbatches", "stages_per_rank", "cp"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name.replace('_', ' ')} must be a whole number >= 1, got {value!r}.")
@@ -61,6 +68,7 @@ class ParallelConfig:
         if self.world_size > MAX_WORLD:
             raise ValueError(f"world size {self.world_size} is above the limit of {MAX_WORLD} ranks.")
         self._check_pipeline()
+        self._check_context_and_sequence()
         # Inside one pipeline stage: the ranks that share it (all of them without pipeline parallelism).
         strategy, world, tp = self.strategy, self.world_size // self.pp, self.tp
         if strategy == "none" and world != 1:
@@ -102,6 +110,26 @@ class ParallelConfig:
                 "mixed precision here is FSDP2's policy (ddp, fsdp, hsdp, fsdp+tp); set it to 'none' for this strategy."
             )
 
+    def _check_context_and_sequence(self) -> None:
+        if not isinstance(self.sequence_parallel, bool):
+            raise ValueError(f"sequence parallel is on or off (true / false), got {self.sequence_parallel!r}.")
+        if self.sequence_parallel and self.tp < 2:
+            raise ValueError("sequence parallel splits the tokens over the tensor-parallel ranks; set a TP degree of "
+                             "2 or more (strategy tp or fsdp+tp), or turn sequence parallel off.")
+        if self.sequence_parallel and self.pp > 1:
+            raise ValueError("sequence parallel together with pipeline parallel is not simulated; set pp 1 or turn "
+                             "sequence parallel off.")
+        if self.cp == 1:
+            return
+        if self.strategy not in ("ddp", "fsdp", "fsdp+tp"):
+            raise ValueError(f"context parallel ranks must sum their gradients, which the data-parallel wrapper does "
+                             f"over data x context ranks; pick strategy fsdp, ddp or fsdp+tp (got {self.strategy!r}).")
+        if self.pp > 1:
+            raise ValueError("context parallel together with pipeline parallel is not simulated; set cp 1 or pp 1.")
+        if self.world_size % (self.cp * self.tp):
+            raise ValueError(f"world size {self.world_size} is not divisible by context parallel {self.cp} x TP "
+                             f"{self.tp}; the mesh is data x context x tensor ranks.")
+
     def _check_pipeline(self) -> None:
         pp, micro = self.pp, self.microbatches
         if self.schedule not in SCHEDULES:
@@ -136,8 +164,8 @@ class ParallelConfig:
 
     @property
     def data_parallel(self) -> int:
-        """Ranks that each see a different batch (everything but tensor and pipeline parallelism)."""
-        return self.world_size // (self.tp * self.pp)
+        """Ranks that each see a different batch (everything but tensor, pipeline and context parallelism)."""
+        return self.world_size // (self.tp * self.pp * self.cp)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -148,8 +176,13 @@ class ParallelConfig:
 
 def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
     """Refuse, with one sentence, a layout this model cannot take."""
+    if config.finetune != "full" or config.freeze:  # the simulation hooks every parameter's gradient
+        raise ValueError("the parallel simulation trains every parameter; drop --finetune lora and --freeze here "
+                         "(LoRA's savings on one device: the Memory tab's Full fine-tuning vs LoRA).")
     if parallel.pp > 1:
         _check_pipeline(config, parallel)
+    if parallel.cp > 1 or parallel.sequence_parallel:
+        _check_sequence_split(config, parallel)
     if parallel.strategy == "none":
         return
     if config.dtype != "float32" and parallel.mixed_precision != "none":
@@ -190,6 +223,26 @@ def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
     intermediate = config.intermediate or 4 * config.hidden
     if intermediate % tp:
         raise ValueError(f"MLP width {intermediate} is not divisible by TP degree {tp}.")
+
+
+def _check_sequence_split(config: ModelConfig, parallel: ParallelConfig) -> None:
+    """The model-side rules of context and sequence parallelism (graphviz_core.parallel.context)."""
+    family = config.family
+    if not getattr(family, "rotary", False) or not family.language_model or config.experts:
+        known = ", ".join(m for m in MODELS if getattr(FAMILIES[m], "rotary", False) and FAMILIES[m].offered
+                          and "experts" not in FAMILIES[m].optional)
+        raise ValueError(f"context and sequence parallel split a Hugging Face decoder's tokens; model "
+                         f"{config.model!r} is not one without experts, so pick one of: {known}.")
+    cp = parallel.cp
+    if cp > 1 and config.attention != "sdpa":
+        raise ValueError(f"context parallel replaces scaled_dot_product_attention with torch's ring attention; set "
+                         f"attention sdpa (got {config.attention}).")
+    if cp > 1 and config.seq % (2 * cp):
+        raise ValueError(f"context parallel {cp} gives each rank two chunks of the sequence (torch's head-tail load "
+                         f"balancing); the sequence {config.seq} must be a multiple of 2 x {cp} = {2 * cp}.")
+    if parallel.sequence_parallel and config.seq % parallel.tp:
+        raise ValueError(f"sequence parallel splits the {config.seq} tokens over TP {parallel.tp}; pick a sequence "
+                         f"that is a multiple of {parallel.tp}.")
 
 
 def _check_pipeline(config: ModelConfig, parallel: ParallelConfig) -> None:

@@ -33,6 +33,7 @@ from graphviz_core.capture.gc_pause import no_cyclic_gc
 from graphviz_core.config import ModelConfig
 from graphviz_core.models.registry import build_model, compute_loss, make_batch
 from graphviz_core.models.teaching import TORCH_DTYPES
+from graphviz_core.parallel import sequence
 from graphviz_core.parallel.collectives import (
     GPUS_PER_NODE,
     INFINIBAND_BYTES_PER_S,
@@ -149,6 +150,14 @@ class PerRank:
     # this PerRank is then pipeline rank 0's (stage 0's ranks). None without pipeline parallelism.
     pipeline: PipelineReport | None = field(default=None, repr=False)
     flops_by_phase: dict[str, int] = field(default_factory=dict)  # FLOPs this rank ran, forward / backward / optimizer
+    # The most bytes live in each stretch of each phase: "forward/pre" (before the first layer), "forward/layer 3",
+    # "backward/post" (after the last layer)... The planner scales these by layer count (parallel.planner).
+    segment_peaks: dict[str, int] = field(default_factory=dict, repr=False)
+    # Activations alive on this rank when forward has ended (the loss computed): what backward will read.
+    forward_end_activation_bytes: int = 0
+    # Context / sequence parallel: one layer's activations measured, counted and beside Korthikanti et al.
+    # (graphviz_core.parallel.layer_activations.LayerActivations); None otherwise.
+    layer_activations: object | None = field(default=None, repr=False)
 
     def collective_bytes(self, phase: str | None = None) -> int:
         """Bytes this rank sends in the step (or one phase), ring algorithm."""
@@ -214,6 +223,8 @@ class PerRank:
                 for c in self.collectives
             ],
             "flops_by_phase": dict(self.flops_by_phase),
+            "forward_end_activation_bytes": self.forward_end_activation_bytes,
+            "layer_activations": self.layer_activations.to_dict() if self.layer_activations is not None else None,
             "simulate_s": self.simulate_s,
         }
         if self.single_device is not None:
@@ -258,11 +269,14 @@ def workload_of(config: ModelConfig) -> Workload:
     return Workload(build, inputs, lambda out, targets: compute_loss(config, out, targets), TORCH_DTYPES[config.dtype])
 
 
-def simulate_parallel(config: ModelConfig, parallel: ParallelConfig, single_device: bool = True) -> PerRank:
+def simulate_parallel(
+    config: ModelConfig, parallel: ParallelConfig, single_device: bool = True, layer_report: bool = True
+) -> PerRank:
     """Rank 0's memory and collectives for one training step (AdamW) of `config` laid out as `parallel`.
 
-    `single_device` also simulates strategy none for comparison. Raises ValueError for layouts the model
-    cannot take.
+    `single_device` also simulates strategy none for comparison; `layer_report`, under context or sequence
+    parallelism, measures one layer's activations on 1- and 2-layer copies (parallel.layer_activations). Raises
+    ValueError for layouts the model cannot take.
     """
     check_parallel(config, parallel)
     workload = workload_of(config)
@@ -270,6 +284,18 @@ def simulate_parallel(config: ModelConfig, parallel: ParallelConfig, single_devi
     if single_device and parallel.strategy != "none":
         alone = simulate_workload(workload, ParallelConfig(), config=config)
         result = _with_single_device(result, alone)
+    if layer_report and (parallel.cp > 1 or parallel.sequence_parallel):
+        from graphviz_core.parallel.layer_activations import layer_activations
+
+        # One layer: the activations alive at the end of forward on a 2-layer copy minus a 1-layer one (embeddings,
+        # final norm, head and logits cancel).
+        ends = [
+            simulate_parallel(config.replace(layers=n), parallel, single_device=False, layer_report=False)
+            for n in (1, 2)
+        ]
+        measured = ends[1].forward_end_activation_bytes - ends[0].forward_end_activation_bytes
+        report = layer_activations(config, parallel, measured, result.collectives)
+        result = dataclasses.replace(result, layer_activations=report)
     return result
 
 
@@ -354,6 +380,8 @@ def build_meshes(parallel: ParallelConfig) -> dict:
     world, tp = parallel.world_size, parallel.tp
     if parallel.pp > 1:
         return _pipeline_meshes(parallel)
+    if parallel.cp > 1:
+        return _context_meshes(parallel)
     if parallel.strategy == "none":
         return {}
     if parallel.strategy == "fsdp+tp":
@@ -367,6 +395,23 @@ def build_meshes(parallel: ParallelConfig) -> dict:
         mesh = init_device_mesh("cpu", (world // shard, shard), mesh_dim_names=("replicate", "shard"))
         return {"dp": mesh, "root": mesh}
     return {"dp": init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))}
+
+
+def _context_meshes(parallel: ParallelConfig) -> dict:
+    """Data x context (x tensor, innermost) as torchtitan lays its mesh out; FSDP / DDP run over data and context
+    ranks flattened into one dimension (torchtitan's "dp_shard_cp"), since every context rank holds gradients of
+    its own part of the sequence."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    cp, tp = parallel.cp, parallel.tp
+    dims = {"dp": parallel.world_size // (cp * tp), "cp": cp}
+    if tp > 1:
+        dims["tp"] = tp
+    mesh = init_device_mesh("cpu", tuple(dims.values()), mesh_dim_names=tuple(dims))
+    meshes = {"root": mesh, "dp": mesh["dp", "cp"]._flatten("dp_cp"), "cp": mesh["cp"]}
+    if tp > 1:
+        meshes["tp"] = mesh["tp"]
+    return meshes
 
 
 def _pipeline_meshes(parallel: ParallelConfig) -> dict:
@@ -423,7 +468,7 @@ def _column_parallel_parents(layer: nn.Module, plan: dict) -> list[nn.Module]:
     return [layer.get_submodule(name) for name in sorted(parents)]
 
 
-def _replicated_input(block: nn.Module):
+def _replicated_input(block: nn.Module, sequence_parallel: bool = False):
     """Megatron's `f`: the block's input enters as one replicated DTensor shared by its column-split projections,
     so backward sums their partial input gradients and all-reduces them once per block. Without it each of
     q, k, v (or gate, up) converts the input itself and backward issues one all-reduce per projection.
@@ -435,6 +480,8 @@ def _replicated_input(block: nn.Module):
     from torch.distributed.tensor.parallel import PrepareModuleInput
 
     first = next(iter(inspect.signature(block.forward).parameters), "")
+    if sequence_parallel:  # the input arrives sharded on the sequence: all-gathered here instead
+        return sequence.gathered_input(block, keyword=first == "hidden_states")
     if first == "hidden_states":
         return PrepareModuleInput(
             input_kwarg_layouts={"hidden_states": Replicate()},
@@ -462,10 +509,15 @@ def apply_parallelism(
             plan = tp_plan(layer)
             if not plan:
                 raise ValueError("tensor parallelism found no attention or MLP projections to split in this model.")
+            parents = _column_parallel_parents(layer, plan)
+            if parallel.sequence_parallel:
+                plan = sequence.sequence_parallel_plan(layer, plan)
             parallelize_module(layer, meshes["tp"], plan)
-            for block in _column_parallel_parents(layer, plan):
-                parallelize_module(block, meshes["tp"], _replicated_input(block))
+            for block in parents:
+                parallelize_module(block, meshes["tp"], _replicated_input(block, parallel.sequence_parallel))
                 tp_blocks.append(block)
+        if parallel.sequence_parallel:
+            sequence.shard_between_layers(model, layers, meshes["tp"])
     mp = MixedPrecisionPolicy()
     if parallel.mixed_precision != "none":
         reduce = torch.float32 if parallel.mixed_precision == "bf16-fp32-reduce" else torch.bfloat16
@@ -497,18 +549,58 @@ def _group_names(meshes: dict) -> dict[str, str]:
     return names
 
 
+class _Propagating(threading.local):
+    active = False
+
+
+_propagating = _Propagating()
+
+
+def _quiet_propagation() -> None:
+    """Ops DTensor runs to find an op's global output shape (the first time it meets each op: cached after) are not
+    this rank's: counted, they added 23% to the first tensor-parallel run's forward FLOPs in a process (llama-tiny,
+    TP 2, 4 layers: 9,125,440 vs 7,421,504 on every later run)."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+    if getattr(original, "quiet", False):
+        return
+
+    def quiet(self, op_schema):
+        was, _propagating.active = _propagating.active, True
+        try:
+            return original(self, op_schema)
+        finally:
+            _propagating.active = was
+
+    quiet.quiet = True
+    ShardingPropagator._propagate_tensor_meta_non_cached = quiet
+
+
 class _PhasePeaks(torch.utils._python_dispatch.TorchDispatchMode):
     """Reads the memory tracker's running breakdown after every op: per-phase peaks and a timeline; and counts each
     op's FLOPs (graphviz_core.capture.flop_formulas, the capture's registry) by phase, on this rank's local shapes."""
 
-    def __init__(self, tracker) -> None:
+    def __init__(self, tracker, layers: list[nn.Module] = ()) -> None:
         super().__init__()
+        _quiet_propagation()
         self.tracker = tracker
+        self.layers = list(layers)  # this rank's repeated blocks, in order: the peak of each is kept apart
+        self.segment_peaks: dict[str, int] = {}  # "{phase}/pre", "{phase}/layer {i}", "{phase}/post" -> most bytes
+        self._layer_of: dict[str, int | None] = {}  # the module tracker's names -> position in `layers`
         self.phase = "forward"
         self.peaks: dict[str, tuple[int, dict]] = {}
         self.samples: list[tuple[str, int]] = []
         self.flops = 0  # running total
         self.flops_by_phase: dict[str, int] = {}
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:  # each (pipeline) action starts its stretch before any layer again
+        self._phase, self._in_layers = name, False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         from torch.distributed.tensor import DTensor
@@ -516,6 +608,8 @@ class _PhasePeaks(torch.utils._python_dispatch.TorchDispatchMode):
         if any(t is DTensor for t in types):
             return NotImplemented
         out = func(*args, **(kwargs or {}))
+        if _propagating.active:  # DTensor working out an op's global shape, not this rank's work
+            return out
         formula, _ = op_info(func)
         if formula is not None:
             flops = int(formula(*args, out_val=out, **(kwargs or {})))
@@ -533,6 +627,23 @@ class _PhasePeaks(torch.utils._python_dispatch.TorchDispatchMode):
         self.samples.append((self.phase, total))
         if total > self.peaks.get(self.phase, (-1, {}))[0]:
             self.peaks[self.phase] = (total, dict(parts))
+        if self.layers:
+            key = f"{self.phase}/{self._segment()}"
+            self.segment_peaks[key] = max(total, self.segment_peaks.get(key, 0))
+
+    def _segment(self) -> str:
+        """Where the step is: in a layer (by position), before the phase's (or pipeline action's) first layer, or
+        after its last. Layers of one shape peak by the same rule, so the planner scales these by layer count."""
+        names = self.tracker._mod_tracker.parents
+        if any(name not in self._layer_of for name in names):
+            known = self.tracker._mod_tracker._known_modules  # module -> the name `parents` uses
+            position = {known[m]: i for i, m in enumerate(self.layers) if m in known}
+            self._layer_of.update({name: position.get(name) for name in names})
+        inside = [self._layer_of[name] for name in names if self._layer_of[name] is not None]
+        if inside:
+            self._in_layers = True
+            return f"layer {inside[0]}"
+        return "post" if self._in_layers else "pre"
 
 
 def _tracker(model: nn.Module, optimizer, parallel: ParallelConfig):
@@ -582,15 +693,7 @@ def measure_step(
     parameter_count = sum(p.numel() for p in model.parameters())
     tensor_count = len(list(model.parameters()))
     whole_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    # Bytes that tensor parallelism splits: the planned projections' weights and the column-split biases
-    # (a row-split projection's bias is added after the all-reduce, so every TP rank keeps it whole).
-    sharded_tp_bytes = 0
-    if parallel.tp > 1:
-        for layer in _layers(model):
-            for name, style in tp_plan(layer).items():
-                for pname, p in layer.get_submodule(name).named_parameters():
-                    if pname == "weight" or type(style).__name__ == "ColwiseParallel":
-                        sharded_tp_bytes += p.numel() * p.element_size()
+    sharded_tp_bytes = _tp_split_bytes(model) if parallel.tp > 1 else 0
     # parallelize_module / fully_shard run on the meta model, outside fake mode (they slice the mesh's rank
     # tables, which fake mode cannot); the parameters become fake storages afterwards with to_empty.
     tp_blocks = apply_parallelism(model, parallel, meshes)
@@ -603,6 +706,7 @@ def measure_step(
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         _warm_optimizer_state(model, optimizer)
         inputs, targets = workload.inputs()
+        step, forward = _context_parallel_step(workload, parallel, meshes, inputs, targets)
         tracker = _tracker(model, optimizer, parallel)
         if hasattr(tracker, "track_inputs"):
             tracker.track_inputs((inputs, targets))
@@ -611,17 +715,19 @@ def measure_step(
             _this_thread_only(module_tracker)
         for block in tp_blocks:
             recorder.name_input_conversions(block, module_names[block])
-        peaks = _PhasePeaks(tracker)
+        peaks = _PhasePeaks(tracker, _layers(model))
         # The recorder goes first: FSDPMemTracker wraps each param group's hooks when it enters, and the
         # recorder's wrappers (on the class) must already be in place underneath.
         # GC paused, collected first: the trackers see a tensor freed when its storage's weak reference dies; by
         # reference counting alone that happens at the same op on every run, where a GC pass landing mid-step
         # would move frees (and the optimizer step's peak) between runs (torchtitan's estimator does the same).
-        with recorder, tracker, peaks, no_cyclic_gc(collect_first=True):
+        with step, recorder, tracker, peaks, no_cyclic_gc(collect_first=True):
             peaks.observe()
-            out = workload.forward(model, inputs)
+            out = forward(model, inputs)
             loss = workload.loss(out, targets)
             del out
+            # What backward will read: every activation still alive once the loss exists (ids and targets included).
+            forward_end = _parts(next(iter(tracker.get_tracker_snapshot("current").values())))["activations"]
             nodes_by_category = _nodes_by_category(loss)
             recorder.phase = peaks.phase = "backward"
             loss.backward()
@@ -639,7 +745,7 @@ def measure_step(
     expected = _expectation(parallel, whole_bytes, sharded_tp_bytes, tensor_count)
     mesh_sizes = {}
     for key, mesh in meshes.items():
-        if key != "root":
+        if key != "root" or parallel.cp > 1:  # context parallel: data, context (and tensor) ranks, then their union
             mesh_sizes.update(zip(mesh.mesh_dim_names, mesh.mesh.shape, strict=True))
     return PerRank(
         config=config,
@@ -661,7 +767,35 @@ def measure_step(
         simulate_s=time.perf_counter() - started,
         resharded_after_forward=_resharded_after_forward(model),
         flops_by_phase=dict(peaks.flops_by_phase),
+        segment_peaks=dict(peaks.segment_peaks),
+        forward_end_activation_bytes=forward_end,
     )
+
+
+def _tp_split_bytes(model: nn.Module) -> int:
+    """Bytes that tensor parallelism splits: the planned projections' weights and the column-split biases (a
+    row-split projection's bias is added after the all-reduce, so every TP rank keeps it whole)."""
+    total = 0
+    for layer in _layers(model):
+        for name, style in tp_plan(layer).items():
+            for pname, p in layer.get_submodule(name).named_parameters():
+                if pname == "weight" or type(style).__name__ == "ColwiseParallel":
+                    total += p.numel() * p.element_size()
+    return total
+
+
+def _context_parallel_step(workload: Workload, parallel: ParallelConfig, meshes: dict, inputs, targets):
+    """(a context to hold the step in, the forward to call). Under context parallelism torch's context_parallel
+    cuts the ids, targets and positions to this rank's chunks in place (before tracking starts) and runs attention
+    as its ring until the step ends; the model gets the positions its chunks hold."""
+    step = contextlib.ExitStack()
+    if parallel.cp == 1:
+        return step, workload.forward
+    from graphviz_core.parallel.context import sequence_sharded
+
+    positions = torch.arange(inputs.shape[1]).expand(inputs.shape).contiguous()
+    step.enter_context(sequence_sharded(meshes["cp"], [inputs, targets, positions]))
+    return step, lambda model, x: model(x, position_ids=positions)
 
 
 def _resharded_after_forward(model: nn.Module) -> dict[str, bool]:

@@ -1,0 +1,215 @@
+"""Context parallel (torch's context_parallel, ring attention) and sequence parallel (torch's SequenceParallel style)
+over the fake process group: one layer's activations on rank 0 against a count by hand, the ring's key/value
+traffic against its formula, and a real two-process gloo run of the same ring giving the one-device loss and
+gradients."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from graphviz_core.analysis.memory_formulas import korthikanti_split_layer_bytes, llama_layer_bytes_split
+from graphviz_core.config import resolve_config
+from graphviz_core.models.registry import build_model, compute_loss, make_batch
+from graphviz_core.parallel.settings import ParallelConfig, check_parallel
+from graphviz_core.parallel.simulate import simulate_parallel
+
+# llama-tiny: b=2, s=32, h=64, a=4 query heads of 16, 2 key/value heads (kv width 2*16 = 32), SwiGLU I=128, V=512,
+# 2 layers, float32: e = f = 4 bytes. Per layer it keeps (transformers' RMSNorm, fused sdpa, SwiGLU):
+#   each norm: its input x, the normalised x and the output the projections read (3 x sb*h x 4) + 1/rms (sb x 4);
+#   attention: q (sb*h), k and v (2 x sb*32), the kernel's output (sb*h) x 4, its float32 log-sum-exp (a*sb x 4);
+#   SwiGLU: gate, SiLU, up and their product, 4 x sb*I x 4.
+LLAMA = resolve_config("llama-tiny")
+
+
+def _ring_collectives(result, phase: str) -> list:
+    """The ring's transfers: collectives over the context group issued from inside an attention module."""
+    return [c for c in result.collectives if c.group == "cp" and c.module.endswith("self_attn") and c.phase == phase]
+
+
+def test_context_parallel_2_holds_one_layer_of_16_tokens_and_exchanges_keys_and_values():
+    result = simulate_parallel(LLAMA, ParallelConfig("fsdp", 4, cp=2), single_device=False)
+    layer = result.layer_activations
+    # s/C = 16 tokens on this rank, sb = 2*16 = 32:
+    #   norms 2 x (3*32*64*4 + 32*4) = 2 x (24576 + 128) = 49408
+    #   attention q 32*64*4 = 8192 + k, v 2*32*32*4 = 8192 + output 8192 + lse 4*32*4 = 512 -> 25088
+    #   SwiGLU 4*32*128*4 = 65536
+    #   the ring's output is laid out (b, heads, s, d), so transformers' transpose(1, 2).contiguous() copies it for
+    #   o_proj: 32*64*4 = 8192 (on one device the CPU kernel's output is already (b, s, heads, d): no copy)
+    assert layer.measured_bytes == 49_408 + 25_088 + 65_536 + 8_192 == 148_224
+    assert sum(layer.count_bytes.values()) == layer.measured_bytes
+    assert result.mesh == {"dp": 2, "cp": 2, "dp_cp": 4}
+    # Keys and values of this rank: 2 x b*(s/C)*kv = 2*2*16*32 = 2048 float32 = 8192 bytes.
+    forward, backward = _ring_collectives(result, "forward"), _ring_collectives(result, "backward")
+    # Forward, per layer: one all-gather of both ranks' k and v (16384 B), this rank sends its 8192.
+    assert [(c.kind, c.buffer_bytes, c.traffic_bytes) for c in forward] == [("all_gather", 16_384, 8_192)] * 2
+    # Backward, per layer: the same all-gather, then C = 2 all-to-all passes of the float32 k, v gradients (8192 B,
+    # each sent whole to the next rank).
+    per_layer = [("all_gather", 16_384, 8_192), ("all_to_all", 8_192, 8_192), ("all_to_all", 8_192, 8_192)]
+    assert [(c.kind, c.buffer_bytes, c.traffic_bytes) for c in backward] == per_layer * 2
+    exchange = layer.kv_exchange
+    assert (exchange["formula_forward_bytes"], exchange["formula_backward_bytes"]) == (8_192, 8_192 + 2 * 8_192)
+    assert (exchange["recorded_forward_bytes"], exchange["recorded_backward_bytes"]) == (8_192, 24_576)
+
+
+def test_context_parallel_4_under_ddp_quarters_the_layer():
+    result = simulate_parallel(LLAMA, ParallelConfig("ddp", 4, cp=4), single_device=False)
+    # s/C = 8 tokens, sb = 16: norms 2 x (3*16*64*4 + 16*4) = 24704; attention 16*64*4*2 + 2*16*32*4 + 4*16*4 =
+    # 8192 + 4096 + 256 = 12544; SwiGLU 4*16*128*4 = 32768; the ring output's copy 16*64*4 = 4096.
+    assert result.layer_activations.measured_bytes == 24_704 + 12_544 + 32_768 + 4_096 == 74_112
+    # k, v here: 2*2*8*32 = 1024 float32 = 4096 B. Forward: (C-1) x 4096 = 12288 sent; backward the same + 4 x 4096.
+    exchange = result.layer_activations.kv_exchange
+    assert (exchange["recorded_forward_bytes"], exchange["recorded_backward_bytes"]) == (12_288, 12_288 + 16_384)
+    assert exchange["collectives_per_layer"] == 1 + 1 + 4
+
+
+def test_sequence_parallel_shards_the_norms_and_keeps_the_gathered_inputs():
+    plain = simulate_parallel(LLAMA, ParallelConfig("tp", 2, tp=2), single_device=False, layer_report=False)
+    sp = simulate_parallel(LLAMA, ParallelConfig("tp", 2, tp=2, sequence_parallel=True), single_device=False)
+    layer = sp.layer_activations
+    # Whole sequence, sb = 64; attention and SwiGLU split by t = 2 either way:
+    #   attention (64*64*4 + 2*64*32*4 + 64*64*4 + 4*64*4) / 2 = (16384 + 16384 + 16384 + 1024) / 2 = 25088
+    #   SwiGLU 4*64*128*4 / 2 = 65536
+    # Sequence parallel norms on 32 tokens: 2 x (input + normalised x (2*32*64*4) + 1/rms (32*4)) = 2 x 16512 = 33024,
+    # plus the all-gathered inputs of attention and MLP, whole: 2 x 64*64*4 = 32768.
+    assert layer.measured_bytes == 33_024 + 32_768 + 25_088 + 65_536 == 156_416
+    assert sum(layer.count_bytes.values()) == layer.measured_bytes
+    # Without sequence parallel the norms are whole: 2 x (3*64*64*4 + 64*4) = 98816 -> 189440 per layer.
+    assert llama_layer_bytes_split(LLAMA, tp=2) == {
+        "norms": 98_816,
+        "attention": 25_088,
+        "mlp": 65_536,
+        "gathered_inputs": 0,
+        "ring_output_copy": 0,
+    }
+    # Korthikanti et al., 16-bit bytes at s=32, b=2, h=64, a=4, t=2: with sequence parallel sbh/t (34 + 5as/h) =
+    # 2048 x (34 + 10) = 90112; tensor parallel alone sbh (10 + 24/t + 5as/(ht)) = 4096 x 22 + 4096 x 5 = 110592.
+    assert sum(layer.korthikanti_bytes.values()) == 90_112
+    assert sum(korthikanti_split_layer_bytes(LLAMA, tp=2).values()) == 110_592
+    assert any("all-gathered input" in note and "32,768 B" in note for note in layer.differences)
+    assert any("5·a·s²·b/t = 20,480 B" in note for note in layer.differences)  # 5*4*32*32*2/2
+
+    # Forward: TP all-reduces the attention's and MLP's outputs (2 per layer); SP all-gathers their inputs and
+    # reduce-scatters their outputs instead, each 2*32*64*4 = 16384 B whole.
+    def forward_collectives(result) -> list[tuple[str, int]]:
+        return [(c.kind, c.buffer_bytes) for c in result.collectives if c.phase == "forward" and c.group == "tp"]
+
+    assert forward_collectives(plain) == [("all_reduce", 16_384)] * 4  # 2 layers x (attention, MLP)
+    # SP, per layer: gather before attention, scatter after o_proj, gather before the MLP, scatter after down_proj;
+    # then the head's input is gathered once (the final norm ran on the shard).
+    per_layer = [("all_gather", 16_384), ("reduce_scatter", 16_384)] * 2
+    assert forward_collectives(sp) == per_layer * 2 + [("all_gather", 16_384)]
+
+
+def test_context_and_sequence_parallel_combine_with_fsdp_and_tp_at_bf16():
+    config = LLAMA.replace(dtype="bfloat16")
+    result = simulate_parallel(
+        config, ParallelConfig("fsdp+tp", 8, tp=2, cp=2, sequence_parallel=True), single_device=False
+    )
+    # 16 tokens, sb = 32, e = 2, f = 4, t = 2: norms (float32 copy of x + bf16 normalised x on 8 tokens... per
+    # rank s/cp/t = 8 tokens x b) 2 x ((4+2)*32*64/2 + 4*32/2) = 2 x (6144 + 64) = 12416; gathered inputs, whole
+    # 16 tokens: 2 x 2*32*64 = 8192; attention (q 2*32*64 + k, v 2*2*32*32 + output 2*32*64 + lse 4*4*32) / 2 =
+    # (4096 + 4096 + 4096 + 512) / 2 = 6400; SwiGLU 4*2*32*128/2 = 16384; ring output copy 2*32*64/2 = 2048.
+    assert result.layer_activations.measured_bytes == 12_416 + 8_192 + 6_400 + 16_384 + 2_048 == 45_440
+    assert result.mesh == {"dp": 2, "cp": 2, "tp": 2, "dp_cp": 4}
+    # This rank's key/value heads: 2 / t = 1, k and v 2*2*16*16 bf16 = 2048 B; forward sends (C-1) x 2048.
+    assert result.layer_activations.kv_exchange["recorded_forward_bytes"] == 2_048
+
+
+@pytest.mark.parametrize(
+    ("parallel", "message"),
+    [
+        (dict(strategy="fsdp", world_size=2, cp=3), "world size 2 is not divisible by context parallel 3"),
+        (dict(strategy="tp", world_size=2, tp=2, cp=2), "pick strategy fsdp, ddp or fsdp\\+tp"),
+        (dict(strategy="fsdp", world_size=2, sequence_parallel=True), "set a TP degree of 2 or more"),
+        (dict(strategy="fsdp", world_size=4, cp=2, pp=2, microbatches=2), "not simulated"),
+    ],
+)
+def test_layouts_context_parallel_cannot_take_are_refused(parallel, message):
+    with pytest.raises(ValueError, match=message):
+        ParallelConfig(**parallel)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(attention="eager"), "set attention sdpa"),
+        (dict(seq=30), "must be a multiple of 2 x 2 = 4"),
+        (dict(preset="gpt2-tiny"), "is not one without experts"),
+    ],
+)
+def test_models_context_parallel_cannot_take_are_refused(fields, message):
+    preset = fields.pop("preset", "llama-tiny")
+    with pytest.raises(ValueError, match=message):
+        check_parallel(resolve_config(preset, **fields), ParallelConfig("fsdp", 2, cp=2))
+
+
+def test_cli_flags_and_json(capsys, tmp_path):
+    from graphviz_core.cli import main
+
+    out = tmp_path / "cp.json"
+    assert main(["graph", "--preset", "llama-tiny", "--strategy", "fsdp", "--cp", "2", "-o", str(out)]) == 0
+    per_rank = json.loads(out.read_text())["per_rank"]
+    assert per_rank["parallel"]["cp"] == 2 and per_rank["parallel"]["world_size"] == 2  # world defaults to cp x tp
+    assert per_rank["layer_activations"]["measured_bytes"] == per_rank["layer_activations"]["count_total_bytes"]
+    assert (
+        main(["graph", "--preset", "llama-tiny", "--strategy", "fsdp", "--world-size", "2", "--sequence-parallel"]) == 2
+    )
+    assert "set a TP degree of 2 or more" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _loss_and_grads(model, ids, targets, **kwargs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    loss = compute_loss(LLAMA, model(ids, **kwargs), targets)
+    loss.backward()
+    return loss.detach(), {name: p.grad for name, p in model.named_parameters()}
+
+
+def _ring_rank(rank: int, world: int, port: int, results) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from graphviz_core.parallel.context import sequence_sharded
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
+        model, batch = build_model(LLAMA), make_batch(LLAMA, "cpu")
+        ids, targets = batch.inputs.clone(), batch.targets.clone()
+        positions = torch.arange(ids.shape[1]).expand(ids.shape).contiguous()
+        with sequence_sharded(mesh, [ids, targets, positions]):
+            loss, grads = _loss_and_grads(model, ids, targets, position_ids=positions)
+        # Equal tokens per rank: the mean of the ranks' losses (and gradients) is the whole sequence's.
+        for t in (loss, *grads.values()):
+            dist.all_reduce(t)
+            t /= world
+        if rank == 0:
+            results.put((ids.shape[1], loss.item(), {k: v.numpy() for k, v in grads.items()}))  # by value
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_cpu_ring_gives_the_one_device_loss_and_gradients_over_real_gloo_ranks():
+    """Two real processes over gloo run torch's context_parallel with the CPU kernel routed into its ring."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    ranks = mp.start_processes(_ring_rank, args=(2, _free_port(), results), nprocs=2, start_method="spawn", join=False)
+    local_tokens, loss, grads = results.get(timeout=120)  # read before joining: rank 0 flushes the queue on exit
+    while not ranks.join():
+        pass
+    batch = make_batch(LLAMA, "cpu")
+    one_loss, one_grads = _loss_and_grads(build_model(LLAMA), batch.inputs, batch.targets)
+    assert local_tokens == 16  # s / C = 32 / 2
+    assert loss == pytest.approx(one_loss.item(), rel=1e-5)
+    for name, grad in one_grads.items():
+        torch.testing.assert_close(torch.from_numpy(grads[name]), grad, rtol=1e-4, atol=1e-6, msg=name)
