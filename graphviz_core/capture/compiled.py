@@ -117,18 +117,20 @@ class CompiledRegions(Instrument):
 
         def compiler(graph: torch.fx.GraphModule, example_inputs) -> Callable:
             region = self.regions[-1] if side == "forward" else self._region_of_backward(graph)
+            run = make_boxed_func(graph.forward)
+            if region is None:  # a backward no region here is waiting for: run it, open nothing
+                return run
             if side == "forward":
                 region.forward = fx_graph(graph, region.parameter_inputs)
                 region.forward_names = {n.name for n in graph.graph.nodes if n.op == "call_function"}
             else:
                 region.backward = fx_graph(graph, region.parameter_inputs, region.forward_names)
-            run = make_boxed_func(graph.forward)
             run.region = region.index
             return run
 
         return compiler
 
-    def _region_of_backward(self, graph: torch.fx.GraphModule) -> _Region:
+    def _region_of_backward(self, graph: torch.fx.GraphModule) -> _Region | None:
         """The region a (lazily compiled) backward belongs to: backward runs the regions last first, so the latest
         one still without a backward whose forward returned every tensor this backward takes as saved."""
         saved = {n.name for n in graph.graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents_")}
@@ -136,7 +138,7 @@ class CompiledRegions(Instrument):
         for region in waiting:
             if saved <= set(region.forward["output_names"]):
                 return region
-        return waiting[0]
+        return waiting[0] if waiting else None
 
     def _noting(self, backend: Callable) -> Callable:
         """Dynamo's backend: note the graph (why it ended, which inputs are parameters), then AOTAutograd."""
@@ -179,19 +181,28 @@ class CompiledRegions(Instrument):
         record["compiled"] = opened(region, record.get("saved") or [])
 
     def finish(self, run: Run, graph: nx.DiGraph) -> None:
+        """The JSON's `compile`: the regions the compile step made (a recompile during the measured step, which
+        another thread's dispatch mode can cause by flipping dynamo's process-wide guard flag, adds equal copies:
+        counted apart, and each node's region renumbered in the order the regions ran)."""
         regions = []
-        for node_id in sorted(self.region_of, key=self.region_of.get):
+        for number, node_id in enumerate(sorted(self.region_of, key=self.region_of.get)):
             opened_region = graph.nodes[node_id]["compiled"]
+            opened_region["region"] = number
             regions.append({"node": node_id, **{k: v for k, v in opened_region.items() if k not in ("nodes", "edges")}})
+        compiled = self.regions[:self.compiled_regions]
         breaks = [{"reason": r.reason.splitlines()[0] if r.reason else "", "where": r.where, "explanation": r.reason}
-                  for r in self.regions if r.graph_break]
+                  for r in compiled if r.graph_break]
         compiled_saved = sum(graph.nodes[n]["saved_bytes"] for n in self.region_of)
+        note = NO_CODEGEN
+        if self.compiled_during_step:
+            note += ("; dynamo compiled again during the measured step (a dispatch mode of another capture in this "
+                     "process failed its guards), so the forward's time includes compiling")
         self.summary = {
             "partitioner": PARTITIONER,
             "code_generated": False,
-            "note": NO_CODEGEN,
+            "note": note,
             "compile_s": self.compile_s,
-            "graphs": len(self.regions),
+            "graphs": len(compiled),
             "graph_breaks": len(breaks),
             "break_reasons": breaks,
             "compiled_nodes": len(self.region_of),
