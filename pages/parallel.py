@@ -11,6 +11,7 @@ from graphviz_core.ui.parallel_view import (
     show_collectives,
     show_per_rank,
     show_pipeline,
+    show_sequence_split,
 )
 from graphviz_core.ui.state import dim_stale_results
 
@@ -29,7 +30,8 @@ with dim_stale_results(config is not None and not is_simulated(config, parallel)
     result = get_per_rank(config, parallel) if config is not None else None
     if result is not None:
         names = ["Memory per rank", "Communication in backward"] + (["Pipeline stages"] if result.pipeline else [])
-        tabs = st.tabs(names)
+        split = ["Context and sequence parallel"] if result.layer_activations is not None else []
+        tabs = st.tabs([*names, *split])
         with tabs[0]:
             show_per_rank(result)
         with tabs[1]:
@@ -37,3 +39,6 @@ with dim_stale_results(config is not None and not is_simulated(config, parallel)
         if result.pipeline:
             with tabs[2]:
                 show_pipeline(result)
+        if split:
+            with tabs[len(names)]:
+                show_sequence_split(result)

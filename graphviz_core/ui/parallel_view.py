@@ -136,6 +136,7 @@ def parallel_form(key: str = "parallel") -> ParallelConfig:
             "gradients in float32. Needs dtype float32.",
         )
         _pipeline_fields(key)
+        _sequence_fields(key)
         submitted = st.form_submit_button(
             "Simulate ranks",
             width="stretch",
@@ -144,8 +145,9 @@ def parallel_form(key: str = "parallel") -> ParallelConfig:
     if submitted:
         dismiss_notices(key)
         fields = {name: st.session_state[f"{key}.{name}"] for name in DEFAULT.to_dict()}
-        for name in ("world_size", "tp", "shard_group", "pp", "microbatches", "stages_per_rank"):
+        for name in ("world_size", "tp", "shard_group", "pp", "microbatches", "stages_per_rank", "cp"):
             fields[name] = int(fields[name])
+        fields["sequence_parallel"] = bool(fields["sequence_parallel"])
         try:
             st.session_state[f"{key}.applied"] = ParallelConfig(**fields)
             st.session_state.pop(f"{key}.error", None)
@@ -180,6 +182,17 @@ def _pipeline_fields(key: str) -> None:
                    "is full; interleaved-1f1b: several stages per rank.")
     right.number_input("Stages per rank", min_value=1, max_value=64, step=1, key=f"{key}.stages_per_rank",
                        help="interleaved-1f1b only: stages each pipeline rank holds (looped: rank r has r, r + pp, …).")
+
+
+def _sequence_fields(key: str) -> None:
+    """Context parallel's degree and sequence parallel's switch, inside the Parallelism form."""
+    # one per row: beside the number box the checkbox's label was cut at 1280 px ("Sequ…")
+    st.number_input("Context parallel (cp)", min_value=1, max_value=MAX_WORLD, step=1, key=f"{key}.cp",
+                    help="Ranks that each hold 1/cp of every sequence; attention runs as torch's ring, passing keys "
+                    "and values between them. With DDP, FSDP or FSDP x TP; the world size counts them. 1: off.")
+    st.checkbox("Sequence parallel (with TP)", key=f"{key}.sequence_parallel",
+                   help="With tensor parallel: norms run on 1/TP of the tokens; the attention and MLP gather the "
+                   "whole sequence before their projections and scatter it after (Megatron sequence parallel).")
 
 
 @st.cache_resource
@@ -219,7 +232,8 @@ def get_per_rank(config: ModelConfig, parallel: ParallelConfig) -> PerRank | Non
 def show_per_rank(result: PerRank) -> None:
     """Rank 0's figures next to one device and the closed form, the peak per phase, the timeline."""
     parallel = result.parallel
-    mesh = " x ".join(f"{name} {size}" for name, size in result.mesh.items()) or "one device"
+    # a flattened dimension (dp_cp: data and context ranks, over which FSDP shards) repeats others: left out here
+    mesh = " x ".join(f"{name} {size}" for name, size in result.mesh.items() if "_" not in name) or "one device"
     st.caption(
         f"{STRATEGY_LABELS[parallel.strategy]} over {parallel.world_size} ranks (mesh: {mesh}). Rank 0 shown: every "
         "rank runs the same program on equal shards, so the ranks are symmetric. One AdamW step in steady state "
@@ -421,3 +435,60 @@ def show_pipeline(result: PerRank) -> None:
             hide_index=True,
             width="stretch",
         )
+
+
+PART_NAMES = {
+    "norms": "norms (RMSNorm)",
+    "attention": "attention (q, k, v, output, log-sum-exp)",
+    "mlp": "MLP (SwiGLU)",
+    "gathered_inputs": "all-gathered inputs of the projections",
+    "ring_output_copy": "copy of the ring's attention output",
+}
+
+
+def show_sequence_split(result: PerRank) -> None:
+    """Context / sequence parallel: one layer's activations on rank 0 (measured, counted, Korthikanti et al.'s
+    formula) and the ring's key/value traffic."""
+    layer, parallel = result.layer_activations, result.parallel
+    count = sum(layer.count_bytes.values())
+    cols = st.columns(3)
+    cols[0].metric("One layer's activations on rank 0", format_bytes(layer.measured_bytes),
+                   help="Kept for backward, measured: the same layout on a 2-layer and a 1-layer copy of the model, "
+                   "activations alive when forward ends, subtracted.")
+    cols[1].metric("Counted by hand", format_bytes(count))
+    korthikanti = sum(layer.korthikanti_bytes.values()) if layer.korthikanti_bytes else None
+    cols[2].metric("Korthikanti et al. (16-bit)", format_bytes(korthikanti) if korthikanti else "—",
+                   help=layer.korthikanti_formula or "Their formula covers tensor and sequence parallel only.")
+    split = []
+    if parallel.cp > 1 and result.config is not None:
+        split.append(f"context parallel {parallel.cp}: each rank holds {result.config.seq // parallel.cp} of the "
+                     f"{result.config.seq} tokens of every sequence")
+    if parallel.sequence_parallel:
+        split.append(f"sequence parallel: the norms run on 1/{parallel.tp} of the tokens")
+    if split:
+        st.caption("; ".join(split).capitalize() + ". Activations in the model's dtype, statistics in float32.")
+    published = layer.korthikanti_bytes or {}
+    rows = [
+        {"Part": PART_NAMES[part], "Counted (this model, this rank)": format_bytes(value)}
+        | ({"Korthikanti et al. (as published)": format_bytes(published[part]) if part in published else "—"}
+           if published else {})
+        for part, value in layer.count_bytes.items()
+        if value or part in published
+    ]
+    rows.append({"Part": "one layer", "Counted (this model, this rank)": format_bytes(count)}
+                | ({"Korthikanti et al. (as published)": format_bytes(korthikanti)} if published else {}))
+    st.table(literal_cells(pd.DataFrame(rows)), hide_index=True)
+    if layer.korthikanti_formula:
+        st.caption(f"Korthikanti et al., \"Reducing Activation Recomputation in Large Transformer Models\": "
+                   f"{layer.korthikanti_formula}. Why this model differs:")
+        for note in layer.differences:
+            st.markdown(f"- {escape_markdown(note)}")
+    if exchange := layer.kv_exchange:
+        st.subheader("Keys and values passed between context ranks, per layer")
+        st.table(literal_cells(pd.DataFrame([
+            {"": "forward", "Sent by this rank (recorded)": format_bytes(exchange["recorded_forward_bytes"]),
+             "By formula": format_bytes(exchange["formula_forward_bytes"])},
+            {"": "backward", "Sent by this rank (recorded)": format_bytes(exchange["recorded_backward_bytes"]),
+             "By formula": format_bytes(exchange["formula_backward_bytes"])},
+        ])), hide_index=True)
+        st.caption(f"{exchange['collectives_per_layer']} collectives per layer. Formula: {exchange['formula']}.")
