@@ -268,3 +268,13 @@ def test_compare_says_what_lora_changes():
     assert len(sentences) == 1
     # 21 → 8 AccumulateGrad nodes (counted by test_lora_accumulate_grad_nodes_are_two_per_target_per_layer)
     assert "finetune 'full' → 'lora'" in sentences[0] and "21 → 8 AccumulateGrad nodes" in sentences[0]
+
+
+def test_lora_over_a_bfloat16_base_keeps_float32_adapters():
+    capture = capture_backward(config_from_preset("llama-tiny", finetune="lora", dtype="bfloat16", device="meta"))
+    step = training_step_of(capture, "adamw")
+    # peft upcasts the adapters to float32: weights 2 B x 139,584 base + 4 B x 3,584 adapters = 293,504 B;
+    # gradients 4 B x 3,584 = 14,336 B; no fp32 master copy (the adapters are float32 already)
+    assert step.parameter_bytes == 2 * 139_584 + 4 * 3_584 == 293_504
+    assert step.gradient_bytes == 4 * 3_584 and step.master_weight_bytes == 0
+    assert step.sum_of_parts_bytes == (293_504 + 14_336 + step.optimizer_state_bytes + step.activation_peak_bytes)

@@ -35,13 +35,17 @@ def _saved_by_dtype(capture: Capture, step: TrainingStep) -> str:
 def step_parts(capture: Capture, step: TrainingStep) -> list[tuple[str, int, str]]:
     """(term, bytes, what it is) for every term of the step, then the sum and the step's peak."""
     dtype = capture.config.dtype
+    # peft keeps LoRA's adapters in float32 over a 16-bit base: then they, and their gradients, are float32
+    fp32_adapters = step.mixed_precision and step.gradient_bytes == 4 * step.parameter_count
     parts = [
         ("weights", step.parameter_bytes, f"{step.parameter_count + step.frozen_parameter_count:,} parameters × {dtype}"
+         + (f", the {step.parameter_count:,} trainable ones float32" if fp32_adapters else "")
          + (" (the master weights autocast reads)" if step.autocast != "none" else "")),
-        ("gradients", step.gradient_bytes, f"one per trainable parameter, {dtype}"),
+        ("gradients", step.gradient_bytes, f"one per trainable parameter, {'float32' if fp32_adapters else dtype}"),
     ]
     if step.mixed_precision:
         parts.append(("fp32 master weights", step.master_weight_bytes,
+                      "none: the trainable parameters are float32 already" if fp32_adapters else
                       "4 B per parameter (16-bit training updates an fp32 copy)"))
     parts.append(("optimizer state", step.optimizer_state_bytes, optimizer_note(step, capture.summary.parameters)))
     if step.autocast != "none":

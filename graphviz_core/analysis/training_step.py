@@ -172,7 +172,7 @@ def with_measured_state(step: TrainingStep, measured: OptimizerState, meta: bool
 
 def _formula_step_of(capture: Capture, optimizer: str) -> TrainingStep:
     timeline = capture.timeline
-    return training_step(
+    step = training_step(
         capture.summary.parameter_count,
         capture.config.dtype,
         optimizer,
@@ -180,6 +180,28 @@ def _formula_step_of(capture: Capture, optimizer: str) -> TrainingStep:
         timeline.activation_peak_bytes if timeline else 0,
         parameter_tensors=capture.summary.parameters,
         frozen_parameter_count=capture.summary.frozen_parameter_count,
+    )
+    return _with_captured_dtypes(step, capture)
+
+
+def _with_captured_dtypes(step: TrainingStep, capture: Capture) -> TrainingStep:
+    """`step` with the weights and gradients the capture holds, where not every parameter is in the config's dtype:
+    peft keeps LoRA's adapters in float32 over a 16-bit base model (get_peft_model's autocast_adapter_dtype), so they
+    need no fp32 master copy and their gradients take 4 B each."""
+    weights, gradients = capture.memory.parameter_bytes, capture.memory.gradient_bytes
+    if (weights, gradients) == (step.parameter_bytes, step.gradient_bytes):
+        return step
+    # trainable scalars below fp32, each 2 B where the rest take 4 B: (4 B x count - gradient bytes) / 2
+    sixteen_bit = max(0, (FP32_BYTES * step.parameter_count - gradients) // 2)
+    master = FP32_BYTES * sixteen_bit if step.mixed_precision else 0
+    state = step.optimizer_state_bytes
+    return dataclasses.replace(
+        step,
+        parameter_bytes=weights,
+        gradient_bytes=gradients,
+        master_weight_bytes=master,
+        step_peak_bytes=step.forward_backward_peak_bytes + master + state,
+        sum_of_parts_bytes=weights + gradients + master + state + step.activation_peak_bytes,
     )
 
 
