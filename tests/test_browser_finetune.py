@@ -11,7 +11,7 @@ from tests.conftest import SIZES, captured
 
 pytestmark = pytest.mark.browser
 
-LORA = "LoRA (low-rank adapters, base frozen)"
+LORA = "LoRA (base weights frozen)"
 
 
 def _sidebar(page):
@@ -31,6 +31,8 @@ def test_lora_controls_run_that_step_and_compare_with_full(page, streamlit_url, 
     rank.wait_for(timeout=30_000)
     _sidebar(page).get_by_role("textbox", name="LoRA targets").wait_for(timeout=10_000)
     assert rank.input_value() == "8"  # peft's usual r=8 until changed
+    _sidebar(page).get_by_text("Fine-tuning", exact=True).scroll_into_view_if_needed()
+    page.screenshot(path=tmp_path / f"lora-form-{page.size}.png", full_page=False)
     rank.fill("4")
     _sidebar(page).get_by_role("textbox", name="Freeze parameters (glob)").fill("*embed*")
     _sidebar(page).get_by_role("button", name="Run backward pass").click()

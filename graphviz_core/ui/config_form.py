@@ -40,7 +40,7 @@ SIZE_FIELDS = ("hidden", "heads", "layers", "vocab", "batch", "seq")
 INT_FIELDS = (*SIZE_FIELDS, "kv_heads", "intermediate", "experts", "experts_per_token", "image_size", "context", "seed")
 CHOICE_FIELDS = ("model", "attention", "checkpoint", "device", "dtype", "autocast", "optimizer")
 FINETUNE_FIELDS = ("finetune", *LORA_FIELDS, "freeze")  # the Fine-tuning box (outside the form) and its fields
-FINETUNE_LABELS = {"full": "full (every parameter trains)", "lora": "LoRA (low-rank adapters, base frozen)"}
+FINETUNE_LABELS = {"full": "full (every weight trains)", "lora": "LoRA (base weights frozen)"}
 AUTOCAST_LABELS = {"none": "none (every op in the dtype above)", "bfloat16": "bfloat16",
                    "float16": "float16 (with a gradient scaler)"}
 
