@@ -138,3 +138,12 @@ def explorer_tab(tab: str, timeout: int = 120, **params: str):
     for name, value in params.items():
         at.query_params[name] = value
     return at.run()
+
+
+# ---- running in parallel: `make test` runs two pytest-xdist workers, one test file each at a time (--dist loadfile) --
+
+
+def pytest_collection_modifyitems(config, items):
+    """The README and docs commands (one file, minutes, its blocks sharing files under /tmp) first, so that under
+    `-n 2 --dist loadfile` one worker starts on them at once while the other takes every other file in turn."""
+    items.sort(key=lambda item: item.path.name != "test_docs_commands.py")  # stable: the rest keep their order

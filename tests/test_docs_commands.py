@@ -3,7 +3,13 @@ library made for testing Markdown code blocks) runs in a fresh bash from the rep
 `make test`'s set-up made (the CLI is .venv/bin/graphviz-core, nothing activated).
 
 A line whose comment says it starts a server, takes minutes, or needs a GPU, Chromium, Graphviz, another machine
-or the package index is left out, with that comment as the reason; everything else must exit 0."""
+or the package index is left out, with that comment as the reason; everything else must exit 0.
+
+Two rules keep this test from paying twice for the same thing: a command that runs this project's own tests
+(`python -m pytest tests/...`) only collects them (`--collect-only`: what it names must exist and be selected; the
+suite runs those tests itself), and a command already run, exactly as written, by an earlier block whose output
+files no command has rewritten since is not run again (its outputs are still there for the lines that read them).
+The blocks run in one pytest-xdist worker (group "docs"), in page order: they share files under /tmp."""
 
 import os
 import re
@@ -68,12 +74,72 @@ def test_the_skip_rule_keeps_cheap_lines_and_drops_marked_ones():
     assert skipped == ["make run     # starts a server; runs until Ctrl-C", "make bench \\"]
 
 
+OWN_TESTS = re.compile(r"^(\S*python\S* -m pytest)( .*\btests/)", re.M)  # a command running this project's tests
+TMP_PATH = re.compile(r"/tmp/[\w.-]+")  # the files the documented commands share
+OUTPUT = re.compile(r"(?:-o|>)\s*(/tmp/[\w.-]+)")  # where a command writes: `-o FILE` or a redirection
+
+
+class Runs:
+    """What the blocks run so far wrote: each /tmp file's version (how many commands wrote it), and for each command
+    run, the versions of the files it names as it left them."""
+
+    def __init__(self) -> None:
+        self.version: dict[str, int] = {}
+        self.left: dict[str, dict[str, int]] = {}
+
+    def files(self, shell: str) -> dict[str, int]:
+        return {path: self.version.get(path, 0) for path in TMP_PATH.findall(shell)}
+
+    def ran(self, script: str) -> None:
+        for text, shell in commands(script):
+            for path in OUTPUT.findall(shell):
+                self.version[path] = self.version.get(path, 0) + 1
+            self.left[text.strip()] = self.files(shell)
+
+    def not_run_again(self, script: str) -> tuple[str, list[str]]:
+        """The script without the commands run before exactly as written that write a file, when no file they name
+        (read or written) has been written since; and those commands."""
+        kept, again = [], []
+        for text, shell in commands(script):
+            before = self.left.get(text.strip())
+            if OUTPUT.search(shell) and "<<" not in shell and before is not None and before == self.files(shell):
+                again.append(text.strip())
+            else:
+                kept.append(text)
+        return "\n".join(kept), again
+
+
+RUNS = Runs()
+
+
+def collected_only(script: str) -> str:
+    """`python -m pytest ... tests/...` as `--collect-only`: the suite runs those tests itself."""
+    return OWN_TESTS.sub(r"\1 --collect-only\2", script)
+
+
+def test_a_command_run_again_with_its_files_untouched_is_left_out():
+    cmd = ".venv/bin/graphviz-core graph --model-file /tmp/net.py:make -o /tmp/g.json"
+    runs = Runs()
+    assert runs.not_run_again(cmd) == (cmd, [])  # never run
+    runs.ran(f"cat > /tmp/net.py <<'EOF'\nx\nEOF\n{cmd}")
+    assert runs.not_run_again(f"{cmd}\ncat /tmp/g.json") == ("cat /tmp/g.json", [cmd])
+    runs.ran("cat > /tmp/net.py <<'EOF'\ny\nEOF")  # its input rewritten: it runs again
+    assert runs.not_run_again(cmd) == (cmd, [])
+    runs.ran(cmd)
+    runs.ran(".venv/bin/graphviz-core graph --layers 1 -o /tmp/g.json")  # its output rewritten: it runs again
+    assert runs.not_run_again(cmd) == (cmd, [])
+    assert collected_only(".venv/bin/python -m pytest -q tests/test_families.py -k x") == (
+        ".venv/bin/python -m pytest --collect-only -q tests/test_families.py -k x")
+
+
 @pytest.mark.parametrize("block", list(blocks()))
 def test_each_documented_command_runs_as_written(block):
     script, skipped = runnable(block)
+    script, again = RUNS.not_run_again(collected_only(script))
     if not script.strip():
-        pytest.skip("every line here is marked: " + "; ".join(skipped))
+        pytest.skip("every line here is marked or ran before: " + "; ".join(skipped + again))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GRAPHVIZ_CORE_", "VIRTUAL_ENV", "PYTHON"))}
     done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, f"exit {done.returncode}\n--- script\n{script}\n--- stderr\n{done.stderr[-3000:]}"
+    RUNS.ran(script)
