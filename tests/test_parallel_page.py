@@ -84,3 +84,18 @@ def test_pipeline_fields_add_a_tab_of_stages():
     assert list(stages["Layers"]) == ["0–0 + embedding", "1–1 + head"]
     # 1F1B with 2 stages and 2 microbatches: stage 0 runs 2 forwards before its first backward, stage 1 one.
     assert list(stages["Microbatches in flight at peak"]) == [2, 1]
+
+
+def test_context_parallel_adds_a_tab_with_one_layer_measured_and_counted():
+    at = AppTest.from_file(PAGE, default_timeout=300).run()
+    at.selectbox(key="config.preset").set_value("llama-tiny")
+    next(b for b in at.button if b.label == "Use this model").click().run()
+    at.number_input(key="parallel.cp").set_value(2)  # FSDP 8 = data 4 x context 2
+    next(b for b in at.button if b.label == "Simulate ranks").click().run()
+    assert not at.exception and not at.error
+    assert "Context and sequence parallel" in [t.label for t in at.tabs]
+    measured = next(m for m in at.metric if m.label == "One layer's activations on rank 0")
+    counted = next(m for m in at.metric if m.label == "Counted by hand")
+    # 16 of 32 tokens: norms 49,408 + attention 25,088 + SwiGLU 65,536 + ring output copy 8,192 = 148,224 B
+    # (tests/test_context_sequence.py derives each term)
+    assert measured.value == counted.value == format_bytes(148_224)
