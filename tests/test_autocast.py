@@ -137,3 +137,15 @@ def test_float16_autocast_scales_the_loss_and_steps_through_the_scaler():
     assert norms16.keys() == norms32.keys()
     for name, norm in norms32.items():
         assert norms16[name] == pytest.approx(norm, rel=0.05, abs=1e-6), name
+
+
+@pytest.mark.parametrize("preset", ["bert-tiny", "resnet-tiny", "mixtral-tiny"])
+def test_other_families_dry_runs_under_autocast_save_what_cpu_saves(preset):
+    # The dry run's fake tensors take torch's meta kernels, which give a LayerNorm's or BatchNorm's saved statistics
+    # the input's 16-bit dtype where the CPU kernels keep them in float32, and refuse the mixture of experts' float32
+    # grouped matmul the CPU runs: the capture answers both as the CPU does (capture.meta_kernels).
+    cpu = captured(preset, device="cpu", autocast="bfloat16")
+    meta = captured(preset, device="meta", autocast="bfloat16")
+    assert meta.memory.saved_bytes == cpu.memory.saved_bytes
+    assert meta.summary.by_category == cpu.summary.by_category and cpu.summary.by_category["cast"] > 0
+    assert meta.optimizer.bytes_by_key == cpu.optimizer.bytes_by_key

@@ -50,7 +50,14 @@ from graphviz_core.capture.instruments.optimizer import OptimizerStep
 from graphviz_core.capture.instruments.order import BackwardOrder
 from graphviz_core.capture.instruments.saved import SavedTensors
 from graphviz_core.capture.instruments.timing import NodeTiming
-from graphviz_core.capture.meta_kernels import GROUPED_MM, META_SDPA_LOCK, fused_attention_on_meta, grouped_mm_on_meta
+from graphviz_core.capture.meta_kernels import (
+    GROUPED_MM,
+    META_SDPA_LOCK,
+    NORM_STATISTICS,
+    fused_attention_on_meta,
+    grouped_mm_on_meta,
+    statistics_in_fp32,
+)
 from graphviz_core.capture.result import (
     AutocastSummary,
     Capture,
@@ -199,6 +206,8 @@ class _OpObserver(TorchDispatchMode):
             kwargs = {}
         if func is GROUPED_MM and self.meta:
             out = grouped_mm_on_meta(*args, **kwargs)
+        elif func in NORM_STATISTICS and self.meta:
+            out = statistics_in_fp32(func(*args, **kwargs), args[0])
         else:
             out = func(*args, **kwargs)
         for observe in self.observers:
@@ -232,7 +241,7 @@ class _Phases:
         observers = [i.on_op for i in self.hooked("on_op")]
         if observers or self.run.device == "meta":
             kind = _CompiledOpObserver if self.run.instrument("compiled") is not None else _OpObserver
-            return kind(observers, self.run.device == "meta" and not uses_fake_tensors(self.run))
+            return kind(observers, self.run.device == "meta")
         return contextlib.nullcontext()
 
     def capture(self) -> Capture:
