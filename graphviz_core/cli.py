@@ -132,6 +132,13 @@ def _add_plan_command(commands) -> None:
                       help="checkpointing policies to try, comma-separated (default none,selective,full)")
     plan.add_argument("--microbatch-sizes", default="1,2", help="sequences per microbatch to try (default 1,2)")
     plan.add_argument("--pp-degrees", default="1,2", help="pipeline-parallel degrees to try (default 1,2)")
+    plan.add_argument("--cp-degrees", default="1,2",
+                      help="context-parallel degrees to try (default 1,2; not combined with a pipeline)")
+    plan.add_argument("--tp-degrees", help="tensor-parallel degrees to try (default: every power of 2 up to "
+                      "--gpus-per-node; never more than a node)")
+    plan.add_argument("--mixed-precision", choices=("none", "bf16", "bf16-fp32-reduce"), default="none",
+                      help="FSDP2's policy for every layout (bf16: float32 master shards, bfloat16 compute; needs "
+                      "--dtype float32)")
     plan.add_argument("--jobs", type=int, default=2, help="worker processes simulating at once (default 2)")
     plan.add_argument("--format", choices=("json", "table"), default="json")
     plan.add_argument("-o", "--output", help="file to write (default: stdout)")
@@ -156,6 +163,9 @@ def _plan_command(args: argparse.Namespace) -> str:
         if getattr(args, flag) is not None:
             raise ValueError(f"the plan chooses the --{flag} itself; drop it (see --global-batch, --microbatch-sizes "
                              "and --checkpoints).")
+    for flag in ("gpu_tflops", "nvlink_gbps", "infiniband_gbps"):
+        if not getattr(args, flag) > 0:
+            raise ValueError(f"--{flag.replace('_', '-')} is a rate above 0, got {getattr(args, flag)!r}.")
     config = _config_of(args)
     cluster = Cluster(gpus=args.gpus, gpu_memory_bytes=parse_bytes(args.gpu_memory), gpus_per_node=args.gpus_per_node,
                       gpu_flops=args.gpu_tflops * 1e12, nvlink_bytes_per_s=args.nvlink_gbps * 1e9,
@@ -174,19 +184,23 @@ def _plan_command(args: argparse.Namespace) -> str:
         sys.stderr.flush()
 
     result = plan(config, cluster, args.global_batch, checkpoints, _numbers("--microbatch-sizes", args.microbatch_sizes),
-                  _numbers("--pp-degrees", args.pp_degrees), jobs=max(1, args.jobs), progress=progress)
+                  _numbers("--pp-degrees", args.pp_degrees), jobs=max(1, args.jobs), progress=progress,
+                  cp_degrees=_numbers("--cp-degrees", args.cp_degrees),
+                  tp_degrees=_numbers("--tp-degrees", args.tp_degrees) if args.tp_degrees else None,
+                  mixed_precision=args.mixed_precision)
     if args.format == "table":
         return _plan_table(result)
     return json.dumps({**result.to_dict(), "config": _config_echo(config)}, indent=1)
 
 
 def _plan_table(result) -> str:
-    from graphviz_core.units import format_bytes
+    from graphviz_core.units import format_bytes, format_seconds
 
     lines = [f"{'layout':<46}{'peak':>11}  {'fits':<5}{'sent/step':>11}{'step (est.)':>13}{'tok/s/GPU (est.)':>18}"]
     for p in result.planned:
         lines.append(f"{p.layout.label():<46}{format_bytes(p.peak_bytes):>11}  {'yes' if p.fits else 'no':<5}"
-                     f"{format_bytes(p.collective_bytes_per_step):>11}{p.step_time_s:>12.2f}s{p.tokens_per_s_per_gpu:>18,.0f}")
+                     f"{format_bytes(p.collective_bytes_per_step):>11}{format_seconds(p.step_time_s):>13}"
+                     f"{p.tokens_per_s_per_gpu:>18,.0f}")
     lines.append(f"{len(result.planned)} layouts simulated in {result.simulate_s:.1f} s; {len(result.skipped)} skipped "
                  "(see --format json). Times and tokens/s are estimates: measured FLOPs and bytes at the stated rates.")
     return "\n".join(lines)

@@ -13,6 +13,7 @@ from graphviz_core.ui.parallel_view import (
     show_pipeline,
     show_sequence_split,
 )
+from graphviz_core.ui.plan_view import show_plan
 from graphviz_core.ui.state import dim_stale_results
 
 run_through_app()
@@ -31,7 +32,9 @@ with dim_stale_results(config is not None and not is_simulated(config, parallel)
     if result is not None:
         names = ["Memory per rank", "Communication in backward"] + (["Pipeline stages"] if result.pipeline else [])
         split = ["Context and sequence parallel"] if result.layer_activations is not None else []
-        tabs = st.tabs([*names, *split])
+        tabs = st.tabs([*names, *split, "Plan"])
+        with tabs[-1]:
+            show_plan(config)
         with tabs[0]:
             show_per_rank(result)
         with tabs[1]:

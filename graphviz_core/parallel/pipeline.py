@@ -423,7 +423,7 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
         recorder = CollectiveRecorder(_group_names(meshes))
         for module_tracker in (tracker._mod_tracker, recorder.modules):
             _this_thread_only(module_tracker)
-        peaks = _PipelinePeaks(tracker)
+        peaks = _PipelinePeaks(tracker, [layer for module in modules for layer in module.model.model.layers])
         log = _ActionLog(stages, peaks, recorder)
         with recorder, tracker, peaks, no_cyclic_gc(collect_first=True):
             peaks.observe()
@@ -465,8 +465,8 @@ class _PipelinePeaks(_PhasePeaks):
     """The phase peaks and FLOPs (graphviz_core.parallel.simulate) plus how many microbatches each stage held when
     the rank's memory peaked."""
 
-    def __init__(self, tracker) -> None:
-        super().__init__(tracker)
+    def __init__(self, tracker, layers: list[nn.Module] = ()) -> None:
+        super().__init__(tracker, layers)
         self.held: dict[int, int] = {}  # stage -> microbatches whose forward has started and backward not ended
         self.held_at_peak: dict[int, int] = {}
         self.most = -1
@@ -615,4 +615,5 @@ def _rank_figures(config, parallel, mesh_sizes, holder, peaks, recorder, snapsho
         simulate_s=time.perf_counter() - started,
         resharded_after_forward=resharded,
         flops_by_phase=dict(peaks.flops_by_phase),
+        segment_peaks=dict(peaks.segment_peaks),
     )

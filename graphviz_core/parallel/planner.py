@@ -2,11 +2,13 @@
 checkpointing, microbatch size), each simulated, ranked by whether it fits and by an estimated speed.
 
 Each layout is simulated by the same engine as one layout on the page (graphviz_core.parallel.simulate and
-.pipeline), on models of 1 and 2 layers per pipeline stage: the layers are all of one shape, so every figure (bytes
-live at each phase's peak, parameters, gradients, optimizer state, collective bytes per link, FLOPs per stage) grows
-by the same amount with each layer, and the figure for L layers is f(1) + (L - 1) x (f(2) - f(1)). Each phase's peak is
-scaled on its own and the largest taken, so a peak that moves from one phase to another as layers are added is still
-found. tests/test_planner.py checks the scaled figures against full simulations of three layouts.
+.pipeline), on models of 3 and 4 layers per pipeline stage: the layers are all of one shape, so every figure (bytes
+live at each peak, parameters, gradients, optimizer state, collective bytes per link, FLOPs per stage) grows by the
+same amount with each layer, and the figure for L layers is f(3) + (L - 3) x (f(4) - f(3)). A phase's peak is kept
+apart by where it happens (before the layers, in the first, second, second-last or last layer, after them), each
+scaled on its own and the largest taken, so a peak that moves (the embedding's gather with few layers, the last
+layer's activations with many) is still found. tests/test_planner.py checks the scaled figures against full
+simulations of three layouts; a stage of 4 layers or fewer is simulated whole.
 
 The step time is an estimate, labelled so: the FLOPs measured on each rank at the stated GPU rate, plus the bytes each
 rank sends at the stated link rates, without overlap; pipeline layouts run their schedule's order with each action
@@ -33,11 +35,14 @@ from graphviz_core.parallel.settings import (
     ParallelConfig,
     check_parallel,
 )
+from graphviz_core.units import format_bytes
 
 # H100 SXM: 989.4 TFLOP/s dense BF16 (NVIDIA H100 datasheet; 1979 with sparsity), 80 GB of HBM3 (the planner's
 # --gpu-memory is the caller's), NVLink 4 at 450 GB/s each way, one 400 Gb/s NDR InfiniBand NIC per GPU = 50 GB/s.
 H100_MEMORY_BYTES = 80 * 2**30
-SAMPLE_LAYERS = (1, 2)  # layers per pipeline stage the scaled figures are measured at
+SAMPLE_LAYERS = (3, 4)  # layers per pipeline stage the scaled figures are measured at: the fewest with a first,
+# a second, a second-last and a last layer (FSDP gathers the next layer while one runs: a layer between two others
+# is the steady state)
 Progress = Callable[[int, int, str], None]  # (layouts done, layouts planned, what just finished)
 
 
@@ -79,13 +84,15 @@ class Layout:
     microbatch_size: int  # sequences per microbatch
     microbatches: int  # per pipeline step (1 without pipeline parallelism)
     accumulation: int  # steps accumulated per optimizer step, so that the global batch is served
+    cp: int = 1  # context parallel: ranks that split each sequence (FSDP shards over data x context ranks)
+    mixed_precision: str = "none"  # FSDP2's policy (bf16: float32 master shards, bfloat16 compute)
 
     @property
     def gpus(self) -> int:
-        return self.dp_shard * self.dp_replicate * self.tp * self.pp
+        return self.dp_shard * self.dp_replicate * self.tp * self.pp * self.cp
 
     def parallel(self) -> ParallelConfig:
-        strategy = _strategy(self.dp_shard, self.dp_replicate, self.tp)
+        strategy = _strategy(self.dp_shard * self.cp, self.dp_replicate, self.tp)
         return ParallelConfig(
             strategy=strategy,
             world_size=self.gpus,
@@ -94,6 +101,8 @@ class Layout:
             pp=self.pp,
             microbatches=self.microbatches,
             schedule="1f1b",
+            cp=self.cp,
+            mixed_precision=self.mixed_precision if self.dp_shard * self.cp * self.dp_replicate > 1 else "none",
         )
 
     def model(self, config: ModelConfig, layers: int | None = None) -> ModelConfig:
@@ -105,17 +114,20 @@ class Layout:
         )
 
     def mesh(self) -> dict[str, int]:
-        return {"dp_shard": self.dp_shard, "dp_replicate": self.dp_replicate, "tp": self.tp, "pp": self.pp}
+        return {"dp_shard": self.dp_shard, "dp_replicate": self.dp_replicate, "tp": self.tp, "pp": self.pp,
+                "cp": self.cp}
 
     def label(self) -> str:
-        parts = [f"FSDP {self.dp_shard}"]
+        parts = [f"FSDP {self.dp_shard}"] if self.dp_shard > 1 else []
         if self.dp_replicate > 1:
             parts.append(f"replicas {self.dp_replicate}")
         if self.tp > 1:
             parts.append(f"TP {self.tp}")
         if self.pp > 1:
             parts.append(f"PP {self.pp}")
-        return " x ".join(parts) + f", {self.checkpoint}, mb {self.microbatch_size}"
+        if self.cp > 1:
+            parts.append(f"CP {self.cp}")
+        return (" x ".join(parts) or "one GPU") + f", {self.checkpoint}, mb {self.microbatch_size}"
 
 
 def _strategy(dp_shard: int, dp_replicate: int, tp: int) -> str:
@@ -155,8 +167,8 @@ def figures_of(result, gpus_per_node: int = GPUS_PER_NODE) -> Figures:
     ranks = list(pipeline.ranks) if pipeline else [result]
     rank_ids = sorted({s.rank for s in pipeline.per_stage}) if pipeline else [0]
     for rank, per_rank in zip(rank_ids, ranks, strict=True):
-        for phase in per_rank.phases:
-            values[f"peak/{rank}/{phase.phase}"] = phase.peak_bytes
+        for key, peak in _role_peaks(per_rank).items():
+            values[f"peak/{rank}/{key}"] = peak
         values[f"parameters/{rank}"] = per_rank.parameter_bytes + per_rank.buffer_bytes
         values[f"gradients/{rank}"] = per_rank.gradient_bytes
         values[f"optimizer/{rank}"] = per_rank.optimizer_bytes
@@ -175,8 +187,28 @@ def figures_of(result, gpus_per_node: int = GPUS_PER_NODE) -> Figures:
     return Figures(values)
 
 
+def _role_peaks(per_rank) -> dict[str, int]:
+    """Each phase's peak by where it happens: before the layers, in the first, second, second-last or last layer, or
+    after them ("forward/second"). A layer between others peaks at a + b x its position, so its phase's peak is at one
+    of the four; each of these grows by the same bytes per layer added, where a phase's own peak can move from the
+    embedding's gather (few layers) to the last layer's activations (many)."""
+    if not per_rank.segment_peaks:
+        return {phase.phase: phase.peak_bytes for phase in per_rank.phases}
+    layers = 1 + max((int(key.rpartition(" ")[2]) for key in per_rank.segment_peaks if "/layer " in key), default=-1)
+    roles = {0: ["first"], 1: ["second"], layers - 2: ["second-last"], layers - 1: ["last"]}
+    if layers == 3:  # the middle layer is both the second and the second-last
+        roles[1] = ["second", "second-last"]
+    out: dict[str, int] = {}
+    for key, peak in per_rank.segment_peaks.items():
+        phase, _, where = key.partition("/")
+        names = roles.get(int(where.rpartition(" ")[2]), []) if where.startswith("layer ") else [where]
+        for name in names:
+            out[f"{phase}/{name}"] = max(peak, out.get(f"{phase}/{name}", 0))
+    return out
+
+
 def scaled(small: Figures, large: Figures, per_stage: int) -> Figures:
-    """The figures at `per_stage` layers per stage from those at SAMPLE_LAYERS = (1, 2): f(1) + (L - 1)(f(2) - f(1))."""
+    """The figures at `per_stage` layers per stage from those at SAMPLE_LAYERS = (3, 4): f(3) + (L - 3)(f(4) - f(3))."""
     if set(small.values) != set(large.values):
         raise ValueError("the two sample runs measured different things; they cannot be scaled.")
     low, high = SAMPLE_LAYERS
@@ -201,13 +233,14 @@ def simulate_sample(config: ModelConfig, layout: Layout, per_stage: int | None,
                     gpus_per_node: int = GPUS_PER_NODE) -> Figures:
     """One simulation of `layout`: with `per_stage` layers per stage (a sample), or the model's own (None: full,
     every pipeline rank)."""
-    from graphviz_core.parallel.pipeline import simulate_layout, simulate_pipeline
+    from graphviz_core.parallel.pipeline import simulate_pipeline
+    from graphviz_core.parallel.simulate import simulate_parallel
 
     layers = None if per_stage is None else per_stage * layout.pp
     model = layout.model(config, layers)
     parallel = layout.parallel()
-    if layout.pp == 1:
-        return figures_of(simulate_layout(model, parallel, single_device=False), gpus_per_node)
+    if layout.pp == 1:  # the step only: no one-device run beside it, no per-layer activation report
+        return figures_of(simulate_parallel(model, parallel, single_device=False, layer_report=False), gpus_per_node)
     ranks = None if per_stage is None else simulation_ranks(layout)
     report = simulate_pipeline(model, parallel, ranks=ranks)
     first = dataclasses.replace(report.ranks[0], pipeline=report)
@@ -335,39 +368,48 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def meshes(config: ModelConfig, cluster: Cluster, pp_degrees: Iterable[int]) -> list[tuple[int, int, int, int]]:
-    """(dp_shard, dp_replicate, tp, pp) meshes that respect the cluster: tensor parallelism inside a node (a power of
-    two dividing its GPUs), pipeline stages of whole layers, and data parallelism over the rest, either sharded over
-    all of it (FSDP) or sharded inside a node and replicated across nodes (HSDP)."""
+def meshes(config: ModelConfig, cluster: Cluster, pp_degrees: Iterable[int], cp_degrees: Iterable[int] = (1,),
+           tp_degrees: Iterable[int] | None = None) -> list[tuple[int, int, int, int, int]]:
+    """(dp_shard, dp_replicate, tp, pp, cp) meshes that respect the cluster: tensor parallelism inside a node (a power
+    of two dividing its GPUs), pipeline stages of whole layers, context parallelism splitting each sequence (not with
+    a pipeline: the simulator runs no such layout), and data parallelism over the rest, either sharded over all of it
+    (FSDP) or sharded inside a node and replicated across nodes (HSDP). `tp_degrees` narrows tensor parallelism to
+    those degrees (still inside a node)."""
     out = []
     for pp in pp_degrees:
         if cluster.gpus % pp or config.layers % pp:
             continue
-        for tp in _divisors(cluster.gpus_per_node):
-            if tp & (tp - 1) or (cluster.gpus // pp) % tp:
+        for cp in cp_degrees:
+            if (cp > 1 and pp > 1) or (cluster.gpus // pp) % cp:
                 continue
-            dp = cluster.gpus // (pp * tp)
-            shapes = [(dp, 1)]
-            inside = cluster.gpus_per_node // tp  # data ranks that fit in one node beside tensor parallelism
-            if tp == 1 and 2 <= inside < dp and dp % inside == 0:  # HSDP: the simulator has no HSDP x TP
-                shapes.append((inside, dp // inside))
-            out.extend((shard, replicate, tp, pp) for shard, replicate in shapes)
+            for tp in _divisors(cluster.gpus_per_node):
+                if tp & (tp - 1) or (cluster.gpus // (pp * cp)) % tp or (tp_degrees and tp not in tp_degrees):
+                    continue
+                dp = cluster.gpus // (pp * cp * tp)
+                shapes = [(dp, 1)]
+                inside = cluster.gpus_per_node // tp  # data ranks that fit in one node beside tensor parallelism
+                if tp == 1 and cp == 1 and 2 <= inside < dp and dp % inside == 0:  # the simulator has no HSDP x TP
+                    shapes.append((inside, dp // inside))
+                out.extend((shard, replicate, tp, pp, cp) for shard, replicate in shapes)
     return out
 
 
 def layouts_of(config: ModelConfig, cluster: Cluster, global_batch: int, checkpoints: Iterable[str],
-               microbatch_sizes: Iterable[int], pp_degrees: Iterable[int]) -> tuple[list[Layout], list[dict]]:
+               microbatch_sizes: Iterable[int], pp_degrees: Iterable[int], cp_degrees: Iterable[int] = (1,),
+               tp_degrees: Iterable[int] | None = None, mixed_precision: str = "none",
+               ) -> tuple[list[Layout], list[dict]]:
     """Every layout the cluster allows, and those refused with the reason (a model rule, a batch that does not
     divide)."""
     layouts, refused = [], []
-    for shard, replicate, tp, pp in meshes(config, cluster, pp_degrees):
+    for shard, replicate, tp, pp, cp in meshes(config, cluster, pp_degrees, cp_degrees, tp_degrees):
         dp = shard * replicate
         for size in microbatch_sizes:
             for policy in checkpoints:
                 micro = 2 * pp if pp > 1 else 1  # a pipeline step runs 2 microbatches per stage
                 local = global_batch // dp if global_batch % dp == 0 else 0
                 layout = Layout(shard, replicate, tp, pp, policy, size, micro,
-                                local // (size * micro) if local and local % (size * micro) == 0 else 0)
+                                local // (size * micro) if local and local % (size * micro) == 0 else 0, cp,
+                                mixed_precision)
                 reason = None
                 if not layout.accumulation:
                     reason = (f"the global batch {global_batch} does not split into {dp} data-parallel ranks x "
@@ -406,7 +448,7 @@ class Plan:
             "estimate": "estimated, not measured: each rank's FLOPs (counted in the simulation) at gpu_flops, plus "
             "the bytes it sends (ring volumes) at the link rates, without overlap; a pipeline runs its 1F1B schedule's "
             "order with each forward and backward timed by its FLOPs. Memory is simulated (torch's own FSDP, TP and "
-            "pipelining over a fake process group), scaled from 1 and 2 layers per stage.",
+            "pipelining over a fake process group), scaled from 3 and 4 layers per stage.",
             "layouts": [p.to_dict() for p in self.planned],
             "skipped": list(self.skipped),
             "simulate_s": self.simulate_s,
@@ -415,7 +457,8 @@ class Plan:
 
 def plan(config: ModelConfig, cluster: Cluster, global_batch: int, checkpoints: Iterable[str] = ("none", "full"),
          microbatch_sizes: Iterable[int] = (1,), pp_degrees: Iterable[int] = (1, 2), jobs: int = 2,
-         progress: Progress | None = None) -> Plan:
+         progress: Progress | None = None, cp_degrees: Iterable[int] = (1,), tp_degrees: Iterable[int] | None = None,
+         mixed_precision: str = "none") -> Plan:
     """Enumerate, simulate (scaled from two small runs per layout) and rank the layouts of `config` on `cluster`.
 
     Within one mesh some layouts settle others without a run: when full checkpointing does not fit, nothing of that
@@ -424,17 +467,23 @@ def plan(config: ModelConfig, cluster: Cluster, global_batch: int, checkpoints: 
     if global_batch < 1:
         raise ValueError(f"global batch must be a whole number >= 1, got {global_batch}.")
     started = time.perf_counter()
-    layouts, refused = layouts_of(config, cluster, global_batch, checkpoints, microbatch_sizes, pp_degrees)
+    layouts, refused = layouts_of(config, cluster, global_batch, checkpoints, microbatch_sizes, pp_degrees, cp_degrees,
+                                  tp_degrees, mixed_precision)
     if not layouts:
         raise ValueError(f"no layout of {config.model!r} fits the rules on {cluster.gpus} GPUs: "
                          f"{refused[0]['reason'] if refused else 'nothing to try'}.")
     search = _Search(config, cluster, global_batch, layouts)
     _simulate(search, jobs, progress)
-    planned = sorted(search.planned.values(), key=lambda p: (not p.fits, -p.tokens_per_s_per_gpu, p.peak_bytes))
+    planned = ranked(search.planned.values())
     skipped = refused + [{"mesh": layout.mesh(), "checkpoint": layout.checkpoint,
                           "microbatch_size": layout.microbatch_size, "reason": reason}
                          for layout, reason in search.skipped.items()]
     return Plan(config, cluster, global_batch, tuple(planned), tuple(skipped), time.perf_counter() - started)
+
+
+def ranked(planned: Iterable[Planned]) -> list[Planned]:
+    """Fitting layouts first, then the fastest by the estimate (tokens/s per GPU), then the least memory."""
+    return sorted(planned, key=lambda p: (not p.fits, -p.tokens_per_s_per_gpu, p.peak_bytes))
 
 
 class _Search:
@@ -500,8 +549,13 @@ class _Search:
                 out.append(layout)
         return out
 
-    def done(self, layout: Layout, samples: tuple[Figures, Figures]) -> Planned:
-        figures = scaled(*samples, self.config.layers // layout.pp)
+    def samples(self, layout: Layout) -> tuple[int, ...]:
+        """Layers per stage to simulate `layout` at: SAMPLE_LAYERS, or the stage itself when it is no larger."""
+        per_stage = self.config.layers // layout.pp
+        return SAMPLE_LAYERS if per_stage > max(SAMPLE_LAYERS) else (per_stage,)
+
+    def done(self, layout: Layout, samples: tuple[Figures, ...]) -> Planned:
+        figures = scaled(*samples, self.config.layers // layout.pp) if len(samples) == 2 else samples[0]
         self.planned[layout] = estimate(self.config, layout, figures, self.cluster, self.global_batch)
         return self.planned[layout]
 
@@ -520,20 +574,27 @@ def _simulate(search: _Search, jobs: int, progress: Progress | None) -> None:
             search.skipped.setdefault(layout, figures)
             return
         results[layout, layers] = figures
-        if layout not in search.skipped and all((layout, n) in results for n in SAMPLE_LAYERS):
-            planned = search.done(layout, tuple(results[layout, n] for n in SAMPLE_LAYERS))
+        if layout not in search.skipped and all((layout, n) in results for n in search.samples(layout)):
+            planned = search.done(layout, tuple(results[layout, n] for n in search.samples(layout)))
             if progress:
                 fits = "fits" if planned.fits else "does not fit"
                 progress(len(search.planned), len(search.layouts) - len(search.skipped),
-                         f"{layout.label()}: peak {planned.peak_bytes / 2**30:.1f} GiB, {fits}")
+                         f"{layout.label()}: peak {format_bytes(planned.peak_bytes)}, {fits}")
 
     if jobs > 1 and threading.active_count() == 1:
+        import torch
+
+        import graphviz_core.parallel.pipeline  # noqa: F401 - imported once here, not once in each worker
+        from graphviz_core.models.registry import build_model
+
+        with torch.device("meta"):  # shapes only: the family's transformers classes imported, no bytes
+            build_model(config.replace(layers=1))
         context = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
             pending: dict[Future, tuple[Layout, int]] = {}
             while True:
                 for layout in search.ready():
-                    for layers in SAMPLE_LAYERS:
+                    for layers in search.samples(layout):
                         future = pool.submit(_sample_or_failure, config, layout, layers, node, True)
                         pending[future] = (layout, layers)
                 if not pending:
@@ -544,7 +605,7 @@ def _simulate(search: _Search, jobs: int, progress: Progress | None) -> None:
         return
     while not search.finished():
         for layout in search.ready():
-            for layers in SAMPLE_LAYERS:
+            for layers in search.samples(layout):
                 finished(layout, layers, _sample_or_failure(config, layout, layers, node))
 
 
