@@ -196,9 +196,9 @@ def _plan_command(args: argparse.Namespace) -> str:
 def _plan_table(result) -> str:
     from graphviz_core.units import format_bytes, format_seconds
 
-    lines = [f"{'layout':<46}{'peak':>11}  {'fits':<5}{'sent/step':>11}{'step (est.)':>13}{'tok/s/GPU (est.)':>18}"]
+    lines = [f"{'layout':<50}{'peak':>11}  {'fits':<5}{'sent/step':>11}{'step (est.)':>13}{'tok/s/GPU (est.)':>18}"]
     for p in result.planned:
-        lines.append(f"{p.layout.label():<46}{format_bytes(p.peak_bytes):>11}  {'yes' if p.fits else 'no':<5}"
+        lines.append(f"{p.layout.label():<50}{format_bytes(p.peak_bytes):>11}  {'yes' if p.fits else 'no':<5}"
                      f"{format_bytes(p.collective_bytes_per_step):>11}{format_seconds(p.step_time_s):>13}"
                      f"{p.tokens_per_s_per_gpu:>18,.0f}")
     lines.append(f"{len(result.planned)} layouts simulated in {result.simulate_s:.1f} s; {len(result.skipped)} skipped "

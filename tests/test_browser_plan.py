@@ -22,6 +22,10 @@ def test_the_plan_tab_ranks_the_layouts_with_progress_and_a_chart(page, streamli
     page.get_by_text("Rank 0 next to one device").wait_for(timeout=180_000)
     page.get_by_role("tab", name="Plan").click()
     form = page.locator('[data-testid="stForm"]').filter(has_text="GPUs in all")
+    form.get_by_role("textbox", name="Memory per GPU").fill("lots")  # bad input: a sentence, no plan
+    form.get_by_role("button", name="Plan the layouts").click()
+    page.locator('[data-testid="stAlert"]').filter(has_text="a memory size is a positive number and a unit").wait_for(
+        timeout=60_000)
     # 2 GPUs, nodes of 2, global batch 4, none and full checkpointing, 1 or 2 pipeline stages: FSDP 2, TP 2, PP 2
     # (a pipeline of 2 runs 4 microbatches of 1: 4 sequences per step) x 2 policies = 6 layouts. GPUs of 1.6 MiB:
     # llama-tiny's pipeline layouts fit, FSDP 2 and TP 2 with full checkpointing do not (their peaks are 1.7 and 1.9
@@ -39,8 +43,8 @@ def test_the_plan_tab_ranks_the_layouts_with_progress_and_a_chart(page, streamli
     assert any(re.search(r"Simulated \d of [4-6] layouts", text) for text in seen), f"no progress seen: {seen[:5]}"
     rows = table.evaluate("t => [...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.innerText))")
     labels = [row[1] for row in rows]
-    assert sorted(labels) == sorted(["PP 2, none, mb 1", "PP 2, full, mb 1", "TP 2, full, mb 1",
-                                     "FSDP 2, full, mb 1"]), rows
+    assert sorted(labels) == sorted(["PP 2, none, microbatch 1", "PP 2, full, microbatch 1", "TP 2, full, microbatch 1",
+                                     "FSDP 2, full, microbatch 1"]), rows
     fits = [row[3] for row in rows]
     assert fits == ["yes", "yes", "no", "no"], rows  # fitting layouts first
     assert all(row[2].endswith("MiB") for row in rows), rows  # peaks in a unit, not raw bytes

@@ -127,7 +127,7 @@ class Layout:
             parts.append(f"PP {self.pp}")
         if self.cp > 1:
             parts.append(f"CP {self.cp}")
-        return (" x ".join(parts) or "one GPU") + f", {self.checkpoint}, mb {self.microbatch_size}"
+        return (" x ".join(parts) or "one GPU") + f", {self.checkpoint}, microbatch {self.microbatch_size}"
 
 
 def _strategy(dp_shard: int, dp_replicate: int, tp: int) -> str:
