@@ -149,3 +149,15 @@ def test_other_families_dry_runs_under_autocast_save_what_cpu_saves(preset):
     assert meta.memory.saved_bytes == cpu.memory.saved_bytes
     assert meta.summary.by_category == cpu.summary.by_category and cpu.summary.by_category["cast"] > 0
     assert meta.optimizer.bytes_by_key == cpu.optimizer.bytes_by_key
+
+
+def test_a_module_brought_on_meta_under_autocast_is_refused_with_a_sentence():
+    from graphviz_core.capture.engine import capture_backward
+    from graphviz_core.models.family import Source
+
+    # built on meta before the capture: autocast would cast nothing there (no CPU/CUDA dispatch key), so no dry run
+    model = torch.nn.Linear(8, 2, device="meta")
+    source = Source(model, (torch.empty(4, 8, device="meta"),), lambda out: out.sum())
+    config = config_from_preset("llama-tiny", device="meta", autocast="bfloat16")
+    with pytest.raises(ValueError, match="a dry run under autocast needs a model the app builds"):
+        capture_backward(config, source=source)

@@ -309,6 +309,9 @@ class _Phases:
         """The model, its inputs and the loss of its output; the batch (or the user's inputs) is held by the run."""
         run, config = self.run, self.run.config
         if self.source is not None:
+            if uses_fake_tensors(run):  # its module is already built, on meta, where autocast casts nothing
+                raise ValueError("a dry run under autocast needs a model the app builds; run your own module under "
+                                 "autocast on cpu (or cuda), or drop autocast on meta.")
             run.held = self.source.inputs
             return self.source.model, self.source.inputs, self.source.loss_fn
         with outside_fake_mode(run):  # a dry run under autocast builds on meta, then goes fake (capture.autocast)
