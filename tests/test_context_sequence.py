@@ -140,7 +140,7 @@ def test_layouts_context_parallel_cannot_take_are_refused(parallel, message):
     [
         (dict(attention="eager"), "set attention sdpa"),
         (dict(seq=30), "must be a multiple of 2 x 2 = 4"),
-        (dict(preset="gpt2-tiny"), "is not one without experts"),
+        (dict(preset="gpt2-tiny"), "is not one, so pick one of: llama, mistral, qwen2"),
     ],
 )
 def test_models_context_parallel_cannot_take_are_refused(fields, message):

@@ -228,11 +228,15 @@ def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
 def _check_sequence_split(config: ModelConfig, parallel: ParallelConfig) -> None:
     """The model-side rules of context and sequence parallelism (graphviz_core.parallel.context)."""
     family = config.family
-    if not getattr(family, "rotary", False) or not family.language_model or config.experts:
-        known = ", ".join(m for m in MODELS if getattr(FAMILIES[m], "rotary", False) and FAMILIES[m].offered
-                          and "experts" not in FAMILIES[m].optional)
-        raise ValueError(f"context and sequence parallel split a Hugging Face decoder's tokens; model "
-                         f"{config.model!r} is not one without experts, so pick one of: {known}.")
+    # Llama-style decoders without experts: the layers whose activations graphviz_core.analysis.memory_formulas
+    # counts by hand (llama_layer_bytes_split), the count every measurement here is checked against.
+    def counted(family) -> bool:
+        return getattr(family, "layer_memory_formula", "") == "llama" and "experts" not in family.optional
+
+    if not counted(family):
+        known = ", ".join(m for m in MODELS if counted(FAMILIES[m]) and FAMILIES[m].offered)
+        raise ValueError(f"context and sequence parallel split a Llama-style decoder's tokens (its layer counted by "
+                         f"hand); model {config.model!r} is not one, so pick one of: {known}.")
     cp = parallel.cp
     if cp > 1 and config.attention != "sdpa":
         raise ValueError(f"context parallel replaces scaled_dot_product_attention with torch's ring attention; set "
