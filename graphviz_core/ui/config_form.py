@@ -41,8 +41,8 @@ INT_FIELDS = (*SIZE_FIELDS, "kv_heads", "intermediate", "experts", "experts_per_
 CHOICE_FIELDS = ("model", "attention", "checkpoint", "device", "dtype", "autocast", "optimizer")
 FINETUNE_FIELDS = ("finetune", *LORA_FIELDS, "freeze")  # the Fine-tuning box (outside the form) and its fields
 FINETUNE_LABELS = {"full": "full (every weight trains)", "lora": "LoRA (base weights frozen)"}
-AUTOCAST_LABELS = {"none": "none (every op in the dtype above)", "bfloat16": "bfloat16",
-                   "float16": "float16 (with a gradient scaler)"}
+AUTOCAST_LABELS = {"none": "none", "bfloat16": "bfloat16",
+                   "float16": "float16 + scaler"}  # short: the sidebar shows the value whole
 
 
 def _label(name: str, model: str) -> str:
