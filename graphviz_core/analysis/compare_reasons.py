@@ -15,6 +15,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from graphviz_core.analysis.compare_training import (
+    autocast_sentence,
+    compile_sentence,
+    finetuning_sentence,
+    optimizer_sentence,
+)
 from graphviz_core.capture.device import BYTES_PER
 from graphviz_core.config import PRESETS, ModelConfig
 from graphviz_core.units import format_bytes, format_flops
@@ -27,7 +33,7 @@ if TYPE_CHECKING:
 SIZE_ONLY = ("batch", "seq", "context", "seed")
 # Fields that can add or remove nodes besides the layer count (the rest only resize the same ops' tensors).
 STRUCTURAL = ("attention", "checkpoint", "kv_heads", "experts", "experts_per_token", "tied", "dtype", "device",
-              "finetune", "lora_targets", "freeze")
+              "finetune", "lora_targets", "freeze", "autocast", "compile")
 # Fields that change which parameters train (graphviz_core.models.finetune).
 FINETUNING = ("finetune", "lora_rank", "lora_alpha", "lora_targets", "freeze")
 
@@ -267,7 +273,13 @@ def _field_sentence(scene: _Scene, field: str, va, vb) -> str:
     elif field in SIZE_ONLY:
         return _size_only_sentence(scene, field, va, vb)
     elif field in FINETUNING:
-        return _finetuning_sentence(scene, field, va, vb)
+        return finetuning_sentence(c, field, nodes_of(field), va, vb)
+    elif field == "autocast":
+        return autocast_sentence(c, nodes_of(field), alone, va, vb)
+    elif field == "compile":
+        return compile_sentence(c, nodes_of(field), alone, va, vb)
+    elif field == "optimizer":
+        return optimizer_sentence(c, nodes_of(field), va, vb)
     elif field == "device":
         return (
             f"device {va} → {vb} (ran on {a.device} and {b.device}): {nodes_of(field)}; "
@@ -290,22 +302,6 @@ def _field_sentence(scene: _Scene, field: str, va, vb) -> str:
         return f"{field} {va} → {vb}: {nodes_of(field)}{measured} ({why})."
     else:
         return f"{field} {va} → {vb}: {nodes_of(field)}."
-
-
-def _finetuning_sentence(scene: _Scene, field: str, va, vb) -> str:
-    """LoRA, its settings or frozen parameters: which parameters get a gradient, and what that changes."""
-    a, b = scene.c.a, scene.c.b
-    sa, sb, ma, mb = a.summary, b.summary, a.memory, b.memory
-    return (
-        f"{field} {va!r} → {vb!r}: {scene.nodes_of(field)}; trainable parameters {sa.parameter_count:,} → "
-        f"{sb.parameter_count:,} in {sa.parameters} → {sb.parameters} AccumulateGrad nodes, gradients "
-        f"{format_bytes(ma.gradient_bytes)} → {format_bytes(mb.gradient_bytes)}, backward FLOPs "
-        f"{format_flops(a.flops.backward)} → {format_flops(b.flops.backward)}: a frozen weight gets no gradient, no "
-        f"optimizer state and no weight-gradient matmul. What stays: the weights ({format_bytes(ma.parameter_bytes)} → "
-        f"{format_bytes(mb.parameter_bytes)}) and most activations (saved for backward "
-        f"{format_bytes(ma.saved_bytes)} → {format_bytes(mb.saved_bytes)}: a frozen linear layer keeps no copy of "
-        "its input)."
-    )
 
 
 def _size_only_sentence(scene: _Scene, field: str, va, vb) -> str:
