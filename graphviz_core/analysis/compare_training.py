@@ -183,7 +183,7 @@ def compile_sentence(c: Comparison, nodes: str, alone: bool, va, vb) -> str:
         f"compile {va} → {vb}: {nodes}; the compiled step's {compiled.summary.nodes} nodes are "
         f"{summary['compiled_nodes']} CompiledFunctionBackward (one per compiled region: {summary['graphs']} "
         f"region{'s' if summary['graphs'] != 1 else ''}, {breaks} graph break{'s' if breaks != 1 else ''}), whose "
-        f"backward FX graphs hold {sum(r['backward_nodes'] for r in regions):,} ops, {accumulate} AccumulateGrad "
+        f"backward FX graphs have {sum(r['backward_nodes'] for r in regions):,} nodes, {accumulate} AccumulateGrad "
         f"and {outside} outside the compiled code (the loss)"
         + (f", where eager has {eager_nodes} nodes" if alone else "")
         + f". Saved for backward eager {exact_bytes(summary['eager_saved_bytes'])} → compiled "
