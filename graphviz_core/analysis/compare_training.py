@@ -62,7 +62,7 @@ def autocast_sentence(c: Comparison, nodes: str, alone: bool, va: str, vb: str) 
     dtype = on.autocast.dtype if on.autocast else "16-bit"
     head = (
         f"autocast {va} → {vb}: {nodes}; cast nodes (ToCopyBackward0, autocast's own) {casts_a} → {casts_b}, "
-        f"{weight_casts} of them casting a float32 weight to {dtype} for its matmul. The weights stay in the "
+        f"{weight_casts} of them casting a float32 parameter (a weight or a bias) to {dtype} for its matmul. The weights stay in the "
         f"config's dtype (parameters {_arrow(a.memory.parameter_bytes, b.memory.parameter_bytes)}): they are the "
         "master weights the optimizer updates, and their gradients keep that dtype"
     )
@@ -182,11 +182,11 @@ def compile_sentence(c: Comparison, nodes: str, alone: bool, va, vb) -> str:
     sentence = (
         f"compile {va} → {vb}: {nodes}; the compiled step's {compiled.summary.nodes} nodes are "
         f"{summary['compiled_nodes']} CompiledFunctionBackward (one per compiled region: {summary['graphs']} "
-        f"region{'s' if summary['graphs'] != 1 else ''}, {breaks} graph break{'s' if breaks != 1 else ''}), whose "
-        f"backward FX graphs have {sum(r['backward_nodes'] for r in regions):,} nodes, {accumulate} AccumulateGrad "
-        f"and {outside} outside the compiled code (the loss)"
+        f"region{'s' if summary['graphs'] != 1 else ''}, {breaks} graph break{'s' if breaks != 1 else ''}), "
+        f"{accumulate} AccumulateGrad and {outside} outside the compiled code (the loss)"
         + (f", where eager has {eager_nodes} nodes" if alone else "")
-        + f". Saved for backward eager {exact_bytes(summary['eager_saved_bytes'])} → compiled "
+        + f"; the compiled regions' backward FX graphs have {sum(r['backward_nodes'] for r in regions):,} nodes in "
+        f"all. Saved for backward eager {exact_bytes(summary['eager_saved_bytes'])} → compiled "
         f"{exact_bytes(summary['saved_bytes'])} ({summary['saved_bytes'] - summary['eager_saved_bytes']:+,} B; "
         f"{exact_bytes(summary['compiled_saved_bytes'])} of it kept by the compiled regions, chosen by inductor's "
         f"min-cut partitioner): the compiled backward recomputes {sum(recomputed.values())} forward ops instead of "

@@ -15,7 +15,7 @@ import streamlit as st
 
 from graphviz_core.analysis.compare import Comparison, Headline, LayerPair, compare_captures
 from graphviz_core.capture.result import Capture
-from graphviz_core.config import DEFAULT_PRESET, ModelConfig, applies, config_from_preset
+from graphviz_core.config import DEFAULT_PRESET, LORA_ALPHA, LORA_RANK, ModelConfig, applies, config_from_preset
 from graphviz_core.export.render import render_html, run_description
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.config_form import config_form, set_config
@@ -56,6 +56,39 @@ def _checkpoint_pair(policy: str) -> Callable[[ModelConfig], tuple[ModelConfig, 
     return pair
 
 
+def _one_change(a_fields: dict, b_fields: dict) -> Callable[[ModelConfig], tuple[ModelConfig, ModelConfig]]:
+    """A pair of the training step as people run it: A is config A with `a_fields` (the reference, and whatever the
+    change cannot run with), B is that A with only `b_fields` changed."""
+
+    def pair(base: ModelConfig) -> tuple[ModelConfig, ModelConfig]:
+        a = _changed(base, **a_fields)
+        return a, _changed(a, **b_fields)
+
+    return pair
+
+
+def _compile_pair(base: ModelConfig) -> tuple[ModelConfig, ModelConfig]:
+    if base.device == "meta":
+        raise ValueError(
+            "torch.compile runs the step on real tensors and config A runs on meta: set A's device to cpu or auto "
+            "on a small model, or pick another pair."
+        )
+    return _one_change({"compile": False, "autocast": "none", "checkpoint": "none"}, {"compile": True})(base)
+
+
+# The training step as people run it: B is A with one setting changed, and the sentence says what it changed.
+TRAINING_PAIRS: dict[str, Callable[[ModelConfig], tuple[ModelConfig, ModelConfig]]] = {
+    "fp32 vs bf16 autocast": _one_change(
+        {"dtype": "float32", "autocast": "none", "compile": False}, {"autocast": "bfloat16"}
+    ),
+    "Full fine-tuning vs LoRA": _one_change(
+        {"finetune": "full", "lora_rank": LORA_RANK, "lora_alpha": LORA_ALPHA, "lora_targets": "", "freeze": ""},
+        {"finetune": "lora"},
+    ),
+    "Eager vs compiled": _compile_pair,
+    "AdamW vs SGD": _one_change({"optimizer": "adamw"}, {"optimizer": "sgd"}),
+}
+
 # Label -> (A, B) from the config A holds now; each pair keeps A's other fields.
 QUICK_PAIRS: dict[str, Callable[[ModelConfig], tuple[ModelConfig, ModelConfig]]] = {
     "Fused vs spelled-out attention": _attention_pair,
@@ -65,6 +98,7 @@ QUICK_PAIRS: dict[str, Callable[[ModelConfig], tuple[ModelConfig, ModelConfig]]]
     "Batch 1 vs 8": lambda c: (_changed(c, batch=1), _changed(c, batch=8)),
     "GPT-2 vs Llama (tiny)": lambda c: (config_from_preset("gpt2-tiny"), config_from_preset("llama-tiny")),
     "Llama 3.1 8B vs 70B (meta)": lambda c: (config_from_preset("llama-3.1-8b"), config_from_preset("llama-3.1-70b")),
+    **TRAINING_PAIRS,
 }
 
 
@@ -92,10 +126,14 @@ def pick_configs() -> tuple[ModelConfig, ModelConfig]:
     # What a link asked for and could not have: at the top, not only inside the collapsed forms below
     link_notices = st.container()
     st.caption("Quick pairs (built from config A's current fields):")
-    labels = list(QUICK_PAIRS)
+    labels = [label for label in QUICK_PAIRS if label not in TRAINING_PAIRS]
     # three a row: four cut 'Fused vs spelled-out atten…' and 'No checkpointing vs selec…' off at 1280 px
     pairs = st.container(key="compare-pairs")  # CSS class st-key-compare-pairs: the browser test finds the row
     for column, label in zip(pairs.columns(3) + pairs.columns(3) + pairs.columns(3), labels, strict=False):
+        column.button(label, key=f"compare.pair.{label}", on_click=_load_pair, args=(label,), width="stretch")
+    st.caption("The training step as people run it (B is A with that one setting changed):")
+    training = st.container(key="compare-training-pairs")
+    for column, label in zip(training.columns(len(TRAINING_PAIRS)), TRAINING_PAIRS, strict=True):
         column.button(label, key=f"compare.pair.{label}", on_click=_load_pair, args=(label,), width="stretch")
     if "compare.pair_error" in st.session_state:
         st.error(escape_markdown(st.session_state["compare.pair_error"]))

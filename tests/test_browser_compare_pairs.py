@@ -1,0 +1,40 @@
+"""The compare page's training-step pairs in Chromium, at a laptop's and a desktop's window: each button (fp32 vs bf16
+autocast, full fine-tuning vs LoRA, eager vs compiled, AdamW vs SGD) loads B = A with that one setting changed, both
+configs are captured and the pair's sentence shows; every label reads whole (page errors fail the test)."""
+
+import pytest
+
+from tests.conftest import SIZES
+
+pytestmark = pytest.mark.browser
+
+# label -> the start of the sentence it shows for gpt2-tiny (A as the page opens) and a figure from it: the 23 casts
+# and 9 frozen matmul weights are counted in tests/test_compare_training.py; the rest are the pair's own words
+PAIRS = {
+    "fp32 vs bf16 autocast": ("autocast none → bfloat16", "cast nodes (ToCopyBackward0, autocast's own) 0 → 23"),
+    "Full fine-tuning vs LoRA": ("finetune 'full' → 'lora'", "the gradient matmuls of the 9 matmul weights"),
+    "Eager vs compiled": ("compile False → True", "1 CompiledFunctionBackward"),
+    "AdamW vs SGD": ("optimizer adamw → sgd", "SGD keeps no state"),
+}
+
+
+@pytest.mark.parametrize("page", SIZES, indirect=True)
+def test_each_training_pair_button_compares_and_explains(page, streamlit_url, tmp_path):
+    page.goto(streamlit_url)
+    page.locator('[data-testid="stSidebarNav"]').get_by_text("Compare two configs").click()
+    page.locator('[data-testid="stMetric"]').filter(has_text="Nodes per layer").wait_for(timeout=120_000)
+    row = page.locator(".st-key-compare-training-pairs")
+    for label, (start, figure) in PAIRS.items():
+        button = row.get_by_role("button", name=label, exact=True)
+        # the label is whole: no ellipsis, the text as wide as its box at most
+        assert button.evaluate("b => { const p = b.querySelector('p') || b; return p.scrollWidth <= p.clientWidth + 1 }"), label
+        button.click()
+        sentence = page.locator('[data-testid="stMarkdownContainer"] li').filter(has_text=start)
+        sentence.wait_for(timeout=180_000)
+        assert figure in sentence.inner_text(), sentence.inner_text()
+        # config B's header names the change where the description carries it
+        header = page.locator('[data-testid="stExpander"] summary').filter(has_text="Config B")
+        assert header.count() == 1
+        sentence.scroll_into_view_if_needed()
+        page.screenshot(path=tmp_path / f"compare-{label.split()[0].lower()}-{page.size}.png", full_page=False)
+    assert not page.errors, page.errors
