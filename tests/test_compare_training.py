@@ -57,6 +57,20 @@ def test_fp32_vs_bf16_autocast_sentence_counts_casts_and_bytes_by_dtype():
     assert f"int64 {2 * 2 * 32 * 8:,} B both" in sentence
 
 
+def _lora_matmul_parts() -> tuple[int, int, int]:
+    """llama-tiny's backward matmul FLOPs that LoRA r=8 on q, v changes, by hand."""
+    # the frozen weights' gradient matmuls: 2·tokens·in·out for 7 linears x 2 layers + lm_head (64 x 512) = 13,631,488
+    weight_grads = 2 * TOKENS * (LAYERS * sum(i * o for i, o in LAYER_LINEARS.values()) + 64 * 512)
+    # layer 0's q, k, v read the frozen embedding's output: their input gradients go too, 2·64·(64·64 + 2·64·32)
+    layer0 = 2 * TOKENS * sum(LAYER_LINEARS[m][0] * LAYER_LINEARS[m][1] for m in ("self_attn.q_proj", "self_attn.k_proj",
+                                                                                   "self_attn.v_proj"))
+    # the adapters' GEMMs: grad A, grad B, B's input gradient, A's input gradient (not in layer 0, nothing before)
+    adapters = LAYERS * sum(2 * TOKENS * R * (2 * i + 2 * o) for i, o in (LAYER_LINEARS[t] for t in TARGETS))
+    adapters -= sum(2 * TOKENS * LAYER_LINEARS[t][0] * R for t in TARGETS)
+    assert (weight_grads, layer0, adapters) == (13_631_488, 1_048_576, 786_432)
+    return weight_grads, layer0, adapters
+
+
 def test_full_vs_lora_sentence_splits_the_matmul_flops_and_counts_adapters_only_state():
     full, lora = captured("llama-tiny", device="cpu"), captured("llama-tiny", device="cpu", finetune="lora")
     sentence = _sentence(full, lora)
@@ -72,15 +86,7 @@ def test_full_vs_lora_sentence_splits_the_matmul_flops_and_counts_adapters_only_
     # AdamW's state: torch.optim's own after a step for full (8 P + 4 x 21); the adapters': 8 x 3,584 + 4 x 8 tensors
     full_state, _ = _state_after_a_step("adamw")
     assert f"state (torch.optim's own after one step) {full_state:,} B → {8 * adapters_p + 4 * 8:,} B" in sentence
-    # the frozen weights' gradient matmuls: 2·tokens·in·out for 7 linears x 2 layers + lm_head (64 x 512) = 13,631,488
-    weight_grads = 2 * TOKENS * (LAYERS * sum(i * o for i, o in LAYER_LINEARS.values()) + 64 * 512)
-    # layer 0's q, k, v read the frozen embedding's output: their input gradients go too, 2·64·(64·64 + 2·64·32)
-    layer0 = 2 * TOKENS * sum(LAYER_LINEARS[m][0] * LAYER_LINEARS[m][1] for m in ("self_attn.q_proj", "self_attn.k_proj",
-                                                                                   "self_attn.v_proj"))
-    # the adapters' GEMMs: grad A, grad B, B's input gradient, A's input gradient (not in layer 0, nothing before)
-    adapters = LAYERS * sum(2 * TOKENS * R * (2 * i + 2 * o) for i, o in (LAYER_LINEARS[t] for t in TARGETS))
-    adapters -= sum(2 * TOKENS * LAYER_LINEARS[t][0] * R for t in TARGETS)
-    assert (weight_grads, layer0, adapters) == (13_631_488, 1_048_576, 786_432)
+    weight_grads, layer0, adapters = _lora_matmul_parts()
     assert (
         f"−{weight_grads:,} for the gradient matmuls of the {LAYERS * len(LAYER_LINEARS) + 1} matmul weights among "
         f"the {TENSORS} tensors that no longer train" in sentence
@@ -93,6 +99,16 @@ def test_full_vs_lora_sentence_splits_the_matmul_flops_and_counts_adapters_only_
     assert f"Backward matmul FLOPs {a_mm:,} FLOPs → {b_mm:,} FLOPs" in sentence
     # the weights stay (and the adapters join them): 4 B x (139,584 + 3,584)
     assert f"the weights ({4 * P:,} B → {4 * (P + adapters_p):,} B" in sentence
+
+
+def test_lora_vs_full_reads_the_same_parts_with_the_other_sign():
+    back = _sentence(captured("llama-tiny", device="cpu", finetune="lora"), captured("llama-tiny", device="cpu"))
+    weight_grads, layer0, adapters = _lora_matmul_parts()
+    assert back.startswith("finetune 'lora' → 'full'")
+    assert (f"+{weight_grads:,} for the gradient matmuls of the {LAYERS * len(LAYER_LINEARS) + 1} matmul weights "
+            f"among the {TENSORS} tensors that start training") in back
+    assert f"+{layer0:,} for input gradients now needed" in back
+    assert f"−{adapters:,} for the adapters' own matmuls" in back
 
 
 def _independent_compiled_gpt2_tiny() -> dict:

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from graphviz_core.config import config_from_preset
 from graphviz_core.ui.compare_view import TRAINING_PAIRS
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "compare.py")
@@ -43,3 +44,15 @@ def test_each_training_pair_sets_b_to_a_with_one_change_and_says_why(label):
     assert at.session_state[f"compare.b.{field}"] in (value_b, str(value_b))
     (sentence,) = _sentences(at)
     assert sentence.startswith(f"- {start}"), sentence
+
+
+def test_eager_vs_compiled_refuses_a_meta_config_a_with_a_sentence():
+    # llama-3.1-8b's preset runs on meta (shapes only): torch.compile needs real tensors
+    assert config_from_preset("llama-3.1-8b").device == "meta"
+    with pytest.raises(ValueError, match="torch.compile runs the step on real tensors and config A runs on meta"):
+        TRAINING_PAIRS["Eager vs compiled"](config_from_preset("llama-3.1-8b"))
+    # the other three take it: B is A with the one field changed
+    for label in ("fp32 vs bf16 autocast", "Full fine-tuning vs LoRA", "AdamW vs SGD"):
+        a, b = TRAINING_PAIRS[label](config_from_preset("llama-3.1-8b"))
+        field = EXPECTED[label][0]
+        assert [k for k, v in a.to_dict().items() if k != "preset" and b.to_dict()[k] != v] == [field]

@@ -134,6 +134,31 @@ def matmul_parts(a: Capture, b: Capture) -> dict[str, int] | None:
     }
 
 
+def _matmul_words(a: Capture, b: Capture) -> str:
+    """The backward matmul FLOPs A → B split into what the weights that stop (or start) training account for."""
+    if a.summary.parameter_count >= b.summary.parameter_count:
+        parts, sign, verb = matmul_parts(a, b), "−", "no longer train"
+    else:  # B trains what A froze: the same parts, the other way round
+        parts, sign, verb = matmul_parts(b, a), "+", "start training"
+        parts = parts and {**parts, "a": parts["b"], "b": parts["a"]}
+    if parts is None:
+        return ""
+    back = "+" if sign == "−" else "−"
+    weights, tensors = parts["matmul_weights"], parts["frozen_weights"]
+    terms = [
+        f"{sign}{parts['weight_gradients']:,} for the gradient matmuls of the {weights} matmul "
+        f"weight{'s' if weights != 1 else ''} among the {tensors} tensor{'s' if tensors != 1 else ''} that {verb} "
+        "(each the size of its forward matmul, 2·tokens·in·out)"
+    ]
+    if parts["input_gradients"]:
+        terms.append(f"{sign}{parts['input_gradients']:,} for input gradients "
+                     + ("nothing needs any more (no trainable weight before them)" if sign == "−" else
+                        "now needed (a trainable weight before them)"))
+    if parts["adapters"]:
+        terms.append(f"{back}{parts['adapters']:,} for the adapters' own matmuls")
+    return f" Backward matmul FLOPs {_arrow(parts['a'], parts['b'], _flops)}: {', '.join(terms)}."
+
+
 def finetuning_sentence(c: Comparison, field: str, nodes: str, va, vb) -> str:
     """LoRA, its settings or frozen parameters: which parameters get a gradient, and what that changes."""
     a, b = c.a, c.b
@@ -142,15 +167,7 @@ def finetuning_sentence(c: Comparison, field: str, nodes: str, va, vb) -> str:
     if a.optimizer and b.optimizer:
         state = (f", {OPTIMIZER_NAMES[b.optimizer.optimizer]}'s state (torch.optim's own after one step) "
                  f"{_arrow(a.optimizer.state_bytes, b.optimizer.state_bytes)}")
-    parts = matmul_parts(a, b)
-    matmuls = ""
-    if parts:
-        matmuls = (
-            f" Backward matmul FLOPs {_arrow(parts['a'], parts['b'], _flops)}: −{parts['weight_gradients']:,} for "
-            f"the gradient matmuls of the {parts['matmul_weights']} matmul weights among the {parts['frozen_weights']} "
-            f"tensors that no longer train (each the size of its forward matmul, 2·tokens·in·out), −{parts['input_gradients']:,} for input gradients nothing needs "
-            f"any more (no trainable weight before them), +{parts['adapters']:,} for the adapters' own matmuls."
-        )
+    matmuls = _matmul_words(a, b)
     return (
         f"{field} {va!r} → {vb!r}: {nodes}; trainable parameters {sa.parameter_count:,} → "
         f"{sb.parameter_count:,} in {sa.parameters} → {sb.parameters} AccumulateGrad nodes (one per trainable "
