@@ -57,6 +57,24 @@ def test_fp32_vs_bf16_autocast_sentence_counts_casts_and_bytes_by_dtype():
     assert f"int64 {2 * 2 * 32 * 8:,} B both" in sentence
 
 
+def _hook_bytes(preset: str, **overrides) -> int:
+    """Bytes saved for backward by one forward of `preset`, by saved_tensors_hooks: distinct storages, parameters out."""
+    config = config_from_preset(preset, device="cpu", **overrides)
+    torch.manual_seed(0)
+    model, batch = build_model(config), make_batch(config, "cpu")
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        compute_loss(config, model(batch.inputs), batch.targets)
+    return sum(saved.values())
+
+
 def _lora_matmul_parts() -> tuple[int, int, int]:
     """llama-tiny's backward matmul FLOPs that LoRA r=8 on q, v changes, by hand."""
     # the frozen weights' gradient matmuls: 2·tokens·in·out for 7 linears x 2 layers + lm_head (64 x 512) = 13,631,488
@@ -97,6 +115,8 @@ def test_full_vs_lora_sentence_splits_the_matmul_flops_and_counts_adapters_only_
     a_mm, b_mm = (c.flops.backward_by_category["matmul"] for c in (full, lora))
     assert a_mm - b_mm == weight_grads + layer0 - adapters
     assert f"Backward matmul FLOPs {a_mm:,} FLOPs → {b_mm:,} FLOPs" in sentence
+    # saved for backward on each side: saved_tensors_hooks on a plain run of each model (distinct storages, no parameter)
+    assert f"saved for backward {_hook_bytes('llama-tiny'):,} B → {_hook_bytes('llama-tiny', finetune='lora'):,} B" in sentence
     # the weights stay (and the adapters join them): 4 B x (139,584 + 3,584)
     assert f"the weights ({4 * P:,} B → {4 * (P + adapters_p):,} B" in sentence
 

@@ -174,8 +174,9 @@ def finetuning_sentence(c: Comparison, field: str, nodes: str, va, vb) -> str:
         f"tensor: a frozen weight gets none), gradients {_arrow(ma.gradient_bytes, mb.gradient_bytes)}{state}: "
         f"gradients and optimizer state only for what trains.{matmuls} What stays: the weights "
         f"({_arrow(ma.parameter_bytes, mb.parameter_bytes)}: the frozen ones are still read) and most activations "
-        f"(saved for backward {_arrow(ma.saved_bytes, mb.saved_bytes)}: only a frozen linear layer's copy of its "
-        "input goes, which its weight's gradient alone read)."
+        f"(saved for backward {_arrow(ma.saved_bytes, mb.saved_bytes)}: what goes is what only a frozen weight's "
+        "gradient read, such as a frozen linear layer's input or a frozen norm weight's normalised input, and "
+        "whatever ops before the first trainable weight kept; the adapters keep their own small inputs)."
     )
 
 
