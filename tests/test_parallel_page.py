@@ -78,7 +78,7 @@ def test_pipeline_fields_add_a_tab_of_stages():
     at.selectbox(key="config.preset").set_value("llama-tiny")
     next(b for b in at.button if b.label == "Use this model").click().run()
     assert not at.exception and not at.error
-    assert [t.label for t in at.tabs] == ["Memory per rank", "Communication in backward", "Pipeline stages"]
+    assert [t.label for t in at.tabs] == ["Memory per rank", "Communication in backward", "Pipeline stages", "Plan"]
     stages = at.dataframe[-2].value  # the stage table (the schedule's order is last)
     # llama-tiny's 2 layers over 2 stages: one layer each, the embedding on stage 0, the head on stage 1.
     assert list(stages["Layers"]) == ["0–0 + embedding", "1–1 + head"]
@@ -99,3 +99,27 @@ def test_context_parallel_adds_a_tab_with_one_layer_measured_and_counted():
     # 16 of 32 tokens: norms 49,408 + attention 25,088 + SwiGLU 65,536 + ring output copy 8,192 = 148,224 B
     # (tests/test_context_sequence.py derives each term)
     assert measured.value == counted.value == format_bytes(148_224)
+
+
+def test_the_plan_tab_ranks_layouts_with_peaks_equal_to_their_simulations():
+    from graphviz_core.config import resolve_config
+    from graphviz_core.parallel.pipeline import simulate_layout
+    from graphviz_core.parallel.settings import ParallelConfig
+
+    at = AppTest.from_file(PAGE, default_timeout=300).run()
+    # gpt2-tiny on 2 GPUs in nodes of 2, global batch 2, no pipeline: FSDP 2 and TP 2, each with none and full
+    # checkpointing (gpt2 takes no pipeline: pp 1 only) = 4 layouts, every one fitting 80 GiB.
+    at.number_input(key="plan.gpus").set_value(2)
+    at.number_input(key="plan.per_node").set_value(2)
+    at.number_input(key="plan.batch").set_value(2)
+    at.multiselect(key="plan.pp").set_value([1])
+    next(b for b in at.button if b.label == "Plan the layouts").click().run()
+    assert not at.exception and not at.error
+    frame = next(t for t in tables(at) if "Tokens/s per GPU (estimate)" in t.columns)
+    assert sorted(frame["Layout"]) == sorted(["FSDP 2, none, microbatch 1", "FSDP 2, full, microbatch 1",
+                                              "TP 2, none, microbatch 1", "TP 2, full, microbatch 1"])
+    assert list(frame["Fits"]) == ["yes"] * 4
+    # FSDP 2 without checkpointing, a microbatch of 1: the page's peak is the simulator's own for that layout.
+    full = simulate_layout(resolve_config("gpt2-tiny", batch=1), ParallelConfig("fsdp", 2), single_device=False)
+    row = frame[frame["Layout"] == "FSDP 2, none, microbatch 1"].iloc[0]
+    assert row["Peak per GPU"] == format_bytes(full.peak_bytes)
