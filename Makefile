@@ -44,9 +44,12 @@ serve: $(STAMP) $(VIS_STATIC)
 		--browser.gatherUsageStats false --client.showErrorDetails none --server.enableXsrfProtection true \
 		--server.enableCORS true --server.maxUploadSize 1
 
+# Two pytest-xdist workers, each taking one test file at a time (the docs' commands share files under /tmp; a file's
+# tests share its fixtures); TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) $(VIS_STATIC) chromium graphviz
 	$(VENV)/bin/ruff check graphviz_core pages app.py tests benchmarks
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check graphviz_core pages app.py tests benchmarks
