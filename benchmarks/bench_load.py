@@ -62,7 +62,7 @@ def mix(n: int, seed: int) -> list[ModelConfig]:
         ("gpt2-tiny", {"seq": 64}),
         ("gpt2-tiny", {"checkpoint": "full"}),
         ("llama-tiny", {"checkpoint": "selective"}),
-        ("seed-block", {}),
+        ("transformer-block", {}),
     ]
     out = []
     for i in range(n):

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-TINY = ["mlp", "gpt2-tiny", "seed-block", "llama-tiny", "mistral-tiny", "qwen2-tiny", "mixtral-tiny", "gpt2-hf-tiny",
+TINY = ["mlp", "gpt2-tiny", "transformer-block", "llama-tiny", "mistral-tiny", "qwen2-tiny", "mixtral-tiny", "gpt2-hf-tiny",
         "bert-tiny", "vit-tiny", "resnet-tiny"]
 MODEL_FILE = "{MODEL_FILE}"  # replaced by the factory file written into a temp dir
 FACTORY = '''import torch
@@ -65,8 +65,8 @@ def configs() -> dict[str, list[str]]:
     graph("llama-3.1-8b L2 ckpt-selective meta", "--preset", "llama-3.1-8b", "--layers", "2", "--checkpoint",
           "selective", "--device", "meta")
     # attention variants
-    for preset, attention in [("gpt2-tiny", "manual"), ("gpt2-tiny", "mha"), ("seed-block", "sdpa"),
-                              ("seed-block", "manual"), ("llama-tiny", "eager"), ("gpt2-hf-tiny", "eager"),
+    for preset, attention in [("gpt2-tiny", "manual"), ("gpt2-tiny", "mha"), ("transformer-block", "sdpa"),
+                              ("transformer-block", "manual"), ("llama-tiny", "eager"), ("gpt2-hf-tiny", "eager"),
                               ("bert-tiny", "eager"), ("vit-tiny", "eager")]:
         graph(f"{preset} attn-{attention} cpu", "--preset", preset, "--attention", attention, "--device", "cpu")
     # bfloat16 on meta

@@ -218,7 +218,7 @@ def test_a_model_built_beside_checkpointed_captures_gets_its_own_weights():
     # from another thread, in the middle of a build that draws its initial weights from that generator: before
     # preserve_rng_state=False, 5 of 15 of these builds got other weights (a loss of 2.0373 instead of 2.0359 in
     # bench_load.py's 16 sessions).
-    block = config_from_preset("seed-block", device="cpu", seq=8, batch=1, seed=5)  # h=768: a build of ~7M draws
+    block = config_from_preset("transformer-block", device="cpu", seq=8, batch=1, seed=5)  # h=768: a build of ~7M draws
     noisy = config_from_preset("gpt2-tiny", device="cpu", checkpoint="full", layers=4, seed=3)
     alone = capture_backward(block).loss
     stop = threading.Event()

@@ -19,8 +19,8 @@ def ops_of(capture, **where):
 # ---- "Why Your Transformer Block Has 50 Backward Nodes": the transformer block ----------------------------------------------------------------
 
 
-def test_seed_block_has_one_fused_attention_node_and_the_expected_kernels():
-    capture = captured("seed-block")
+def test_transformer_block_has_one_fused_attention_node_and_the_expected_kernels():
+    capture = captured("transformer-block")
     cats = capture.summary.by_category
     assert cats["attention"] == 1  # nn.MultiheadAttention(need_weights=False) -> one fused SDPA backward node
     assert ops_of(capture, category="attention") == {"ScaledDotProductFlashAttentionForCpuBackward0": 1}
@@ -32,11 +32,11 @@ def test_seed_block_has_one_fused_attention_node_and_the_expected_kernels():
     assert ops_of(capture, op="AddBackward0", module="block.attn.mha") == {"AddBackward0": 1}
 
 
-def test_seed_block_has_twelve_parameter_tensors_not_nine():
+def test_transformer_block_has_twelve_parameter_tensors_not_nine():
     # "Why Your Transformer Block Has 50 Backward Nodes" says 9 AccumulateGrad nodes; the block has 12 parameter tensors:
     # 2 LayerNorms x (weight, bias) = 4, MHA in_proj (weight, bias) + out_proj (weight, bias) = 4,
     # MLP fc (weight, bias) + proj (weight, bias) = 4.
-    capture = captured("seed-block")
+    capture = captured("transformer-block")
     names = sorted(d["param"]["name"] for _, d in capture.graph.nodes(data=True) if d["op"] == "AccumulateGrad")
     assert names == sorted([
         "block.ln_1.weight", "block.ln_1.bias", "block.ln_2.weight", "block.ln_2.bias",
@@ -57,7 +57,7 @@ def test_graph_size_is_the_same_for_every_batch_and_seq_except_batch_one():
     # bias add, and a clone for .contiguous() before the heads are split.
     sizes = {}
     for batch, seq, device in [(4, 64, "cpu"), (128, 64, "cpu"), (1, 64, "cpu"), (1, 2048, "cpu"), (2, 2048, "cpu"), (128, 2048, "meta")]:
-        sizes[batch, seq] = capture_backward(config_from_preset("seed-block", batch=batch, seq=seq, device=device))
+        sizes[batch, seq] = capture_backward(config_from_preset("transformer-block", batch=batch, seq=seq, device=device))
     assert {k: c.summary.nodes for k, c in sizes.items()} == {
         (4, 64): 57, (128, 64): 57, (1, 64): 55, (1, 2048): 55, (2, 2048): 57, (128, 2048): 57}
     batch_one = Counter(sizes[1, 64].summary.by_op)

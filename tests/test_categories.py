@@ -40,7 +40,7 @@ def test_normalise_strips_the_namespace():
 PRESET_RUNS = [
     ("gpt2-tiny", {}),
     ("mlp", {}),
-    ("seed-block", {"batch": 1, "seq": 16}),
+    ("transformer-block", {"batch": 1, "seq": 16}),
     ("gpt2-small", {"device": "meta"}),
     ("llama-3.1-70b", {"layers": 2}),  # same ops per layer as 80; meta either way
     *[("gpt2-tiny", {"attention": a, "checkpoint": c}) for a in ("sdpa", "mha", "manual") for c in ("none", "full", "selective")],

@@ -163,8 +163,8 @@ def test_png_lays_the_layers_out_top_to_bottom_as_the_apps_download(tmp_path):
     from tests.conftest import captured
 
     out = tmp_path / "block.png"
-    assert main(["graph", "--preset", "seed-block", "--batch", "1", "--seq", "16", "--format", "png", "-o", str(out)]) == 0
-    capture = captured("seed-block", batch=1, seq=16)
+    assert main(["graph", "--preset", "transformer-block", "--batch", "1", "--seq", "16", "--format", "png", "-o", str(out)]) == 0
+    capture = captured("transformer-block", batch=1, seq=16)
     layers = nx.dag_longest_path_length(capture.graph) + 1  # the longest chain of nodes from the loss
     assert layers == 32
     # one column of 32 layers, as tall as it must be to read at scale 0.5: (31 x 80 + 60) px x 1.12 (the fit's margin)

@@ -42,7 +42,7 @@ def test_config_is_frozen():
 def test_presets_hold_the_shapes_the_issue_names():
     small = config_from_preset("gpt2-small")
     assert (small.layers, small.hidden, small.heads, small.vocab, small.positions) == (12, 768, 12, 50257, 1024)
-    block = config_from_preset("seed-block")
+    block = config_from_preset("transformer-block")
     assert (block.model, block.hidden, block.heads, block.attention) == ("block", 768, 12, "mha")
     llama = config_from_preset("llama-3.1-70b")
     # Llama 3.1 70B's published config: 80 layers, h=8192, 64 query / 8 key-value heads, SwiGLU 28672, V=128256

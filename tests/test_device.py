@@ -32,7 +32,7 @@ def test_asking_for_cuda_without_it_is_a_sentence():
 
 
 def test_parameter_estimate_is_exact_for_the_shipped_models():
-    for preset, overrides in [("gpt2-tiny", {}), ("mlp", {}), ("seed-block", {"batch": 1, "seq": 8})]:
+    for preset, overrides in [("gpt2-tiny", {}), ("mlp", {}), ("transformer-block", {"batch": 1, "seq": 8})]:
         capture = captured(preset, **overrides)
         assert parameter_count_estimate(capture.config) == capture.summary.parameter_count
 

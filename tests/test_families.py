@@ -129,8 +129,8 @@ def test_categories_follow_the_module_that_made_the_op():
     assert {"TopkBackward0", "SoftmaxBackward0"} <= set(ops(mixtral, "routing"))
     # router per layer: View, T, Softmax, Topk, Sum, Div (its Mm stays matmul) = 6, 2 layers
     assert mixtral.summary.by_category["routing"] == 2 * 6
-    # built-in models: the seed block has 2 residual adds (the third Add is nn.MultiheadAttention's bias add)
-    block = captured("seed-block", batch=1, seq=16)
+    # built-in models: the transformer block has 2 residual adds (the third Add is nn.MultiheadAttention's bias add)
+    block = captured("transformer-block", batch=1, seq=16)
     assert block.summary.by_category["residual_add"] == 2
     gpt2 = captured("gpt2-tiny")
     assert gpt2.summary.by_category["residual_add"] == 2 * 2  # the token + position sum is embedding

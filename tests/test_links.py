@@ -46,6 +46,8 @@ def test_a_link_naming_a_presets_former_name_opens_the_preset_it_became():
     # llama-70b-shape was llama-3.1-70b under a second name; links made with it still open that config
     assert parse_config({"preset": "llama-70b-shape"}) == (config_from_preset("llama-3.1-70b"), [])
     assert config_params(parse_config({"preset": "llama-70b-shape"})[0]) == {"preset": "llama-3.1-70b"}
+    # seed-block named the textbook block after the source file it came from; it is transformer-block now
+    assert parse_config({"preset": "seed-block"}) == (config_from_preset("transformer-block"), [])
 
 
 def test_autocast_and_the_optimizer_travel_in_a_link_and_the_config_line_names_them():

@@ -119,12 +119,13 @@ class BlockFamily(_BuiltIn):
     layer_memory_formula = "korthikanti"
     presets = (
         Preset(
-            "seed-block",
+            "transformer-block",
             "One pre-LN transformer block as in the textbook: h=768, 12 heads, nn.MultiheadAttention, 4h GELU MLP, "
             "two residuals.",
             dict(model="block", hidden=768, heads=12, layers=1, batch=4, seq=128, attention="mha"),
         ),
     )
+    renamed_presets = (("seed-block", "transformer-block"),)  # its former name, for old links and scripts
     default_fields = dict(model="block", hidden=64, heads=4, layers=1, batch=2, seq=32)
 
     def validate(self, config: ModelConfig) -> None:

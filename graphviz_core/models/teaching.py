@@ -34,7 +34,7 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 # No model here draws random numbers in forward (no dropout), so recompute needs no saved RNG state; and saving it
 # is harmful on a shared server: checkpoint's recompute sets torch's one global generator back to the forward's
 # state (and restores it after), which, in another thread, corrupted a model being initialised from that generator
-# under graphviz_core.models.registry's build lock (5 of 15 seed-block builds got other weights beside full-checkpoint captures).
+# under graphviz_core.models.registry's build lock (5 of 15 transformer-block builds got other weights beside full-checkpoint captures).
 CHECKPOINT_KWARGS = {"use_reentrant": False, "preserve_rng_state": False}
 
 # `selective-ops` (torchtitan's op-level selective activation checkpointing), for every family: inside a checkpointed
