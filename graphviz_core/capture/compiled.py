@@ -15,6 +15,7 @@ Importing this module imports torch._dynamo and inductor's Python (seconds): onl
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import threading
 import time
@@ -51,15 +52,28 @@ def check_compile(config, device: str) -> None:
         raise ValueError("--compile with checkpointing is not captured; use --checkpoint none or drop --compile.")
 
 
+def _no_mode_left_behind() -> None:
+    """Clear dynamo's process-wide "a dispatch mode is active" flag, which dispatch modes entered and left in other
+    threads out of order leave set (each restores the value it found on entry), and which would make every compiled
+    step compile again in the middle of its step. Called while this capture runs alone (step_gate.alone), when no
+    capture's mode is active."""
+    python_dispatch = torch.utils._python_dispatch
+    if python_dispatch._is_in_any_mode_without_ignore_compile_internals and not python_dispatch._get_current_dispatch_mode():
+        python_dispatch._is_in_any_mode_without_ignore_compile_internals = False
+        python_dispatch.set_is_in_mode_without_ignore_compile_internals(False)
+
+
 @contextlib.contextmanager
 def _exclusive() -> Iterator[None]:
     """One compiled capture at a time in this process, each starting and ending with dynamo's caches empty."""
     with _LOCK:
         torch._dynamo.reset()
+        _no_mode_left_behind()
         try:
             yield
         finally:
             torch._dynamo.reset()
+            gc.collect()  # dynamo's weak-reference clean-ups run here, while no other capture runs
 
 
 @dataclass

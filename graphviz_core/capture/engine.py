@@ -28,6 +28,7 @@ import networkx as nx
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from graphviz_core.capture import step_gate
 from graphviz_core.capture.admission import CaptureCancelled, Ticket, admit
 from graphviz_core.capture.autocast import (
     autocast_context,
@@ -169,8 +170,15 @@ def _compiled_regions(config: ModelConfig, device: str, say: Progress, ticket: T
     return CompiledRegions(eager.memory.saved_bytes)
 
 
-def _exclusive(compiled) -> contextlib.AbstractContextManager:
-    return compiled.exclusive() if compiled is not None else contextlib.nullcontext()
+@contextlib.contextmanager
+def _exclusive(compiled):
+    """A compiled capture runs alone in this process (graphviz_core.capture.step_gate), the others side by side."""
+    if compiled is None:
+        with step_gate.shared():
+            yield
+        return
+    with step_gate.alone(), compiled.exclusive():
+        yield
 
 
 def _with_needs(names: Collection[str]) -> list[str]:

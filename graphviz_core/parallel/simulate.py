@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from graphviz_core.analysis.training_step import optimizer_state_bytes
+from graphviz_core.capture import step_gate
 from graphviz_core.capture.flop_formulas import op_info
 from graphviz_core.capture.gc_pause import no_cyclic_gc
 from graphviz_core.config import ModelConfig
@@ -322,7 +323,7 @@ def simulation_lock() -> Iterator[None]:
                 "a torch.distributed process group is already running in this process; "
                 "the simulation needs its own fake one."
             )
-        with _quiet(), _propagation_apart():
+        with step_gate.shared(), _quiet(), _propagation_apart():  # never beside a compiled capture
             yield
     finally:
         _SIMULATION_LOCK.release()
