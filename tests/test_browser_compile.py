@@ -11,8 +11,17 @@ pytestmark = pytest.mark.browser
 
 
 def _details_of(page, frame, node: str) -> str:
-    frame.evaluate("id => window.network.focus(id, {scale: 1, animation: false})", node)
-    page.mouse.click(*node_point(frame, node))
+    """Click `node` and read its details panel; on a loaded machine the click can land before the view has settled
+    after the focus, so it is tried again until the panel names a node (up to 5 tries)."""
+    selected = "() => !document.getElementById('details').innerText.startsWith('No node selected')"
+    for _ in range(5):
+        frame.evaluate("id => window.network.focus(id, {scale: 1, animation: false})", node)
+        page.mouse.click(*node_point(frame, node))
+        try:
+            frame.wait_for_function(selected, timeout=3_000)
+            break
+        except Exception:  # noqa: BLE001 - Playwright's TimeoutError: click again
+            continue
     return frame.evaluate("() => document.getElementById('details').innerText")
 
 
