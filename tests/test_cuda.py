@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from graphviz_core.capture.admission import Ticket, admission
-from graphviz_core.capture.device import DEVICE_ENV, CaptureError
+from graphviz_core.capture.device import DEVICE_ENV, GPUS_ENV, CaptureError, cuda_devices
 from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import config_from_preset
 from tests.conftest import captured
@@ -33,7 +33,7 @@ def _on_cuda(preset: str, **fields):
 def test_auto_picks_cuda_and_the_capture_runs_there(monkeypatch):
     monkeypatch.delenv(DEVICE_ENV, raising=False)  # tests pin 'auto' to the CPU (conftest); here auto decides
     capture = capture_backward(config_from_preset("gpt2-tiny"))
-    assert capture.config.device == "auto" and capture.device == "cuda"
+    assert capture.config.device == "auto" and capture.device in cuda_devices()  # placed on one GPU, "cuda:N"
     cpu = captured("gpt2-tiny", device="cpu")
     # the graph is the model's, whatever the device: same nodes, edges and categories as the CPU capture
     assert (capture.summary.nodes, capture.summary.edges) == (cpu.summary.nodes, cpu.summary.edges)
@@ -147,7 +147,8 @@ def test_autocast_float16_with_a_gradient_scaler():
         assert norms16[name] == pytest.approx(norm, rel=0.05, abs=1e-6), name
 
 
-def test_two_sessions_share_one_gpu_one_capture_at_a_time():
+def test_two_sessions_share_one_gpu_one_capture_at_a_time(monkeypatch):
+    monkeypatch.setenv(GPUS_ENV, "0")  # one GPU allowed, however many the box has
     configs = [config_from_preset("gpt2-tiny", device="cuda", seed=seed) for seed in (1, 2)]
     alone = [capture_backward(c).loss for c in configs]
     assert alone[0] != alone[1]  # two seeds, two initialisations
@@ -185,3 +186,44 @@ def test_two_sessions_share_one_gpu_one_capture_at_a_time():
     assert first.state == second.state == "done"
     load = admission().load(first.device)
     assert (load.running, load.waiting, load.reserved_bytes) == (0, 0, 0)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two or more GPUs: one capture per GPU at once")
+def test_two_sessions_run_at_once_on_two_gpus(monkeypatch):
+    monkeypatch.delenv(GPUS_ENV, raising=False)
+    configs = [config_from_preset("gpt2-tiny", device="cuda", seed=seed) for seed in (1, 2)]
+    alone = [capture_backward(c).loss for c in configs]
+    gate, building = threading.Event(), threading.Event()
+    first, second = Ticket(), Ticket()
+    results: dict = {}
+
+    def hold(phase):  # the first session pauses, admitted on its GPU, while its model is built
+        if phase == "building the model":
+            building.set()
+            assert gate.wait(120)
+
+    def session(name, config, ticket, progress=None):
+        try:
+            results[name] = capture_backward(config, progress=progress, ticket=ticket)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            results[name] = exc
+
+    a = threading.Thread(target=session, args=("a", configs[0], first, hold))
+    a.start()
+    try:
+        assert building.wait(120)
+        session("b", configs[1], second)  # not queued behind the first: another GPU is free
+        assert first.state == "running" and second.state == "done"
+    finally:
+        gate.set()
+        a.join(120)
+    one, two = results["a"], results["b"]
+    assert one.device == first.device and two.device == second.device and one.device != two.device
+    assert {one.device, two.device} <= set(cuda_devices())
+    assert [one.loss, two.loss] == pytest.approx(alone, rel=1e-6)  # same seed on another GPU, same loss
+    # CUDA events on the GPU the capture ran on: every node timed, in seconds
+    times = [d.get("time_s") for _, d in two.graph.nodes(data=True)]
+    assert times and all(t is not None and t >= 0 for t in times)
+    for device in (one.device, two.device):
+        load = admission().load(device)
+        assert (load.running, load.waiting, load.reserved_bytes) == (0, 0, 0)

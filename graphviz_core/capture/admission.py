@@ -4,7 +4,11 @@ a first-in-first-out queue with visible positions, cancellation, and returning f
 Every capture calls `admit(config, device, ticket)` before it builds anything. A real capture reserves its
 estimated peak bytes (`device.estimate_peak_bytes`) against its device's budget and releases them when it
 ends, so captures running side by side can never plan to use more than the budget together; one that does
-not fit yet waits its turn. CUDA runs one capture at a time (the device lock) on top of the byte reservation.
+not fit yet waits its turn. CUDA runs one capture at a time per GPU on top of the byte reservation: a capture
+asked for on "cuda" is placed on one GPU, "cuda:N", of those allowed (graphviz_core.capture.device.cuda_devices:
+CUDA_VISIBLE_DEVICES, then GRAPHVIZ_CORE_GPUS), the one where it starts soonest (fewest captures running or
+waiting there), then the one with the most room (its budget minus what is reserved there); each GPU has its own
+budget and queue.
 `meta` dry runs allocate no tensor memory but can run for minutes: they have a queue of their own (never behind
 real captures), as many at once as the caller says can run side by side (graphviz_core.capture.workers: one per
 worker process), and the same run time limit, cancel and queue timeout.
@@ -39,6 +43,8 @@ from dataclasses import dataclass
 from graphviz_core.capture.device import (
     CaptureError,
     check_budget,
+    cuda_devices,
+    cuda_index,
     estimate_peak_bytes,
     estimate_training_flops,
     memory_budget_bytes,
@@ -187,6 +193,8 @@ class Admission:
     ) -> Iterator[Ticket]:
         """Hold a place for `config` on `device` for the duration of the block.
 
+        `device`: "cpu", "meta", one GPU ("cuda:N"), or "cuda": placed on one of the GPUs it may use (see the
+        module's docstring); the ticket's `device` then says which, "cuda:N".
         `at_once`: how many captures may run on `device` at once (default: CUDA 1, CPU as many as the budget holds,
         meta 1). A ticket already holding its place on `device` (a dry run taken back from a worker process that
         died) keeps it: admitting it again waits for nothing.
@@ -195,7 +203,8 @@ class Admission:
         ticket is cancelled while waiting, and CaptureError when the wait exceeds the queue timeout.
         """
         ticket = ticket or Ticket()
-        if ticket.state == "running" and ticket.device == device:
+        placed = ticket.device == device or (device == "cuda" and cuda_index(ticket.device or "") is not None)
+        if ticket.state == "running" and placed:
             yield ticket
             return
         ticket.device = device
@@ -203,8 +212,9 @@ class Admission:
         need = 0 if device == "meta" else estimate_peak_bytes(config)
         if device != "meta":
             self._refuse_if_impossible(config, device, need)
-        default = {"cuda": 1, "meta": 1}.get(device)
+        default = {"cuda": 1, "meta": 1}.get(device.partition(":")[0])
         self._wait_for_room(ticket, device, need, at_once or default)
+        device = ticket.device  # "cuda" was placed on one GPU, "cuda:N"
         run_limit = _env_float(RUN_TIMEOUT_ENV, 900)
         ticket._deadline = time.monotonic() + run_limit if run_limit > 0 else None
         try:
@@ -222,7 +232,11 @@ class Admission:
                 self.last_trim = return_freed_memory()
 
     def _refuse_if_impossible(self, config: ModelConfig, device: str, need: int) -> None:
-        check_budget(config, device, budget=self._budget(device))
+        if device == "cuda":  # it must fit on at least one of the GPUs it may be placed on
+            budget = max(self._budget(gpu) for gpu in cuda_devices())
+        else:
+            budget = self._budget(device)
+        check_budget(config, device, budget=budget)
         cap = _env_float(CAPTURE_MAX_ENV, 0)
         if cap and need > cap:
             raise CaptureError(
@@ -230,7 +244,8 @@ class Admission:
                 f"{cap / 2**30:.1f} GiB ({CAPTURE_MAX_ENV}); lower batch or seq, or run it on device 'meta'."
             )
         flops = estimate_training_flops(config)
-        rate = _env_float(FLOPS_PER_S_ENV[device], DEFAULT_FLOPS_PER_S[device])
+        kind = device.partition(":")[0]
+        rate = _env_float(FLOPS_PER_S_ENV[kind], DEFAULT_FLOPS_PER_S[kind])
         limit = _env_float(COMPUTE_BUDGET_ENV, DEFAULT_COMPUTE_BUDGET_S)
         seconds = flops / rate
         if seconds > limit:
@@ -249,11 +264,31 @@ class Admission:
                 queue.budget_bytes = memory_budget_bytes(device)
             return queue.budget_bytes
 
+    def _pick_gpu(self, need: int) -> str:
+        """The allowed GPU where a capture of `need` bytes starts soonest (fewest captures running or waiting
+        there), then the one with the most room (budget minus reserved), then the lowest index. Holds the lock."""
+        with self._lock:
+            loads = []
+            for gpu in cuda_devices():
+                budget = self._budget(gpu)
+                queue = self._devices[gpu]
+                if need <= budget:
+                    busy = queue.running + len(queue.waiting)
+                    loads.append((busy, -(budget - queue.reserved_bytes), cuda_index(gpu), gpu))
+            if not loads:
+                raise CaptureError(
+                    f"this config needs about {need / 2**30:.1f} GiB and no GPU it may use has that much free "
+                    f"memory now; lower batch or seq, or run it on device 'meta' (shapes only)."
+                )
+            return min(loads)[-1]
+
     def _wait_for_room(self, ticket: Ticket, device: str, need: int, at_once: int | None) -> None:
         timeout = _env_float(QUEUE_TIMEOUT_ENV, 600)
         max_waiting = int(_env_float(MAX_WAITING_ENV, 32))
         started = time.monotonic()
         with self._lock:
+            if device == "cuda":  # placed and queued under one hold of the lock: two captures see each other
+                device = ticket.device = self._pick_gpu(need)
             queue = self._devices.setdefault(device, _DeviceQueue())  # meta's: no budget, never measured
             if len(queue.waiting) >= max_waiting:
                 raise CaptureError(

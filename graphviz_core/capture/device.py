@@ -20,6 +20,7 @@ from graphviz_core.models.registry import family_of
 DEVICE_ENV = "GRAPHVIZ_CORE_DEVICE"  # overrides what `auto` picks, e.g. GRAPHVIZ_CORE_DEVICE=cpu on a GPU box
 CPU_BUDGET_ENV = "GRAPHVIZ_CORE_CPU_BUDGET_BYTES"
 CUDA_BUDGET_ENV = "GRAPHVIZ_CORE_CUDA_BUDGET_BYTES"
+GPUS_ENV = "GRAPHVIZ_CORE_GPUS"  # which of the GPUs torch sees captures may use, e.g. "0,2" (default: all of them)
 BYTES_PER = {"float32": 4, "bfloat16": 2, "float16": 2}
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")  # this process's cgroup on each hierarchy
@@ -48,6 +49,37 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
+def cuda_devices() -> list[str]:
+    """The GPUs captures may be placed on, as "cuda:N": every GPU torch sees (CUDA_VISIBLE_DEVICES already limits
+    those, and renumbers them from 0), or the indices GRAPHVIZ_CORE_GPUS lists, e.g. "0,2"."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    raw = os.environ.get(GPUS_ENV, "").strip()
+    if not raw:
+        indices = list(range(count))
+    else:
+        parts = [part.strip() for part in raw.split(",")]
+        if not all(part.isdigit() and len(part) <= 6 for part in parts):  # int() of thousands of digits raises
+            raise CaptureError(
+                f"{GPUS_ENV}={raw[:40]!r} is not a comma-separated list of GPU indices such as '0,2'."
+            )
+        indices = sorted({int(part) for part in parts})
+        outside = [index for index in indices if index >= count]
+        if outside:
+            raise CaptureError(
+                f"{GPUS_ENV} names GPU {outside[0]} but torch sees {count} GPU(s) (indices 0 to {count - 1}, "
+                f"after CUDA_VISIBLE_DEVICES); list only those."
+            )
+    if not indices:
+        raise CaptureError("device 'cuda' was asked for but this machine has no usable CUDA device; use 'cpu' or 'meta'.")
+    return [f"cuda:{index}" for index in indices]
+
+
+def cuda_index(device: str) -> int | None:
+    """N for "cuda:N"; None for any other device (plain "cuda" included: the current GPU)."""
+    kind, _, index = device.partition(":")
+    return int(index) if kind == "cuda" and index.isdigit() else None
+
+
 def estimate_peak_bytes(config: ModelConfig) -> int:
     """A deliberately rough upper estimate of training memory, used only to refuse configs early: weights and
     gradients, plus the family's estimate of what the model keeps for backward (Family.activation_elements)."""
@@ -69,16 +101,20 @@ def parameter_count_estimate(config: ModelConfig) -> int:
 def memory_budget_bytes(device: str) -> int | None:
     """How much memory captures may plan to use on `device` together; None for meta (nothing is allocated).
 
-    CPU: 60% of the room left, where the room is the smaller of the machine's MemAvailable and what the
+    One GPU, "cuda:N": 90% of its free memory; "cuda": the largest of those over the GPUs captures may use
+    (cuda_devices); GRAPHVIZ_CORE_CUDA_BUDGET_BYTES overrides it (the same figure for every GPU). CPU: 60% of the room left, where the room is the smaller of the machine's MemAvailable and what the
     container's memory limit (cgroup v2 or v1) still allows; GRAPHVIZ_CORE_CPU_BUDGET_BYTES overrides it.
     """
     if device == "meta":
         return None
-    if device == "cuda":
+    if device.startswith("cuda"):
         env = os.environ.get(CUDA_BUDGET_ENV)
         if env:
-            return int(env)
-        free, _total = torch.cuda.mem_get_info()
+            return int(env)  # per GPU
+        index = cuda_index(device)
+        if index is None:  # "cuda": the largest of the GPUs a capture may be placed on
+            return max(memory_budget_bytes(gpu) for gpu in cuda_devices())
+        free, _total = torch.cuda.mem_get_info(index)
         return int(free * 0.9)
     env = os.environ.get(CPU_BUDGET_ENV)
     if env:
@@ -197,7 +233,7 @@ def device_guard(device: str) -> Iterator[None]:
     # Release outside the except block: the exception's traceback holds frames that hold tensors.
     if out_of_memory is not None:
         gc.collect()
-        if device == "cuda":
+        if device.startswith("cuda"):
             torch.cuda.empty_cache()
         raise CaptureError(
             f"out of memory on {device} ({out_of_memory}); try a smaller batch or seq, checkpoint 'full' or "
@@ -206,5 +242,5 @@ def device_guard(device: str) -> Iterator[None]:
 
 
 def synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)

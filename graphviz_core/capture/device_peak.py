@@ -33,21 +33,21 @@ def _timed(fn, device: str, budget_s: float) -> float:
     best = float("inf")
     deadline = time.perf_counter() + budget_s
     while time.perf_counter() < deadline:
-        if device == "cuda":
-            torch.cuda.synchronize()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
         start = time.perf_counter()
         for _ in range(4):
             fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
         best = min(best, (time.perf_counter() - start) / 4)
     return best
 
 
 @functools.lru_cache(maxsize=4)
 def measure_peak(device: str) -> DevicePeak | None:
-    """Measured roofs of `device` ("cpu" or "cuda"); None for meta, which runs nothing."""
-    if device not in ("cpu", "cuda"):
+    """Measured roofs of `device` ("cpu", "cuda" or one GPU, "cuda:N"); None for meta, which runs nothing."""
+    if device.partition(":")[0] not in ("cpu", "cuda"):
         return None
     n = 512 if device == "cpu" else 4096
     copy_elems = (32 if device == "cpu" else 256) * 2**20 // 4

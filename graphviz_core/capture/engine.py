@@ -41,7 +41,7 @@ from graphviz_core.capture.autocast import (
     scaler_note,
     uses_fake_tensors,
 )
-from graphviz_core.capture.device import device_guard, resolve_device, synchronize
+from graphviz_core.capture.device import cuda_index, device_guard, resolve_device, synchronize
 from graphviz_core.capture.gc_pause import no_cyclic_gc
 from graphviz_core.capture.instrument import Instrument, Run, overrides
 from graphviz_core.capture.instruments.flops import FlopCounter
@@ -136,17 +136,33 @@ def _capture(config: ModelConfig, progress: Progress | None, ticket: Ticket | No
         if META_SDPA_LOCK.locked():  # the page's line said "waiting for its turn", as if queued behind real runs
             say("waiting for the dry run before it (dry runs in one process take turns)")
     compiled = _compiled_regions(config, device, say, ticket, source) if config.compile else None
-    with admit(config, device, ticket) as admitted, _exclusive(compiled):  # waits its turn; reserves the bytes
+    where = _source_gpu(source) if device == "cuda" and source is not None else device  # "cuda": admission places it
+    with admit(config, where, ticket) as admitted, _exclusive(compiled):  # waits its turn; reserves the bytes
         run = Run(config, device, admitted.check)
         run.instruments = {"modules": ModuleTracker(), **autocast_observer(config),
                            **{name: INSTRUMENTS[name]() for name in chosen}}
         if compiled is not None:
             run.instruments["compiled"] = compiled
+        # Placed on one GPU ("cuda:N"): the run says "cuda" and that GPU is the thread's current device, so the model,
+        # the batch, CUDA events, synchronize and max_memory_allocated all land on it.
+        gpu = cuda_index(admitted.device or "")
+        on_gpu = torch.cuda.device(gpu) if gpu is not None else contextlib.nullcontext()
         try:
-            with device_guard(device), meta_kernels, no_cyclic_gc(), fake_device(run):
-                return _Phases(run, say, source).capture()
+            with on_gpu, device_guard(device), meta_kernels, no_cyclic_gc(), fake_device(run):
+                capture = _Phases(run, say, source).capture()
         finally:
             run.release()
+        return capture if gpu is None else dataclasses.replace(capture, device=admitted.device)
+
+
+def _source_gpu(source: Source) -> str:
+    """The GPU a user's module already sits on, "cuda:N" (its capture runs there); "cuda" when it is not on one."""
+    first = next(iter(source.model.parameters()), None)
+    if first is None:
+        first = next((t for t in source.inputs if isinstance(t, torch.Tensor)), None)
+    if first is None or first.device.type != "cuda":
+        return "cuda"
+    return f"cuda:{first.device.index if first.device.index is not None else torch.cuda.current_device()}"
 
 
 # Training-step settings the config accepts whose capture is still being built: refused, never silently ignored.

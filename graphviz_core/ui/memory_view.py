@@ -68,7 +68,7 @@ def show_memory(capture: Capture) -> None:
         + (f", module {peak.module}" if peak.module else "")
         + ")"
     )
-    if capture.device == "cuda":
+    if capture.device.startswith("cuda"):
         st.caption(
             "On CUDA the peak is the allocator's; the timeline below tracks storages and samples "
             "torch.cuda.memory_allocated at every step (shown on hover)."
@@ -268,7 +268,7 @@ def _checkpointing(capture: Capture) -> None:
         same_device = st.checkbox(
             f"Capture on {capture.device} instead of meta (slower; real time)", key="memory.ckpt_device"
         )
-    device = capture.device if same_device else "meta"
+    device = capture.device.partition(":")[0] if same_device else "meta"  # "cuda:N" is asked for as "cuda": placed anew
     measured = capture.time.forward_s + capture.time.backward_s if capture.time.forward_s is not None else None
     step_time = measured if capture.config.checkpoint == "none" else None
     key = f"memory.ckpt::{config}::{device}"
