@@ -49,7 +49,7 @@ def _name(config: ModelConfig) -> str:
 
 
 def _cancel(config: ModelConfig) -> None:
-    """Cancel button callback: this session stops waiting; the capture stops when nobody else waits for it."""
+    """Cancel button callback: this browser session stops waiting; the capture stops when nobody else waits for it."""
     st.session_state.setdefault("capture.cancelled", {})[config] = "Capture cancelled."
     job = shared_captures().in_flight(config)
     if job is not None:
@@ -81,7 +81,7 @@ def _wait(job: Job) -> None:
     ran (gpt2-tiny's are ~20 ms each) and waited for the interpreter lock and the cores: the first capture after a
     start read "Timing disturbed" at 15-30%. A capture that is done by then is simply shown.
     The loop redraws its line every POLL_S; a click on Cancel (or any widget) makes Streamlit stop this run at
-    the next redraw and rerun the page, where the button's callback has withdrawn this session from the job.
+    the next redraw and rerun the page, where the button's callback has withdrawn this browser session from the job.
     """
     box = st.empty()
     if job.done.wait(QUIET_S):
@@ -147,7 +147,7 @@ def get_capture(config: ModelConfig) -> Capture | None:
     """The capture of `config` from the shared cache, or captured now (waiting with everyone who asked for the same
     config); None after showing an st.error, or a cancelled notice, when there is no result."""
     store = shared_captures()
-    # config -> measured_at of the result this session waited for (None while waiting); times, not captures, so
+    # config -> measured_at of the result this browser session waited for (None while waiting); times, not captures, so
     # that sessions never keep an evicted capture alive
     measured = st.session_state.setdefault("capture.measured", {})
     cancelled = st.session_state.setdefault("capture.cancelled", {})  # config -> why it stopped
@@ -159,7 +159,7 @@ def get_capture(config: ModelConfig) -> Capture | None:
     if got is None:
         got = store.request(config, _session_id())
     if isinstance(got, Job):
-        measured[config] = None  # this session waits for it: its result is "measured now" here
+        measured[config] = None  # this browser session waits for it: its result is "measured now" here
         _wait(got)
         if got.error is not None:
             if isinstance(got.error, CaptureCancelled):
