@@ -196,6 +196,9 @@ def _ring_rank(rank: int, world: int, port: int, results) -> None:
         if rank == 0:
             results.put((ids.shape[1], loss.item(), {k: v.numpy() for k, v in grads.items()}))  # by value
     finally:
+        # Both ranks leave together: a rank tearing gloo down while the other still talks to it aborted (SIGABRT)
+        # once on a loaded machine, after the results had come back.
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -107,7 +107,10 @@ def test_the_first_capture_on_the_real_server_shares_nothing_with_the_page_that_
     captures = [json.loads(line[len(MARK):]) for line in log.read_text().splitlines() if line.startswith(MARK)]
     first = next(c for c in captures if c["config"].startswith("gpt2 · 2 layers · h=64"))  # after the warm-up's twin
     if first["wall_s"] < 0.3:  # capture_cache.QUIET_S: a longer capture shows its progress box meanwhile, by design
-        assert first["threads"].get("ScriptRunner.scriptThread", 0.0) <= 0.005, first
+        # thread CPU times come from /proc in clock ticks (SC_CLK_TCK, 10 ms here): the page's script thread may be
+        # charged a tick or two for handing the run over and back, not more (polling would cost a tick per poll)
+        tick = 1 / os.sysconf("SC_CLK_TCK")
+        assert first["threads"].get("ScriptRunner.scriptThread", 0.0) <= 2 * tick + 1e-9, first
     # Quiet: the cores were busy with nothing but this server (the capture itself, Streamlit sending the page): the
     # browser's and every other process's work came to under a tenth of the two cores over the capture
     others = first["machine_busy_s"] - first["process_s"]
