@@ -114,7 +114,7 @@ def _add_plan_command(commands) -> None:
     plan = commands.add_parser(
         "plan", help="the layouts of a model on N GPUs, each simulated, ranked: which fit, which is fastest",
         description="Enumerates data-shard x data-replicate x tensor x pipeline parallel meshes (tensor parallel inside "
-                    "a node), checkpointing policies and microbatch sizes; simulates each (scaled from 1 and 2 layers "
+                    "a node), checkpointing policies and microbatch sizes; simulates each (scaled from 3 and 4 layers "
                     "per stage) and ranks them: fitting first, then by estimated tokens/s per GPU. Progress on stderr.",
     )
     _add_config_flags(plan)

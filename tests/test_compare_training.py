@@ -135,19 +135,7 @@ def _independent_compiled_gpt2_tiny() -> dict:
     """gpt2-tiny compiled here with torch's own APIs (AOTAutograd, inductor's partition_fn and decompositions), the
     FX graphs kept: the compiled step's autograd nodes by a next_functions walk, the backward's recomputed forward ops
     (call_function nodes the forward graph has too, by the joint graph's names) and the eager step's saves by hooks."""
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.aot_autograd import make_boxed_func
-    from torch._inductor.compile_fx import partition_fn
-    from torch._inductor.decomposition import select_decomp_table
-
-    graphs = {}
-
-    def keep(side):
-        def compiler(gm, example_inputs):
-            graphs[side] = gm
-            return make_boxed_func(gm.forward)
-
-        return compiler
+    from tests.test_compile import compiled_keeping_graphs
 
     config = config_from_preset("gpt2-tiny", device="cpu")
     model, batch = build_model(config), make_batch(config, "cpu")
@@ -163,9 +151,7 @@ def _independent_compiled_gpt2_tiny() -> dict:
         compute_loss(config, model(batch.inputs), batch.targets)
     torch._dynamo.reset()
     try:
-        compiled = torch.compile(model, backend=aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"),
-                                                             partition_fn=partition_fn,
-                                                             decompositions=select_decomp_table()))
+        compiled, graphs = compiled_keeping_graphs(model)
         loss = compute_loss(config, compiled(batch.inputs), batch.targets)
         nodes = _walk(loss.grad_fn)
         loss.backward()  # compiles the backward

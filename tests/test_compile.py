@@ -54,10 +54,10 @@ def gpt2_tiny_json() -> dict:
             return json.load(f)
 
 
-@functools.lru_cache(maxsize=1)
-def independent_gpt2_tiny() -> dict:
-    """gpt2-tiny compiled here with torch's APIs alone: AOTAutograd with inductor's partitioner and decompositions,
-    compilers that keep the FX graphs; then one step's saves counted by saved_tensors_hooks on the compiled node."""
+def compiled_keeping_graphs(model: torch.nn.Module) -> tuple[torch.nn.Module, dict]:
+    """`model` under torch.compile with torch's own APIs alone: AOTAutograd with inductor's partitioner and
+    decompositions, and compilers that keep the forward and backward FX graphs in the dict returned ("fw", "bw"),
+    filled once a step has compiled them."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
     from torch._inductor.compile_fx import partition_fn
@@ -69,15 +69,23 @@ def independent_gpt2_tiny() -> dict:
         def compiler(gm, example_inputs):
             graphs[side] = gm
             return make_boxed_func(gm.forward)
+
         return compiler
 
+    backend = aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"), partition_fn=partition_fn,
+                           decompositions=select_decomp_table())
+    return torch.compile(model, backend=backend), graphs
+
+
+@functools.lru_cache(maxsize=1)
+def independent_gpt2_tiny() -> dict:
+    """gpt2-tiny compiled here with torch's APIs alone: AOTAutograd with inductor's partitioner and decompositions,
+    compilers that keep the FX graphs; then one step's saves counted by saved_tensors_hooks on the compiled node."""
     config = resolve_config("gpt2-tiny", device="cpu")
     model, batch = build_model(config), make_batch(config, "cpu")
     torch._dynamo.reset()
     try:
-        compiled = torch.compile(model, backend=aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"),
-                                                             partition_fn=partition_fn,
-                                                             decompositions=select_decomp_table()))
+        compiled, graphs = compiled_keeping_graphs(model)
         compute_loss(config, compiled(batch.inputs), batch.targets).backward()  # compiles forward and backward
         packed = []
 
