@@ -39,6 +39,7 @@ from graphviz_core.parallel.simulate import (
     PhaseMemory,
     _buffers,
     _downsample,
+    _FrozenSkipped,
     _group_names,
     _parts,
     _PhasePeaks,
@@ -458,6 +459,7 @@ def _pipeline_tracker(modules: list[nn.Module], holder: nn.Module, optimizer, pa
         tracker = MemTracker()
         tracker.track_external(holder, optimizer)
     tracker._update_peak_stats = lambda peak_state: None  # as graphviz_core.parallel.simulate._tracker, for speed
+    tracker._param_to_grad_hook_handles = _FrozenSkipped()  # frozen parameters (LoRA, --freeze) take no hooks
     return tracker
 
 
@@ -594,6 +596,7 @@ def _rank_figures(config, parallel, mesh_sizes, holder, peaks, recorder, snapsho
     for module in holder:
         resharded.update(_resharded_after_forward(module))
     stage_params = _tensor_bytes(holder.parameters())
+    trained = _tensor_bytes(p for p in holder.parameters() if p.requires_grad)  # LoRA's adapters; not --freeze's
     return PerRank(
         config=config,
         parallel=parallel,
@@ -609,7 +612,7 @@ def _rank_figures(config, parallel, mesh_sizes, holder, peaks, recorder, snapsho
         timeline=_downsample(peaks.samples),
         collectives=tuple(recorder.collectives),
         backward_nodes_by_category={},
-        expected=Expectation(stage_params, stage_params, end["optimizer"],
+        expected=Expectation(stage_params, trained, end["optimizer"],
                              "this rank's stages' parameters as torch sharded them (no closed form under pipelining)"),
         single_device=None,
         simulate_s=time.perf_counter() - started,

@@ -176,9 +176,15 @@ class ParallelConfig:
 
 def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
     """Refuse, with one sentence, a layout this model cannot take."""
-    if config.finetune != "full" or config.freeze:  # the simulation hooks every parameter's gradient
-        raise ValueError("the parallel simulation trains every parameter; drop --finetune lora and --freeze here "
-                         "(LoRA's savings on one device: the Memory tab's Full fine-tuning vs LoRA).")
+    if config.finetune == "lora" and parallel.tp > 1:
+        # peft splits LoRA's adapters only inside models that transformers itself sharded (its tp_plan loading:
+        # lora_B by columns under a column-split layer, lora_A by rows under a row-split one, peft's
+        # add_lora_tp_hooks_dtensor). Here the adapters are plain nn.Linear layers beside the split one: run,
+        # they meet the block's replicated DTensor input and torch raises "got mixed torch.Tensor and DTensor".
+        raise ValueError("LoRA with tensor parallelism is not simulated: peft splits its adapters only in models "
+                         "that transformers' own tensor-parallel loading sharded, not in layers torch's "
+                         "parallelize_module split; pick fsdp, hsdp or ddp for LoRA (they shard or copy the "
+                         "adapters like any parameter), or full fine-tuning.")
     if parallel.pp > 1:
         _check_pipeline(config, parallel)
     if parallel.cp > 1 or parallel.sequence_parallel:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from graphviz_core.analysis.training_step import optimizer_state_bytes
 from graphviz_core.capture import step_gate
@@ -660,7 +661,20 @@ def _tracker(model: nn.Module, optimizer, parallel: ParallelConfig):
     # snapshots): quadratic in model size, 4 minutes of a 70B one-device run. We read its running totals
     # ourselves (_PhasePeaks), so that bookkeeping is switched off; the storage accounting is untouched.
     tracker._update_peak_stats = lambda peak_state: None
+    # MemTracker hooks the gradient of every parameter a module holds when the module first runs, and a frozen one
+    # (LoRA's base weights, --freeze) refuses a hook; it gets no gradient to count either, so it is skipped.
+    tracker._param_to_grad_hook_handles = _FrozenSkipped()
     return tracker
+
+
+class _FrozenSkipped(WeakIdKeyDictionary):
+    """MemTracker's parameter -> gradient-hook handles, answering "already hooked" for parameters without
+    gradients (it installs hooks where `get` says None)."""
+
+    def get(self, key, default=None):
+        if isinstance(key, torch.Tensor) and not key.requires_grad:
+            return ()  # not None: nothing stored, so nothing to remove on exit either
+        return super().get(key, default)
 
 
 def _parts(snapshot: dict) -> dict[str, int]:
@@ -692,9 +706,9 @@ def measure_step(
     started = time.perf_counter() if started is None else started
     model = workload.build()
     parameter_count = sum(p.numel() for p in model.parameters())
-    tensor_count = len(list(model.parameters()))
     whole_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     sharded_tp_bytes = _tp_split_bytes(model) if parallel.tp > 1 else 0
+    trained = _trained_figures(model, parallel)  # the parameters with gradients (LoRA's adapters; not --freeze's)
     # parallelize_module / fully_shard run on the meta model, outside fake mode (they slice the mesh's rank
     # tables, which fake mode cannot); the parameters become fake storages afterwards with to_empty.
     tp_blocks = apply_parallelism(model, parallel, meshes)
@@ -743,7 +757,7 @@ def measure_step(
         for phase in PHASES
         if phase in peaks.peaks
     )
-    expected = _expectation(parallel, whole_bytes, sharded_tp_bytes, tensor_count)
+    expected = _expectation(parallel, whole_bytes, sharded_tp_bytes, *trained)
     mesh_sizes = {}
     for key, mesh in meshes.items():
         if key != "root" or parallel.cp > 1:  # context parallel: data, context (and tensor) ranks, then their union
@@ -773,16 +787,26 @@ def measure_step(
     )
 
 
-def _tp_split_bytes(model: nn.Module) -> int:
+def _tp_split_bytes(model: nn.Module, trained_only: bool = False) -> int:
     """Bytes that tensor parallelism splits: the planned projections' weights and the column-split biases (a
     row-split projection's bias is added after the all-reduce, so every TP rank keeps it whole)."""
     total = 0
     for layer in _layers(model):
         for name, style in tp_plan(layer).items():
             for pname, p in layer.get_submodule(name).named_parameters():
+                if trained_only and not p.requires_grad:
+                    continue
                 if pname == "weight" or type(style).__name__ == "ColwiseParallel":
                     total += p.numel() * p.element_size()
     return total
+
+
+def _trained_figures(model: nn.Module, parallel: ParallelConfig) -> tuple[int, int, int]:
+    """(bytes, bytes tensor parallelism splits, tensors) of the parameters that get gradients: all of them in full
+    fine-tuning; LoRA's adapters, or all but --freeze's, otherwise."""
+    trained = [p for p in model.parameters() if p.requires_grad]
+    split = _tp_split_bytes(model, trained_only=True) if parallel.tp > 1 else 0
+    return sum(p.numel() * p.element_size() for p in trained), split, len(trained)
 
 
 def _context_parallel_step(workload: Workload, parallel: ParallelConfig, meshes: dict, inputs, targets):
@@ -866,13 +890,35 @@ def _warm_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) ->
     with them alive. One untracked step on zero gradients creates them, as torchtitan's estimator gets by
     measuring its second iteration."""
     for p in model.parameters():
-        p.grad = torch.zeros_like(p)
+        if p.requires_grad:  # frozen ones (LoRA's base weights, --freeze) get no gradient and no state
+            p.grad = torch.zeros_like(p)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
-def _expectation(parallel: ParallelConfig, whole_bytes: int, tp_bytes: int, tensors: int) -> Expectation:
-    """Per-rank bytes if every sharded tensor split exactly evenly: the textbook division (no padding)."""
+def _expectation(
+    parallel: ParallelConfig, whole_bytes: int, tp_bytes: int, trained_bytes: int, trained_tp_bytes: int, tensors: int
+) -> Expectation:
+    """Per-rank bytes if every sharded tensor split exactly evenly: the textbook division (no padding). Gradients
+    and AdamW state follow the parameters that get gradients (`trained_*`), split the same way."""
+    params, formula = _per_rank(parallel, whole_bytes, tp_bytes)
+    trained, _ = _per_rank(parallel, trained_bytes, trained_tp_bytes)
+    frozen = trained_bytes != whole_bytes
+    # torch's AdamW keeps two moments shaped and typed like each (sharded) parameter, plus a float32 scalar
+    # `step` per parameter tensor: the training step's rule (optimizer_state_bytes). Gradients match the
+    # parameters they belong to; frozen ones (LoRA's base weights, --freeze) have neither.
+    grads = "gradients = the trained parameters, split alike" if frozen else "gradients = parameters"
+    return Expectation(
+        params,
+        trained,
+        optimizer_state_bytes("adamw", trained, tensors),
+        formula + f"; {grads}; AdamW state = 2 x {'those' if frozen else 'parameters'} + a 4-byte step for each of "
+        f"{tensors} {'trained ' if frozen else ''}tensors",
+    )
+
+
+def _per_rank(parallel: ParallelConfig, whole_bytes: int, tp_bytes: int) -> tuple[int, str]:
+    """Bytes of `whole_bytes` (`tp_bytes` of them in split projections) one rank holds, and how, in words."""
     strategy, world, tp = parallel.strategy, parallel.world_size, parallel.tp
     if strategy == "fsdp":
         params, formula = whole_bytes / world, f"parameters / {world} ranks"
@@ -892,17 +938,7 @@ def _expectation(parallel: ParallelConfig, whole_bytes: int, tp_bytes: int, tens
         formula = f"(split projections / TP {tp} + the rest) / FSDP {dp}"
     else:
         params, formula = whole_bytes, "one device holds everything"
-    params = int(params)
-    # torch's AdamW keeps two moments shaped and typed like each (sharded) parameter, plus a float32 scalar
-    # `step` per parameter tensor: the training step's rule (optimizer_state_bytes). Gradients match the
-    # parameters they belong to.
-    return Expectation(
-        params,
-        params,
-        optimizer_state_bytes("adamw", params, tensors),
-        formula
-        + f"; gradients = parameters; AdamW state = 2 x parameters + a 4-byte step for each of {tensors} tensors",
-    )
+    return int(params), formula
 
 
 def _downsample(samples: list[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
