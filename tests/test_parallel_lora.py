@@ -178,3 +178,22 @@ def test_lora_simulation_matches_real_fsdp2_over_gloo():
     simulated = _comparable(simulate_parallel(LORA, ParallelConfig("fsdp", 2), single_device=False))
     assert real == simulated
     assert real["gradient_bytes"] == ADAPTER_PARAMS * 4 // 2  # 7168: half of the adapters' gradients
+
+
+def test_the_planner_plans_lora_over_fsdp_and_skips_tensor_parallel_layouts_with_the_reason():
+    from graphviz_core.parallel.planner import Cluster, plan
+
+    config = LORA.replace(layers=10)  # more than the 3 and 4 layers the planner samples: its figures are scaled
+    planned = plan(config, Cluster(gpus=4, gpu_memory_bytes=2**40, gpus_per_node=4), 8, checkpoints=("full",),
+                   microbatch_sizes=(1,), pp_degrees=(1,), jobs=1)
+    assert [p.layout.label() for p in planned.planned] == ["FSDP 4, full, microbatch 1"]
+    fsdp = planned.planned[0]
+    # 10 layers x 1792 adapter scalars x 4 bytes / 4 ranks = 17920 bytes of gradients; AdamW 2 x 17920 + 4 x 40
+    # tensors (10 layers x 2 targets x A, B).
+    assert fsdp.gradient_bytes == 10 * 1_792 * 4 // 4 == 17_920
+    assert fsdp.optimizer_bytes == 2 * 17_920 + 4 * 40 == 36_000
+    full = simulate_layout(fsdp.layout.model(config), fsdp.layout.parallel(), single_device=False)
+    assert fsdp.peak_bytes == full.peak_bytes  # scaled from 3 and 4 layers = the 10-layer simulation
+    # FSDP 2 x TP 2 and TP 4 are skipped, each with the sentence check_parallel gives.
+    reasons = [s["reason"] for s in planned.skipped if s["mesh"]["tp"] > 1]
+    assert len(reasons) == 2 and all(r.startswith("LoRA with tensor parallelism is not simulated") for r in reasons)
