@@ -40,7 +40,7 @@ def test_parameter_estimate_is_exact_for_the_shipped_models():
 def test_configs_over_the_budget_are_refused_before_running(monkeypatch):
     config = config_from_preset("gpt2-small", batch=64, device="cpu")
     monkeypatch.setenv("GRAPHVIZ_CORE_CPU_BUDGET_BYTES", str(estimate_peak_bytes(config) - 1))
-    with pytest.raises(CaptureError, match=r"lower batch or seq, use checkpoint 'full', or run it on device 'meta'"):
+    with pytest.raises(CaptureError, match=r"lower batch or seq, use checkpoint 'full', pick an optimizer with less state .sgd keeps none., or run it on device 'meta'"):
         check_budget(config, "cpu")
     check_budget(config, "meta")  # meta allocates nothing: never refused
 
@@ -119,3 +119,19 @@ def test_a_container_that_sees_its_host_cgroup_path_reads_the_mount_itself(tmp_p
     self_cgroup.write_text("0::/\n")  # no memory controller line at all: the mount's own limit still counts
     assert device.container_room_bytes(tmp_path, self_cgroup) == GIB
     assert device.container_room_bytes(tmp_path / "no-cgroups", self_cgroup) is None
+
+
+def test_the_estimate_counts_the_state_the_optimizer_builds_in_its_first_step():
+    from graphviz_core.models.registry import build_model
+
+    # 16 tokens keep gpt2-small's activations small, so the optimizer step is the larger of the two peaks
+    adamw = config_from_preset("gpt2-small", batch=1, seq=16, device="cpu", optimizer="adamw")
+    with torch.device("meta"):
+        weights = sum(p.numel() for p in build_model(adamw).parameters())  # counted on the built model: 124,439,808
+    # AdamW's step holds weights + gradients + two moments shaped like the weights, float32: 4 x P x 4 B
+    assert estimate_peak_bytes(adamw) == 4 * weights * 4
+    # SGD keeps no state: backward's peak (weights + gradients + activations) is the larger, above 2 x P x 4 B
+    sgd = adamw.replace(optimizer="sgd")
+    assert 2 * weights * 4 < estimate_peak_bytes(sgd) < 4 * weights * 4
+    momentum = adamw.replace(optimizer="sgd-momentum")  # one buffer per weight: 3 x P x 4 B
+    assert estimate_peak_bytes(momentum) == 3 * weights * 4

@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 
 from graphviz_core.capture.device import BYTES_PER
 from graphviz_core.capture.instruments.optimizer import OPTIMIZER_NAMES as OPTIMIZER_NAMES  # re-exported
+from graphviz_core.capture.instruments.optimizer import OPTIMIZER_STATES  # fp32 state tensors per parameter
 from graphviz_core.capture.result import Capture, OptimizerState
 
-# fp32 state tensors the optimizer keeps per parameter
-OPTIMIZER_STATES = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2, "adafactor": 0}
 # Step counts the optimizer keeps per parameter tensor: torch's Adam and AdamW hold state["step"], a float32
 # scalar tensor (4 bytes) for each parameter tensor; SGD's only state is its momentum buffer.
 STEP_COUNTERS = {"sgd": 0, "sgd-momentum": 0, "adam": 1, "adamw": 1, "adafactor": 1}

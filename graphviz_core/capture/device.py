@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from graphviz_core.capture.instruments.optimizer import OPTIMIZER_STATES
 from graphviz_core.config import ModelConfig
 from graphviz_core.models.registry import family_of
 
@@ -81,10 +82,15 @@ def cuda_index(device: str) -> int | None:
 
 
 def estimate_peak_bytes(config: ModelConfig) -> int:
-    """A deliberately rough upper estimate of training memory, used only to refuse configs early: weights and
-    gradients, plus the family's estimate of what the model keeps for backward (Family.activation_elements)."""
+    """A deliberately rough upper estimate of training memory, used only to refuse configs early: the larger of
+    backward's peak (weights, gradients and the family's estimate of what the model keeps for backward,
+    Family.activation_elements) and the optimizer step's (weights, gradients and the state the config's optimizer
+    builds in its first step: two tensors shaped like the weights for Adam and AdamW, one for SGD with momentum)."""
     family = family_of(config)
-    return int(BYTES_PER[config.dtype] * (2 * family.parameter_count(config) + family.activation_elements(config)))
+    parameters = family.parameter_count(config)
+    backward = 2 * parameters + family.activation_elements(config)
+    step = (2 + OPTIMIZER_STATES.get(config.optimizer, 0)) * parameters
+    return int(BYTES_PER[config.dtype] * max(backward, step))
 
 
 def estimate_training_flops(config: ModelConfig) -> int:
@@ -214,7 +220,7 @@ def check_budget(config: ModelConfig, device: str, budget: int | None = None) ->
         raise CaptureError(
             f"this config needs about {need / 2**30:.1f} GiB on {device} but the budget there is "
             f"{budget / 2**30:.1f} GiB (the free memory, or {env}); lower batch or seq, use checkpoint "
-            f"'full', or run it on device 'meta' (shapes only)."
+            f"'full', pick an optimizer with less state (sgd keeps none), or run it on device 'meta' (shapes only)."
         )
 
 

@@ -16,6 +16,9 @@ from graphviz_core.capture.result import OptimizerState
 
 OPTIMIZER_NAMES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "sgd-momentum": "SGD with momentum",
                    "adafactor": "Adafactor"}
+# State tensors shaped like a parameter that each optimizer keeps (Adam's two moments, SGD's momentum buffer;
+# Adafactor's row and column factors are far smaller and counted as none)
+OPTIMIZER_STATES = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2, "adafactor": 0}
 LEARNING_RATE = 1e-3  # any value: the state's size does not depend on it
 
 
