@@ -32,6 +32,9 @@ def test_each_training_pair_button_compares_and_explains(page, streamlit_url, tm
         sentence = page.locator('[data-testid="stMarkdownContainer"] li').filter(has_text=start)
         sentence.wait_for(timeout=180_000)
         assert figure in sentence.inner_text(), sentence.inner_text()
+        if label == "Eager vs compiled":  # every layer keeps 31 fewer autograd nodes, its ops run in one compiled
+            # node: the pair shows whole-graph nodes with that said, not "Nodes per layer -31"
+            assert page.locator('[data-testid="stMetric"]').filter(has_text="Nodes per layer").count() == 0
         # config B's header names the change where the description carries it
         header = page.locator('[data-testid="stExpander"] summary').filter(has_text="Config B")
         assert header.count() == 1

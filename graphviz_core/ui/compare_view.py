@@ -183,10 +183,14 @@ def show_comparison(c: Comparison) -> None:
     for sentence in c.explanations:
         st.markdown("- " + escape_markdown(sentence))
     cols = [*st.columns(3), *st.columns(3)[:2]]  # two rows: five in one cut values off at laptop widths
-    if c.nodes_per_layer_delta is not None and c.a.config.layers == c.b.config.layers:
+    one_compiled = c.a.config.compile != c.b.config.compile  # its layers' ops run inside one compiled node
+    if c.nodes_per_layer_delta is not None and c.a.config.layers == c.b.config.layers and not one_compiled:
         cols[0].metric("Nodes per layer", f"{c.nodes_per_layer_delta:+d}", help="B − A, the same in every layer")
     else:
-        cols[0].metric("Nodes", f"{c.b.summary.nodes:,}", _delta(c.headline[0]), delta_color="off", delta_arrow="off")
+        cols[0].metric("Nodes", f"{c.b.summary.nodes:,}", _delta(c.headline[0]), delta_color="off", delta_arrow="off",
+                       help="Autograd nodes in B's graph, and B − A. Under torch.compile a compiled region is one "
+                            "node: the operations inside it still run, in its own backward graph." if one_compiled
+                       else "Autograd nodes in B's graph, and B − A.")
     shown = {h.name: h for h in c.headline}
     for col, name in zip(
         cols[1:], ("Saved for backward", "Peak memory", "Backward FLOPs", "Forward + backward time"), strict=True
