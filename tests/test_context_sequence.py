@@ -127,7 +127,6 @@ def test_context_and_sequence_parallel_combine_with_fsdp_and_tp_at_bf16():
         (dict(strategy="fsdp", world_size=2, cp=3), "world size 2 is not divisible by context parallel 3"),
         (dict(strategy="tp", world_size=2, tp=2, cp=2), "pick strategy fsdp, ddp or fsdp\\+tp"),
         (dict(strategy="fsdp", world_size=2, sequence_parallel=True), "set a TP degree of 2 or more"),
-        (dict(strategy="fsdp", world_size=4, cp=2, pp=2, microbatches=2), "not simulated"),
     ],
 )
 def test_layouts_context_parallel_cannot_take_are_refused(parallel, message):

@@ -15,6 +15,7 @@ schedule's own list of actions (`schedule.pipeline_order`: each forward adds one
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import threading
@@ -322,9 +323,15 @@ class DecoderStage(nn.Module):
         super().__init__()
         self.model = model
         self.first = first
+        # Context or sequence parallel: the positions of the tokens this rank holds, (batch, tokens), rows alike. Under
+        # context parallel they are this rank's two chunks (torch's load balancing); under sequence parallel a stage's
+        # hidden states arrive on s/t tokens while attention (and its rotary table) runs on the whole sequence.
+        self.positions: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         given = {"input_ids": x} if self.first else {"inputs_embeds": x}
+        if self.positions is not None:
+            given["position_ids"] = self.positions
         return self.model(**given, use_cache=False).logits  # last stage: (mb, s, V); the others: (mb, s, h)
 
 
@@ -383,10 +390,12 @@ def _stage_shapes(config: ModelConfig, parallel: ParallelConfig, first: bool, la
     """Example input and output of a stage for one microbatch (made inside fake mode)."""
     mb = config.batch // parallel.microbatches
     compute = torch.bfloat16 if parallel.mixed_precision != "none" else TORCH_DTYPES[config.dtype]
-    hidden = (mb, config.seq, config.hidden)  # (mb, s, h)
+    seq = config.seq // parallel.cp  # context parallel: this rank's s/C tokens, on every stage
+    # Sequence parallel: between stages each tensor-parallel rank holds (and passes on) s/t of them.
+    hidden = (mb, seq // parallel.tp if parallel.sequence_parallel else seq, config.hidden)  # (mb, s, h)
     # A received activation needs its gradient: backward sends it to the previous stage.
-    inputs = torch.zeros(mb, config.seq, dtype=torch.long) if first else torch.zeros(hidden, dtype=compute).requires_grad_()
-    outputs = torch.zeros((mb, config.seq, config.vocab) if last else hidden, dtype=compute).requires_grad_()
+    inputs = torch.zeros(mb, seq, dtype=torch.long) if first else torch.zeros(hidden, dtype=compute).requires_grad_()
+    outputs = torch.zeros((mb, seq, config.vocab) if last else hidden, dtype=compute).requires_grad_()
     return inputs, outputs
 
 
@@ -398,7 +407,7 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
     started = time.perf_counter()
     mesh_sizes = {}  # read outside fake mode: a mesh's rank table is a real tensor
     for key, mesh in meshes.items():
-        if key != "root":
+        if key != "root" or parallel.cp > 1:  # context parallel: pp, dp, cp (and tp), then dp_cp (FSDP's group)
             mesh_sizes.update(zip(mesh.mesh_dim_names, mesh.mesh.shape, strict=True))
     stage_ids = rank_stages(parallel, rank)
     bounds = stage_bounds(config.layers, parallel.stages)
@@ -420,13 +429,17 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
                                         output_args=(example_out,), group=meshes["pp"].get_group()))
         schedule = _schedule(parallel, stages, lambda out, targets: compute_loss(config, _Logits(out), targets))
         tokens = torch.zeros(config.batch, config.seq, dtype=torch.long)  # (b, s): inputs and targets alike
+        step, positions = _sequence_split(parallel, meshes, tokens)
         tracker = _pipeline_tracker(modules, holder, optimizer, parallel)
         recorder = CollectiveRecorder(_group_names(meshes))
         for module_tracker in (tracker._mod_tracker, recorder.modules):
             _this_thread_only(module_tracker)
         peaks = _PipelinePeaks(tracker, [layer for module in modules for layer in module.model.model.layers])
         log = _ActionLog(stages, peaks, recorder)
-        with recorder, tracker, peaks, no_cyclic_gc(collect_first=True):
+        with step, recorder, tracker, peaks, no_cyclic_gc(collect_first=True):
+            if positions is not None:  # sliced here, tracked: the buffer counts with the step's inputs, as the tokens
+                for module in modules:  # do when the schedule splits them, not as a microbatch's activations
+                    module.positions = positions[: config.batch // parallel.microbatches]
             peaks.observe()
             args = (tokens,) if 0 in stage_ids else ()
             # As torchtitan steps it: the last stage keeps no microbatch outputs (logits) for the caller.
@@ -443,6 +456,22 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
             for s, module in zip(stage_ids, modules, strict=True)
         ]
     return _RankRun(reports, per_rank, order)
+
+
+def _sequence_split(parallel: ParallelConfig, meshes: dict, tokens: torch.Tensor):
+    """(a context to hold the step in, the tokens' positions or None). Context parallel: torch's context_parallel cuts
+    the tokens (inputs and targets alike) and their positions to this rank's two chunks in place, before tracking
+    starts, and runs every stage's attention as its ring until the step ends. Context or sequence parallel: every
+    stage is given the positions (DecoderStage.positions)."""
+    step = contextlib.ExitStack()
+    if parallel.cp == 1 and not parallel.sequence_parallel:
+        return step, None
+    positions = torch.arange(tokens.shape[1]).expand(tokens.shape).contiguous()
+    if parallel.cp > 1:
+        from graphviz_core.parallel.context import sequence_sharded
+
+        step.enter_context(sequence_sharded(meshes["cp"], [tokens, positions]))
+    return step, positions
 
 
 def _pipeline_tracker(modules: list[nn.Module], holder: nn.Module, optimizer, parallel: ParallelConfig):

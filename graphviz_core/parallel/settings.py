@@ -116,19 +116,16 @@ class ParallelConfig:
         if self.sequence_parallel and self.tp < 2:
             raise ValueError("sequence parallel splits the tokens over the tensor-parallel ranks; set a TP degree of "
                              "2 or more (strategy tp or fsdp+tp), or turn sequence parallel off.")
-        if self.sequence_parallel and self.pp > 1:
-            raise ValueError("sequence parallel together with pipeline parallel is not simulated; set pp 1 or turn "
-                             "sequence parallel off.")
         if self.cp == 1:
             return
         if self.strategy not in ("ddp", "fsdp", "fsdp+tp"):
             raise ValueError(f"context parallel ranks must sum their gradients, which the data-parallel wrapper does "
                              f"over data x context ranks; pick strategy fsdp, ddp or fsdp+tp (got {self.strategy!r}).")
-        if self.pp > 1:
-            raise ValueError("context parallel together with pipeline parallel is not simulated; set cp 1 or pp 1.")
-        if self.world_size % (self.cp * self.tp):
-            raise ValueError(f"world size {self.world_size} is not divisible by context parallel {self.cp} x TP "
-                             f"{self.tp}; the mesh is data x context x tensor ranks.")
+        if self.world_size % (self.pp * self.cp * self.tp):
+            stages = f"pipeline {self.pp} x " if self.pp > 1 else ""
+            raise ValueError(f"world size {self.world_size} is not divisible by {stages}context parallel {self.cp} x "
+                             f"TP {self.tp}; the mesh is {'pipeline x ' if self.pp > 1 else ''}data x context x "
+                             "tensor ranks.")
 
     def _check_pipeline(self) -> None:
         pp, micro = self.pp, self.microbatches

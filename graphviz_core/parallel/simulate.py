@@ -418,11 +418,18 @@ def _context_meshes(parallel: ParallelConfig) -> dict:
 
 def _pipeline_meshes(parallel: ParallelConfig) -> dict:
     """Pipeline stages outermost (as torchtitan orders its mesh: pp, then data parallel, then tp innermost), so each
-    stage's ranks are neighbours; the strategy's meshes are slices of it."""
+    stage's ranks are neighbours; the strategy's meshes are slices of it. Context parallel adds its dimension between
+    data and tensor ranks (torchtitan's pp, dp, cp, tp) and FSDP / DDP span data x context ranks, as without a
+    pipeline (_context_meshes)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     inner = parallel.world_size // parallel.pp
-    strategy, tp = parallel.strategy, parallel.tp
+    strategy, tp, cp = parallel.strategy, parallel.tp, parallel.cp
+    if cp > 1:
+        dims = {"pp": parallel.pp, "dp": inner // (cp * tp), "cp": cp, **({"tp": tp} if tp > 1 else {})}
+        mesh = init_device_mesh("cpu", tuple(dims.values()), mesh_dim_names=tuple(dims))
+        meshes = {"pp": mesh["pp"], "root": mesh, "dp": mesh["dp", "cp"]._flatten("dp_cp"), "cp": mesh["cp"]}
+        return {**meshes, "tp": mesh["tp"]} if tp > 1 else meshes
     if strategy == "fsdp+tp":
         dims = {"pp": parallel.pp, "dp": inner // tp, "tp": tp}
     elif strategy == "tp":
