@@ -305,3 +305,23 @@ def test_the_root_stays_gathered_after_forward_as_fsdp2_leaves_it_by_default():
     simulated = [(c.phase, c.kind, c.parameters_of, c.buffer_bytes) for c in result.collectives
                  if c.phase != "optimizer"]
     assert simulated == script
+
+
+def test_a_float32_mixture_of_experts_runs_under_fsdp():
+    """Mixtral's expert GEMMs (`_grouped_mm`): the CPU kernel runs float32, the fake kernel refused it, so any
+    parallel layout of a float32 Mixtral stopped with a traceback."""
+    from graphviz_core.models.registry import build_model
+    from tests.conftest import captured
+
+    config = resolve_config("mixtral-tiny")
+    assert config.dtype == "float32"
+    with torch.device("meta"):
+        model = build_model(config)
+    # FSDP2 shards each parameter on dim 0, padded up to a multiple of the 2 ranks: ceil(rows / 2) rows each
+    shard = sum(-(-p.shape[0] // 2) * (p.numel() // p.shape[0]) * 4 for p in model.parameters())
+    rank = simulate_parallel(config, ParallelConfig("fsdp", 2), single_device=False)
+    assert rank.parameter_bytes == rank.gradient_bytes == shard
+    # each rank runs the whole local batch: the same FLOPs as the one-device capture (counted on real tensors)
+    alone = captured("mixtral-tiny")
+    assert rank.flops_by_phase["forward"] == alone.flops.forward
+    assert rank.flops_by_phase["backward"] == alone.flops.backward

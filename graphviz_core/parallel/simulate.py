@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 from torch.utils.weak import WeakIdKeyDictionary
 
 from graphviz_core.analysis.training_step import optimizer_state_bytes
 from graphviz_core.capture import step_gate
 from graphviz_core.capture.flop_formulas import op_info
 from graphviz_core.capture.gc_pause import no_cyclic_gc
+from graphviz_core.capture.meta_kernels import GROUPED_MM, grouped_mm_on_meta
 from graphviz_core.config import ModelConfig
 from graphviz_core.models.registry import build_model, compute_loss, make_batch
 from graphviz_core.models.teaching import TORCH_DTYPES
@@ -616,7 +618,11 @@ class _PhasePeaks(torch.utils._python_dispatch.TorchDispatchMode):
 
         if any(t is DTensor for t in types):
             return NotImplemented
-        out = func(*args, **(kwargs or {}))
+        if func is GROUPED_MM and is_fake(args[0]):  # a mixture of experts' GEMMs: the fake kernel refuses float32,
+            # which the CPU kernel runs
+            out = grouped_mm_on_meta(*args, **(kwargs or {}))
+        else:
+            out = func(*args, **(kwargs or {}))
         if _propagating.active:  # DTensor working out an op's global shape, not this rank's work
             return out
         formula, _ = op_info(func)
