@@ -247,6 +247,8 @@ def show_per_rank(result: PerRank) -> None:
             f"FSDP as training scripts wrap it (torchtitan): the layers {layers}; the root (embeddings, final norm, "
             "head) stays gathered after forward, FSDP2's default for it, so backward does not gather it again."
         )
+    if note := finetune_note(result.config):
+        st.caption(note)
     alone = result.single_device
     cols = st.columns(4)
     for col, label, value, single in (
@@ -320,6 +322,25 @@ def show_per_rank(result: PerRank) -> None:
             )
             .properties(height=220),
         )
+
+
+def finetune_note(config: ModelConfig | None) -> str | None:
+    """What LoRA or frozen parameters change in the figures (escaped: the names are the user's); None for full
+    fine-tuning."""
+    if config is None or (config.finetune == "full" and not config.freeze):
+        return None
+    trained = []
+    if config.finetune == "lora":
+        targets = ", ".join(name for name in config.lora_targets.split(",") if name) or ", ".join(
+            config.family.default_lora_targets(config))
+        trained.append(f"LoRA adapters of rank {config.lora_rank} on {targets} train, every base weight frozen")
+    if config.freeze:
+        trained.append(f"parameters matching {config.freeze} are frozen")
+    return escape_markdown(
+        "Fine-tuning: " + "; ".join(trained) + ". Frozen weights are sharded (FSDP) or copied (DDP) like the rest "
+        "but get no gradient, no optimizer state and no share of the backward's reduce-scatter or all-reduce: "
+        "the gradients and optimizer state below are the trained parameters' only."
+    )
 
 
 def show_collectives(result: PerRank) -> None:

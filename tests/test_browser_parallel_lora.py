@@ -1,0 +1,62 @@
+"""Beyond one GPU with LoRA, clicked in Chromium: choosing LoRA in the sidebar's Fine-tuning box and pressing Use
+this model simulates FSDP with the adapters as the only trained parameters; tensor parallelism with LoRA shows the
+refusal's sentence (page errors fail the test)."""
+
+import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+from playwright.sync_api import expect
+
+from graphviz_core.ui.format import format_bytes
+from tests.conftest import SIZES
+
+pytestmark = pytest.mark.browser
+
+LORA = "LoRA (base weights frozen)"
+
+
+def _choose(page, box, option: str) -> None:
+    """Open a selectbox and pick `option`; again if a rerun of the page (the address bar's sync after the first
+    simulation) closed the list before the option could be clicked."""
+    for attempt in range(3):
+        box.click()
+        try:
+            page.get_by_role("option", name=option, exact=True).click(timeout=10_000)
+            return
+        except PlaywrightTimeout:  # the list closed under a rerun; open it again
+            if attempt == 2:
+                raise
+
+
+def _metric(page, label: str) -> str:
+    metric = page.locator('[data-testid="stMetric"]').filter(has_text=label)
+    return metric.locator('[data-testid="stMetricValue"]').inner_text()
+
+
+@pytest.mark.parametrize("page", SIZES, indirect=True)
+def test_lora_over_fsdp_from_the_sidebar(page, streamlit_url, tmp_path):
+    page.goto(f"{streamlit_url}/parallel?preset=llama-tiny&strategy=fsdp&world_size=4")
+    page.get_by_text("Rank 0 next to one device").wait_for(timeout=180_000)
+    # Full fine-tuning first: every gradient's quarter, 139,584 scalars x 4 bytes / 4 ranks.
+    assert _metric(page, "Gradients per rank") == format_bytes(139_584)
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    _choose(page, sidebar.locator('[data-testid="stSelectbox"]').filter(has_text="Fine-tuning"), LORA)
+    sidebar.get_by_role("spinbutton", name="LoRA rank r").wait_for(timeout=30_000)
+    sidebar.get_by_role("button", name="Use this model").click()
+    note = page.get_by_text("Fine-tuning: LoRA adapters of rank 8 on q_proj, v_proj train")
+    note.wait_for(timeout=180_000)
+    # LoRA r=8 on q_proj and v_proj: 2 layers x (8*64 + 64*8 + 8*64 + 32*8) = 3,584 scalars, x 4 bytes / 4 ranks.
+    assert _metric(page, "Gradients per rank") == format_bytes(3_584)
+    # AdamW: 2 x 3,584 bytes of moments + a 4-byte step for each of the 8 adapter tensors.
+    assert _metric(page, "Optimizer state per rank") == format_bytes(7_200)
+    # Every weight, frozen included, still sharded over 4: (139,584 + 3,584) x 4 / 4 bytes.
+    assert _metric(page, "Parameters per rank") == format_bytes(143_168)
+    note.scroll_into_view_if_needed()
+    page.screenshot(path=str(tmp_path / f"parallel-lora-{page.size}.png"), full_page=False)
+    page.get_by_role("tab", name="Communication in backward").click()
+    page.screenshot(path=str(tmp_path / f"parallel-lora-collectives-{page.size}.png"), full_page=True)
+
+    page.goto(f"{streamlit_url}/parallel?preset=llama-tiny&finetune=lora&strategy=tp&world_size=2&tp=2")
+    error = page.locator('[data-testid="stAlert"]').filter(has_text="LoRA with tensor parallelism is not simulated")
+    error.wait_for(timeout=120_000)
+    expect(page.get_by_role("spinbutton", name="TP degree")).to_have_value("2", timeout=30_000)  # the form caught up
+    page.screenshot(path=str(tmp_path / f"parallel-lora-tp-{page.size}.png"), full_page=False)
