@@ -711,9 +711,11 @@ def measure_step(
     config: ModelConfig | None = None,
     started: float | None = None,
     fake: bool = True,
+    on_allocations: Callable | None = None,
 ) -> PerRank:
     """One AdamW training step of `workload` on this rank, tracked: fake tensors (the simulation) or, with
-    fake=False, real ones over a real process group (tests/test_parallel.py's gloo cross-check)."""
+    fake=False, real ones over a real process group (tests/test_parallel.py's gloo cross-check). `on_allocations`,
+    if given, receives the step's storage allocations and frees in order (parallel.allocation_trace's Trace)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     started = time.perf_counter() if started is None else started
@@ -744,12 +746,13 @@ def measure_step(
         for block in tp_blocks:
             recorder.name_input_conversions(block, module_names[block])
         peaks = _PhasePeaks(tracker, _layers(model))
+        allocations = _allocations(on_allocations, model, optimizer, inputs, targets)
         # The recorder goes first: FSDPMemTracker wraps each param group's hooks when it enters, and the
         # recorder's wrappers (on the class) must already be in place underneath.
         # GC paused, collected first: the trackers see a tensor freed when its storage's weak reference dies; by
         # reference counting alone that happens at the same op on every run, where a GC pass landing mid-step
         # would move frees (and the optimizer step's peak) between runs (torchtitan's estimator does the same).
-        with step, recorder, tracker, peaks, no_cyclic_gc(collect_first=True):
+        with step, recorder, tracker, allocations, peaks, no_cyclic_gc(collect_first=True):
             peaks.observe()
             out = forward(model, inputs)
             loss = workload.loss(out, targets)
@@ -765,6 +768,9 @@ def measure_step(
             peaks.observe()
             snapshot = next(iter(tracker.get_tracker_snapshot("current").values()))
             end, end_buffers = _parts(snapshot), _buffers(snapshot)
+            if on_allocations is not None:
+                allocations.name_streams(model)
+                on_allocations(allocations.trace())
     phases = tuple(
         PhaseMemory(phase, peaks.peaks[phase][0], _parts(peaks.peaks[phase][1]), _buffers(peaks.peaks[phase][1]))
         for phase in PHASES
@@ -820,6 +826,16 @@ def _trained_figures(model: nn.Module, parallel: ParallelConfig) -> tuple[int, i
     trained = [p for p in model.parameters() if p.requires_grad]
     split = _tp_split_bytes(model, trained_only=True) if parallel.tp > 1 else 0
     return sum(p.numel() * p.element_size() for p in trained), split, len(trained)
+
+
+def _allocations(on_allocations: Callable | None, model: nn.Module, optimizer, *batch):
+    """The allocation recorder when a caller asked for the trace (off by default: it costs a weak reference per
+    storage)."""
+    if on_allocations is None:
+        return contextlib.nullcontext()
+    from graphviz_core.parallel.allocation_trace import AllocationRecorder, step_tensors
+
+    return AllocationRecorder(step_tensors(model, optimizer, *batch))
 
 
 def _context_parallel_step(workload: Workload, parallel: ParallelConfig, meshes: dict, inputs, targets):
