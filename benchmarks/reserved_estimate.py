@@ -76,11 +76,16 @@ def main() -> None:
         first = replay(trace, expandable_segments=expandable)
         started = time.perf_counter()
         estimate = replay(trace.repeated(2), expandable_segments=expandable)
+        lazy = replay(trace.deferred("optimizer state", "optimizer").repeated(2), expandable_segments=expandable)
         print(f"replay, {label} ({time.perf_counter() - started:.1f} s for two steps):")
         print(f"  peak allocated (blocks handed out):  {estimate.peak_allocated_bytes / GIB:7.2f} GiB")
         print(
             f"  ESTIMATED peak reserved, step 2:     {estimate.peak_reserved_bytes / GIB:7.2f} GiB "
             f"(step 1 from an empty cache: {first.peak_reserved_bytes / GIB:.2f} GiB)"
+        )
+        print(
+            f"  the same with AdamW's state created by the first optimizer.step() (torch.optim's way): "
+            f"{lazy.peak_reserved_bytes / GIB:.2f} GiB"
         )
         print(
             f"  reserved - allocated:                "

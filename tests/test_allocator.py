@@ -188,3 +188,37 @@ def test_bad_traces_are_refused_with_a_sentence():
         replay([("alloc", 1, 10, "s"), ("alloc", 1, 10, "s")])
     with pytest.raises(ValueError, match="unknown event"):
         replay([("move", 1)])
+
+
+def test_optimizer_state_deferred_to_the_first_steps_optimizer_is_kept_across_repeats():
+    trace = Trace(
+        (
+            ("alloc", "w", 100, "s"),
+            ("alloc", "m", 40, "s"),
+            ("alloc", "x", 50, "s"),
+            ("free", "x"),
+            ("alloc", "g", 30, "s"),
+        ),
+        2,
+        groups={"parameters": ("w",), "optimizer state": ("m",)},
+        marks={"optimizer": 5},  # after the step's last event: where optimizer.step() starts
+    )
+    lazy = trace.deferred("optimizer state", "optimizer")
+    assert lazy.events == (
+        ("alloc", "w", 100, "s"),
+        ("alloc", "x", 50, "s"),
+        ("free", "x"),
+        ("alloc", "g", 30, "s"),
+        ("alloc", "m", 40, "s"),  # created by the first optimizer.step()
+    )
+    assert lazy.repeated(2).events == (
+        ("alloc", "w", 100, "s"),
+        ("alloc", (0, "x"), 50, "s"),
+        ("free", (0, "x")),
+        ("alloc", (0, "g"), 30, "s"),
+        ("alloc", "m", 40, "s"),
+        ("free", (0, "g")),  # the gradient goes before the next step; the optimizer state stays
+        ("alloc", (1, "x"), 50, "s"),
+        ("free", (1, "x")),
+        ("alloc", (1, "g"), 30, "s"),
+    )

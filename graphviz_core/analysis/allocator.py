@@ -409,6 +409,9 @@ class Trace:
     events: tuple[Event, ...]
     step_start: int = 0
     streams: dict[str, str] = field(default_factory=dict)  # stream label -> what allocates on it
+    groups: dict[str, tuple] = field(default_factory=dict)  # kind ("optimizer state", ...) -> keys before the step
+    marks: dict[str, int] = field(default_factory=dict)  # a point in the step ("optimizer") -> index in `events`
+    persistent: tuple = ()  # keys the first step allocates and keeps: not allocated again when it is repeated
 
     def peak_bytes(self) -> int:
         """The running maximum of live bytes, counted from the trace alone (no allocator)."""
@@ -422,22 +425,38 @@ class Trace:
                 live -= sizes.pop(event[1])
         return peak
 
+    def deferred(self, group: str, mark: str) -> Trace:
+        """The same trace with one kind of storage from before the step allocated at `mark` of the step instead,
+        and kept: torch.optim creates its state in the first `optimizer.step()`, amid the cache that the first
+        forward and backward left."""
+        keys, at = set(self.groups[group]), self.marks[mark]
+        head = [e for e in self.events[: self.step_start] if e[1] not in keys]
+        moved = [e for e in self.events[: self.step_start] if e[1] in keys]
+        body = list(self.events[self.step_start :])
+        split = at - self.step_start
+        events = (*head, *body[:split], *moved, *body[split:])
+        groups = {name: tuple(k for k in group_keys if k not in keys) for name, group_keys in self.groups.items()}
+        return Trace(events, len(head), dict(self.streams), groups, {}, (*self.persistent, *sorted(keys)))
+
     def repeated(self, steps: int) -> Trace:
         """The same step run `steps` times, the cache one step leaves being where the next starts, as on a GPU.
         Before each repeat, what the previous step left allocated is freed (its gradients, as
-        `zero_grad(set_to_none=True)` frees them); storages from before the step that the step freed (a batch's
-        inputs) are allocated again, as the next batch's; then the step's events run again under new keys."""
+        `zero_grad(set_to_none=True)` frees them; not the `persistent` keys); storages from before the step that
+        the step freed (a batch's inputs) are allocated again, as the next batch's; then the step's events run
+        again under new keys."""
         head, body = self.events[: self.step_start], self.events[self.step_start :]
+        persistent = set(self.persistent)
         sizes = {e[1]: e[2:] for e in head if e[0] == "alloc"}
-        own = set(_alloc_keys(body))
-        reborn = [e[1] for e in body if e[0] == "free" and e[1] not in own]
+        own = set(_alloc_keys(body)) - persistent
+        reborn = [e[1] for e in body if e[0] == "free" and e[1] not in own and e[1] not in persistent]
+        later = [e for e in body if e[1] not in persistent]
         events: list[Event] = list(head)
         previous: list[Event] = []
         for step in range(steps):
             if step:
-                events.extend(("free", key) for key in _live_keys(previous))
+                events.extend(("free", key) for key in _live_keys(previous) if key not in persistent)
                 events.extend(("alloc", (step, key), *sizes[key]) for key in reborn)
-            previous = _renamed(body, step, own if step == 0 else own | set(reborn))
+            previous = _renamed(body if step == 0 else later, step, own if step == 0 else own | set(reborn))
             events.extend(previous)
         return Trace(tuple(events), self.step_start, dict(self.streams))
 

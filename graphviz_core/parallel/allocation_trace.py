@@ -18,6 +18,7 @@ time, named after the FSDP communication context's attribute that holds it.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any
 
@@ -48,10 +49,25 @@ def _storages(value: Any, device_type: str | None = None) -> list[torch.UntypedS
     return out
 
 
-def step_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *batch: Any) -> list:
-    """What exists before a training step: parameters (a DTensor's local shard), buffers, optimizer state, batch."""
+def step_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *batch: Any) -> dict[str, list]:
+    """What exists before a training step, by kind: parameters (a DTensor's local shard) and buffers, optimizer
+    state, the batch."""
     state = list(optimizer.state.values()) if optimizer is not None else []
-    return [*model.parameters(), *model.buffers(), *tree_leaves(state), *tree_leaves(list(batch))]
+    return {
+        "parameters": [*model.parameters(), *model.buffers()],
+        "optimizer state": tree_leaves(state),
+        "batch": tree_leaves(list(batch)),
+    }
+
+
+class NotRecording(contextlib.nullcontext):
+    """Stands in for AllocationRecorder when no trace was asked for: nothing is wrapped, nothing recorded."""
+
+    def mark(self, name: str) -> None:
+        pass
+
+    def deliver(self, model: torch.nn.Module, callback) -> None:
+        pass
 
 
 class AllocationRecorder(TorchDispatchMode):
@@ -60,10 +76,13 @@ class AllocationRecorder(TorchDispatchMode):
     def __init__(
         self, existing: Any = (), stream_names: dict[int, str] | None = None, device_type: str | None = None
     ) -> None:
-        """`existing`: tensors alive before the step; `device_type`: record only storages on that kind of device
-        (a real CUDA step also makes CPU tensors, AdamW's step counts)."""
+        """`existing`: tensors alive before the step (a dict of them by kind keeps the kinds apart in the trace's
+        `groups`); `device_type`: record only storages on that kind of device (a real CUDA step also makes CPU
+        tensors, AdamW's step counts)."""
         super().__init__()
-        self._existing = existing
+        self._existing = existing if isinstance(existing, dict) else {"before the step": existing}
+        self._groups: dict[str, tuple] = {}
+        self._marks: dict[str, int] = {}
         self._device_type = device_type
         self._events: list[tuple] = []
         self._key_of: dict[int, int] = {}  # id(storage) -> key of its current allocation
@@ -84,8 +103,12 @@ class AllocationRecorder(TorchDispatchMode):
 
         self._fake_mode = active_fake_mode()
         self._default = torch.cpu.current_stream()
-        for storage in _storages(self._existing, self._device_type):
-            self._allocate(storage)
+        for group, tensors in self._existing.items():
+            first = self._next_key
+            for storage in _storages(tensors, self._device_type):
+                if id(storage) not in self._key_of:  # tied weights: one storage
+                    self._allocate(storage)
+            self._groups[group] = tuple(range(first, self._next_key))
         self._step_start = len(self._events)
         self._orig_resize = torch.UntypedStorage.resize_
         recorder, original = self, self._orig_resize
@@ -161,6 +184,10 @@ class AllocationRecorder(TorchDispatchMode):
         if old is not None:
             self._events.append(("free", old))
 
+    def mark(self, name: str) -> None:
+        """Remember where the step is (the trace's `marks`: name -> index of the next event)."""
+        self._marks[name] = len(self._events)
+
     # ---- the result -------------------------------------------------------------------------------------------
 
     def trace(self) -> Trace:
@@ -170,7 +197,12 @@ class AllocationRecorder(TorchDispatchMode):
         for stream in self._streams.values():
             label = self._stream_labels[id(stream)]
             names[label] = self.stream_names.get(id(stream), label)
-        return Trace(tuple(self._events), self._step_start, names)
+        return Trace(tuple(self._events), self._step_start, names, dict(self._groups), dict(self._marks))
+
+    def deliver(self, model: torch.nn.Module, callback) -> None:
+        """Hand the trace so far, its streams named after `model`'s FSDP2 streams, to `callback`."""
+        self.name_streams(model)
+        callback(self.trace())
 
     def name_streams(self, model: torch.nn.Module) -> None:
         """Name the streams of FSDP2's communication context in `model` (created lazily by its first forward)."""

@@ -764,13 +764,12 @@ def measure_step(
             loss.backward()
             del loss
             recorder.phase = peaks.phase = "optimizer"
+            allocations.mark("optimizer")  # where torch.optim would create its state on a first step
             optimizer.step()
             peaks.observe()
             snapshot = next(iter(tracker.get_tracker_snapshot("current").values()))
             end, end_buffers = _parts(snapshot), _buffers(snapshot)
-            if on_allocations is not None:
-                allocations.name_streams(model)
-                on_allocations(allocations.trace())
+            allocations.deliver(model, on_allocations)
     phases = tuple(
         PhaseMemory(phase, peaks.peaks[phase][0], _parts(peaks.peaks[phase][1]), _buffers(peaks.peaks[phase][1]))
         for phase in PHASES
@@ -831,10 +830,10 @@ def _trained_figures(model: nn.Module, parallel: ParallelConfig) -> tuple[int, i
 def _allocations(on_allocations: Callable | None, model: nn.Module, optimizer, *batch):
     """The allocation recorder when a caller asked for the trace (off by default: it costs a weak reference per
     storage)."""
-    if on_allocations is None:
-        return contextlib.nullcontext()
-    from graphviz_core.parallel.allocation_trace import AllocationRecorder, step_tensors
+    from graphviz_core.parallel.allocation_trace import AllocationRecorder, NotRecording, step_tensors
 
+    if on_allocations is None:
+        return NotRecording()
     return AllocationRecorder(step_tensors(model, optimizer, *batch))
 
 
