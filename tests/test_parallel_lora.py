@@ -197,3 +197,12 @@ def test_the_planner_plans_lora_over_fsdp_and_skips_tensor_parallel_layouts_with
     # FSDP 2 x TP 2 and TP 4 are skipped, each with the sentence check_parallel gives.
     reasons = [s["reason"] for s in planned.skipped if s["mesh"]["tp"] > 1]
     assert len(reasons) == 2 and all(r.startswith("LoRA with tensor parallelism is not simulated") for r in reasons)
+
+
+@pytest.mark.parametrize("args", [[], ["--strategy", "fsdp", "--world-size", "4"]], ids=["one device", "fsdp"])
+def test_freezing_everything_is_a_sentence_not_a_traceback(args, capsys):
+    from graphviz_core.cli import main
+
+    assert main(["graph", "--preset", "llama-tiny", "--finetune", "lora", "--freeze", "*lora*", *args,
+                 "-o", "/dev/null"]) == 2
+    assert "--freeze '*lora*' leaves no parameter training" in capsys.readouterr().err

@@ -30,6 +30,9 @@ def apply_finetuning(model: nn.Module, config: ModelConfig, default_targets: tup
         model = add_lora(model, config, lora_target_names(config, default_targets))
     if config.freeze:
         freeze(model, config.freeze)
+    if not any(p.requires_grad for p in model.parameters()):  # the loss would have no graph to walk or step to take
+        raise ValueError(f"--freeze {config.freeze!r} leaves no parameter training (LoRA's adapters included), so "
+                         "there is no backward pass to show; narrow the glob, e.g. '*embed*'.")
     return model
 
 
