@@ -1,6 +1,7 @@
 """Beyond one GPU with LoRA, clicked in Chromium: choosing LoRA in the sidebar's Fine-tuning box and pressing Use
 this model simulates FSDP with the adapters as the only trained parameters; tensor parallelism with LoRA shows the
-refusal's sentence (page errors fail the test)."""
+refusal's sentence, and the Plan tab plans the LoRA model with the tensor-parallel layouts refused (page errors fail
+the test)."""
 
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -54,6 +55,20 @@ def test_lora_over_fsdp_from_the_sidebar(page, streamlit_url, tmp_path):
     page.screenshot(path=str(tmp_path / f"parallel-lora-{page.size}.png"), full_page=False)
     page.get_by_role("tab", name="Communication in backward").click()
     page.screenshot(path=str(tmp_path / f"parallel-lora-collectives-{page.size}.png"), full_page=True)
+
+    # The Plan tab plans the LoRA model: 2 GPUs in a node of 2, global batch 4. TP 2 is refused with the sentence.
+    page.get_by_role("tab", name="Plan").click()
+    form = page.locator('[data-testid="stForm"]').filter(has_text="GPUs in all")
+    form.get_by_role("spinbutton", name="GPUs in all").fill("2")
+    form.get_by_role("spinbutton", name="Global batch (sequences per optimizer step)").fill("4")
+    form.get_by_role("spinbutton", name="GPUs per node").fill("2")
+    form.get_by_role("button", name="Plan the layouts").click()
+    table = page.locator('[data-testid="stTable"]').filter(has_text="Tokens/s per GPU (estimate)")
+    table.wait_for(timeout=300_000)
+    assert "FSDP 2, none, microbatch 1" in table.inner_text()
+    page.get_by_text("Settled or refused without a run:").click()
+    page.get_by_text("LoRA with tensor parallelism is not simulated").first.wait_for(timeout=10_000)
+    page.screenshot(path=str(tmp_path / f"parallel-lora-plan-{page.size}.png"), full_page=True)
 
     page.goto(f"{streamlit_url}/parallel?preset=llama-tiny&finetune=lora&strategy=tp&world_size=2&tp=2")
     error = page.locator('[data-testid="stAlert"]').filter(has_text="LoRA with tensor parallelism is not simulated")
