@@ -129,7 +129,8 @@ def _add_plan_command(commands) -> None:
     plan.add_argument("--infiniband-gbps", type=float, default=INFINIBAND_BYTES_PER_S / 1e9,
                       help="GB/s per GPU each way between nodes (default 50: one 400 Gb/s NDR NIC per GPU)")
     plan.add_argument("--checkpoints", default="none,selective,full",
-                      help="checkpointing policies to try, comma-separated (default none,selective,full)")
+                      help=f"checkpointing policies to try, comma-separated, of {', '.join(CHECKPOINTS)} "
+                           "(default none,selective,full)")
     plan.add_argument("--microbatch-sizes", default="1,2", help="sequences per microbatch to try (default 1,2)")
     plan.add_argument("--pp-degrees", default="1,2", help="pipeline-parallel degrees to try (default 1,2)")
     plan.add_argument("--cp-degrees", default="1,2",

@@ -15,8 +15,9 @@ MODELS = OFFERED  # what --model and the form's family box offer
 CUSTOM = "custom"  # a user's own nn.Module (graphviz_core.models.custom); never offered by the form or --model
 ATTENTIONS = ("sdpa", "mha", "manual", "eager")
 SEED_MAX = 2**31 - 1  # torch.manual_seed takes up to 2**64 - 1; the form and CLI share one bound
-# CHECKPOINTS (graphviz_core.models.family): none, full, selective-attention, selective-ops; `selective` is accepted
-# and resolved to the family's own meaning of it (Family.selective_alias), so old links keep working.
+# CHECKPOINTS (graphviz_core.models.family): none, full, selective-attention, selective-ops,
+# selective-ops-torchtitan; `selective` is accepted and resolved to the family's own meaning of it
+# (Family.selective_alias), so old links keep working.
 DEVICES = ("auto", "cpu", "cuda", "meta")
 DTYPES = ("float32", "bfloat16", "float16")
 # The training step as people run it (docs/training-step.md): ops under torch.autocast with the weights left in

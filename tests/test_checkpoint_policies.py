@@ -21,13 +21,14 @@ CORE_FORWARD = 4 * B * NH * S * S * D  # the fused kernel's q·kᵀ and ·v: 2 x
 
 
 def test_the_policy_names_mean_the_same_for_every_family():
-    assert tuple(CHECKPOINTS) == ("none", "full", "selective-attention", "selective-ops") == tuple(CHECKPOINT_POLICIES)
+    assert tuple(CHECKPOINTS) == ("none", "full", "selective-attention", "selective-ops", "selective-ops-torchtitan") \
+        == tuple(CHECKPOINT_POLICIES)
     for name in MODELS:
         family = FAMILIES[name]
         offered = tuple(family.checkpoint_policies())
         assert set(offered) <= set(CHECKPOINTS)
         # an attention core to recompute: both selective policies; none (an MLP, a ResNet): the op-level one only
-        expected = CHECKPOINTS if family.has_attention else ("none", "full", "selective-ops")
+        expected = CHECKPOINTS if family.has_attention else ("none", "full", "selective-ops", "selective-ops-torchtitan")
         assert offered == tuple(expected), name
         for policy in offered:  # every explanation comes from the policy's own sentence
             assert family.checkpoint_note(policy).startswith(CHECKPOINT_POLICIES[policy].split("{")[0])
@@ -39,7 +40,7 @@ def test_selective_is_an_alias_for_what_it_meant_for_each_family():
     assert config_from_preset("llama-tiny", checkpoint="selective").checkpoint == "selective-ops"
     assert config_from_preset("resnet-tiny", checkpoint="selective").checkpoint == "selective-ops"
     with pytest.raises(ValueError, match="checkpoint 'selective' does not apply to model 'mlp'; choose one of: none, "
-                                         "full, selective-ops"):
+                                         "full, selective-ops, selective-ops-torchtitan"):
         config_from_preset("mlp", checkpoint="selective")
     with pytest.raises(ValueError, match="selective-attention recomputes the attention core, and model 'resnet'"):
         config_from_preset("resnet-tiny", checkpoint="selective-attention")
@@ -51,7 +52,7 @@ def test_an_old_link_and_the_cli_take_every_name():
 
     config, problems = parse_config({"preset": "qwen2-tiny", "checkpoint": "selective"})
     assert problems == [] and config.checkpoint == "selective-ops"
-    for policy in ("selective", "selective-attention", "selective-ops"):
+    for policy in ("selective", "selective-attention", "selective-ops", "selective-ops-torchtitan"):
         assert main(["graph", "--preset", "llama-tiny", "--device", "meta", "--checkpoint", policy, "-o", "/dev/null"]) == 0
 
 
@@ -112,3 +113,104 @@ def test_every_family_with_attention_runs_both_policies_with_the_same_loss():
         losses = {captured(preset, checkpoint=p).loss for p in ("none", "selective-attention", "selective-ops")}
         assert len(losses) == 1, preset  # recomputation changes memory, never the numbers
         assert captured(preset, checkpoint="selective-attention").memory.checkpoint_held_bytes > 0
+
+
+# selective-ops-torchtitan: torchtitan's `_save_list` and `_get_custom_policy` (pytorch/torchtitan,
+# torchtitan/parallelisms/parallelize_llama.py): keep aten.mm outputs except every second mm of each layer run, keep
+# the attention kernels' outputs, recompute the rest. llama-tiny's layer runs 7 mm (b·s = 64 rows, float32), in the
+# order of LlamaDecoderLayer.forward: q_proj (64, 64), k_proj (64, 32), v_proj (64, 32), [attention], o_proj (64, 64),
+# then LlamaMLP's down(act(gate(x)) * up(x)): gate (64, 128), up (64, 128), down (64, 64).
+LLAMA_LAYER_MMS = ((B * S, H), (B * S, 2 * D), (B * S, 2 * D), (B * S, H), (B * S, 128), (B * S, 128), (B * S, H))
+
+
+def _layer_mm_outputs(preset: str) -> tuple[list[tuple[int, ...]], set]:
+    """Output shapes of the aten ops layer 0 of `preset` dispatches in one plain (none) forward, in order, seen by a
+    dispatch mode: every mm's, and the set of matmul-like op names (to show nn.Linear without a bias is an mm)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from graphviz_core.models.registry import build_model
+
+    config = config_from_preset(preset)
+    model = build_model(config)
+    hidden = torch.randn(B, S, H)
+    shapes, names = [], set()
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if "mm" in str(func) or "linear" in str(func):
+                names.add(str(func))
+            if func == torch.ops.aten.mm.default:
+                shapes.append(tuple(out.shape))
+            return out
+
+    positions = torch.arange(S)[None]
+    embeddings = model.model.rotary_emb(hidden, positions)
+    with Record():
+        model.model.layers[0](hidden, position_embeddings=embeddings, position_ids=positions, attention_mask=None)
+    return shapes, names
+
+
+def test_selective_ops_torchtitan_keeps_the_odd_matmuls_and_the_attention_kernel():
+    shapes, names = _layer_mm_outputs("llama-tiny")
+    # HF Llama's bias-free nn.Linear on (b, s, h) dispatches to aten.mm on a (b·s, h) view: no addmm, no linear
+    assert names == {"aten.mm.default"} and shapes == list(LLAMA_LAYER_MMS)
+    # torchtitan's count goes 1, 2, 3...: it keeps the odd ones (q, v, gate, down), recomputes k, o, up
+    kept_by_dispatch = sum(rows * cols * F32 for rows, cols in shapes[0::2])
+    kept = 16_384 + 8_192 + 32_768 + 16_384  # q b·s·h, v b·s·(2·16), gate b·s·128, down b·s·h = 73_728 per layer
+    assert kept_by_dispatch == kept == 73_728
+    sdpa_out = B * NH * S * D * F32 + B * NH * S * F32  # the fused kernel's output and log-sum-exp = 17_408
+    titan = captured("llama-tiny", checkpoint="selective-ops-torchtitan")
+    full, ops = captured("llama-tiny", checkpoint="full"), captured("llama-tiny", checkpoint="selective-ops")
+    # on top of what full holds (each layer's inputs, 37_120): 2 x (73_728 + 17_408) = 182_272
+    assert titan.memory.checkpoint_held_bytes == L * (kept + sdpa_out) + full.memory.checkpoint_held_bytes == 219_392
+    # selective-ops keeps the other 3 too (k b·s·32, o b·s·h, up b·s·128 = 57_344 per layer)
+    assert ops.memory.checkpoint_held_bytes - titan.memory.checkpoint_held_bytes == L * (8_192 + 16_384 + 32_768)
+    assert titan.memory.saved_bytes == full.memory.saved_bytes  # outside the layers both save the same
+
+
+def test_selective_ops_torchtitan_reruns_exactly_the_dropped_matmuls_more_than_selective_ops():
+    titan = captured("llama-tiny", checkpoint="selective-ops-torchtitan")
+    ops = captured("llama-tiny", checkpoint="selective-ops")
+    # the dropped mm's forward FLOPs, 2·rows·in·out each: k 2·64·64·32 = 262_144, o 2·64·64·64 = 524_288,
+    # up 2·64·64·128 = 1_048_576, per layer
+    dropped = L * (262_144 + 524_288 + 1_048_576)
+    by_module = titan.flops.forward_by_module
+    measured = sum(by_module[f"model.layers.{i}.{m}"] for i in range(L) for m in ("self_attn.k_proj", "self_attn.o_proj",
+                                                                                  "mlp.up_proj"))
+    assert measured == dropped == 3_670_016
+    # both policies re-run the same cheap ops (norms, rotary, SiLU, the SwiGLU product); this one the 3 mm besides
+    assert titan.flops.backward_recompute - ops.flops.backward_recompute == dropped
+    assert titan.flops.forward == ops.flops.forward  # the forward runs the same ops
+
+
+def test_selective_ops_torchtitan_keeps_no_matmul_with_a_bias():
+    # gpt2-tiny's Linear layers have a bias: aten.addmm, not on torchtitan's list, so each block keeps only the
+    # fused kernel's output and log-sum-exp (17_408) besides its (b, s, h) input (16_384)
+    gpt2 = captured("gpt2-tiny", checkpoint="selective-ops-torchtitan")
+    sdpa_out = B * NH * S * D * F32 + B * NH * S * F32
+    assert gpt2.memory.checkpoint_held_bytes == L * (sdpa_out + B * S * H * F32) == 67_584
+
+
+def test_selective_ops_torchtitan_changes_no_loss_and_no_gradient():
+    import torch
+
+    from graphviz_core.models.registry import build_model, compute_loss, make_batch
+
+    grads = {}
+    for policy in ("none", "selective-ops-torchtitan"):
+        config = config_from_preset("llama-tiny", checkpoint=policy)
+        model = build_model(config)
+        batch = make_batch(config, "cpu")
+        loss = compute_loss(config, model(batch.inputs), batch.targets)
+        loss.backward()
+        grads[policy] = (loss.detach(), {n: p.grad for n, p in model.named_parameters()})
+    (loss_none, none), (loss_titan, titan) = grads["none"], grads["selective-ops-torchtitan"]
+    assert torch.equal(loss_none, loss_titan)
+    assert none.keys() == titan.keys() and len(none) == 2 * 9 + 3  # 9 tensors a layer, embeddings, norm, lm_head
+    # recompute runs the same kernels on the same inputs: the same bits
+    assert all(torch.equal(none[name], titan[name]) for name in none)
+    for preset in ("gpt2-tiny", "bert-tiny", "resnet-tiny", "mlp"):
+        losses = {captured(preset, checkpoint=p).loss for p in ("none", "selective-ops-torchtitan")}
+        assert len(losses) == 1, preset

@@ -107,7 +107,8 @@ def test_cli_memory_checkpoints_json_is_the_comparison_and_bad_budget_is_one_lin
     assert main(["memory", "--preset", "gpt2-tiny", "--checkpoints", "-o", str(out)]) == 0
     report = json.loads(out.read_text())
     table = compare_checkpointing(config_from_preset("gpt2-tiny"))
-    assert [r["policy"] for r in report["checkpoints"]["rows"]] == ["none", "full", "selective-attention", "selective-ops"]
+    assert [r["policy"] for r in report["checkpoints"]["rows"]] == ["none", "full", "selective-attention", "selective-ops",
+                                                                     "selective-ops-torchtitan"]
     for row, expected in zip(report["checkpoints"]["rows"], table.rows, strict=True):
         assert row["kept_for_backward_bytes"] == expected.kept_for_backward_bytes
         assert row["recompute_flops"] == expected.recompute_flops

@@ -21,7 +21,8 @@ def test_memory_tab_shows_the_peak_and_runs_both_actions():
     next(b for b in at.button if b.label == "Compare the checkpointing policies").click().run()
     assert not at.exception
     table = next(d.value for d in at.dataframe if "checkpointing" in d.value.columns and "held for recompute" in d.value.columns)
-    assert list(table["checkpointing"]) == ["none", "full", "selective-attention", "selective-ops"]
+    assert list(table["checkpointing"]) == ["none", "full", "selective-attention", "selective-ops",
+                                            "selective-ops-torchtitan"]
     # full on gpt2-tiny: 2 blocks hold their (2, 32, 64) fp32 input, 2 * 16 KiB
     assert table.loc[1, "held for recompute"] == "32.0 KiB"
     # each policy is explained by its own sentence, through the family
@@ -34,7 +35,7 @@ def test_memory_tab_shows_the_peak_and_runs_both_actions():
     next(b for b in at.button if b.label.startswith("Find the largest")).click().run()
     assert not at.exception
     fit = next(d.value for d in at.dataframe if "largest batch (measured)" in d.value.columns)
-    assert len(fit) == 4  # one row per policy
+    assert len(fit) == 5  # one row per policy gpt2-tiny offers (CHECKPOINTS: none, full and 3 selective)
 
 
 def test_the_training_step_table_wraps_so_every_why_reads_whole():

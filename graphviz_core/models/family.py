@@ -46,7 +46,8 @@ class Choices(tuple):
 # Checkpointing policies, each meaning the same for every family that offers it. `selective` is an alias kept for
 # old links and scripts: a config resolves it to its family's `selective_alias` (what it meant for that family).
 SELECTIVE = "selective"
-CHECKPOINTS = Choices(("none", "full", "selective-attention", "selective-ops"), aliases=(SELECTIVE,))
+CHECKPOINTS = Choices(("none", "full", "selective-attention", "selective-ops", "selective-ops-torchtitan"),
+                      aliases=(SELECTIVE,))
 # What each policy keeps for backward and recomputes, and where it comes from: every explanation of a policy starts
 # from these (Family.checkpoint_note), never from one model.
 CHECKPOINT_POLICIES = {
@@ -58,10 +59,18 @@ CHECKPOINT_POLICIES = {
         "the core in backward ({core}); everything else keeps what its backward needs"
     ),
     "selective-ops": (
-        "op-level selective activation checkpointing (torchtitan's op SAC, with torch.utils.checkpoint's "
-        "create_selective_checkpoint_contexts): each layer keeps its inputs and the outputs of its compute-heavy "
-        "ops (matmuls, convolutions, attention kernels) and recomputes the rest in backward (norms, activations, "
-        "rotary, elementwise)"
+        "op-level selective activation checkpointing (torchtitan's op SAC without its every-second-matmul rule, "
+        "with torch.utils.checkpoint's create_selective_checkpoint_contexts): each layer keeps its inputs and the "
+        "outputs of its compute-heavy ops (matmuls, convolutions, attention kernels) and recomputes the rest in "
+        "backward (norms, activations, rotary, elementwise)"
+    ),
+    "selective-ops-torchtitan": (
+        "torchtitan's op-level selective activation checkpointing exactly (its save list and every-second-matmul "
+        "rule, pytorch/torchtitan parallelize_llama.py, with torch.utils.checkpoint's "
+        "create_selective_checkpoint_contexts): each layer keeps its inputs, the outputs of its 1st, 3rd, 5th... "
+        "matrix multiplications without a bias (aten.mm) and of its fused attention kernels, and recomputes the rest "
+        "in backward, the 2nd, 4th, 6th... of those matmuls included (matmuls with a bias, batched matmuls and "
+        "convolutions are not on its list: recomputed)"
     ),
 }
 

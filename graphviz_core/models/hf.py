@@ -29,8 +29,8 @@ from graphviz_core.models.family import Batch  # noqa: E402
 from graphviz_core.models.teaching import (  # noqa: E402
     CHECKPOINT_KWARGS,
     RECOMPUTED,
+    SELECTIVE_OPS_CONTEXTS,
     TORCH_DTYPES,
-    keep_compute_heavy_contexts,
 )
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def _layers(model: nn.Module) -> list[nn.Module]:
 
 def _checkpoint_layers(model: nn.Module, context_fn: Callable | None) -> None:
     """Run each layer's forward under torch.utils.checkpoint: whole (`full`, no context_fn) or with a selective
-    policy's contexts (`selective-ops`)."""
+    policy's contexts (`selective-ops`, `selective-ops-torchtitan`)."""
     for layer in _layers(model):
         forward = layer.forward
 
@@ -218,8 +218,8 @@ def build(family, config: ModelConfig) -> nn.Module:
         _route_rotary_through_modules(model)
     if config.checkpoint == "full":
         _checkpoint_layers(model, None)
-    elif config.checkpoint == "selective-ops":
-        _checkpoint_layers(model, keep_compute_heavy_contexts(model))
+    elif config.checkpoint in SELECTIVE_OPS_CONTEXTS:  # selective-ops, selective-ops-torchtitan
+        _checkpoint_layers(model, SELECTIVE_OPS_CONTEXTS[config.checkpoint](model))
     elif config.checkpoint == "selective-attention":
         _checkpoint_attention_cores(model)
     return model.train()

@@ -40,7 +40,8 @@ CHECKPOINT_KWARGS = {"use_reentrant": False, "preserve_rng_state": False}
 # `selective-ops` (torchtitan's op-level selective activation checkpointing), for every family: inside a checkpointed
 # layer, keep the outputs of the compute-heavy ops (matrix multiplications, convolutions, attention kernels: expensive
 # to recompute) and recompute everything else (norms, activations, rotary, elementwise: cheap per byte kept).
-# torchtitan also recomputes every second mm to balance memory; this policy keeps them all.
+# torchtitan also recomputes every second mm to balance memory; this policy keeps them all (that one is
+# `selective-ops-torchtitan`, below).
 KEEP_OPS = {
     torch.ops.aten.mm.default,
     torch.ops.aten.addmm.default,
@@ -53,24 +54,50 @@ KEEP_OPS = {
 }
 
 
+# `selective-ops-torchtitan`: torchtitan's op-level selective activation checkpointing exactly ("TorchTitan:
+# One-stop PyTorch native solution for production ready LLM pre-training"; repo pytorch/torchtitan,
+# torchtitan/parallelisms/parallelize_llama.py, `_save_list` and `_get_custom_policy`, Dec 2024): keep the outputs of
+# the ops in its save list except every second aten.mm of each checkpointed layer run (a count of mm calls that
+# starts at 0 for every run of the layer, forward and recompute counted apart: the 2nd, 4th, 6th... are recomputed),
+# recompute everything else. Its list names the CUDA attention kernels; the CPU's fused kernel, which SDPA runs here
+# on CPU (and on meta for a CPU target), stands in for them. Not in it: aten.addmm (a Linear with a bias), bmm,
+# convolutions, grouped expert matmuls: recomputed.
+MM = torch.ops.aten.mm.default
+TORCHTITAN_SAVE_OPS = {
+    MM,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,  # the CPU's stand-in for the two above
+    torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    # for low precision training torchtitan always saves the result of max(abs(tensor))
+    torch.ops.aten.abs.default,
+    torch.ops.aten.max.default,
+}
+
+
+def _count_kept(model: nn.Module, op, args, kwargs) -> None:
+    """Add the bytes of `op`'s output to `model`'s KEPT_BYTES: the checkpoint stores these outputs itself, where no
+    saved-tensor hook sees them; they are counted by running the op on meta copies of its arguments (shapes only,
+    no arithmetic)."""
+    # With the dispatch modes below this one switched off: the capture's FLOP counter and storage observer
+    # would otherwise count this shape computation as a second forward op (llama-tiny's forward read
+    # 25.3 MFLOP under selective-ops instead of 14.8).
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        meta = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, kwargs))
+        out = op(*meta[0], **meta[1])
+    kept = sum(
+        t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
+    )
+    setattr(model, KEPT_BYTES, getattr(model, KEPT_BYTES, 0) + kept)
+
+
 def _keep_compute_heavy(model: nn.Module, ctx, op, *args, **kwargs):
     if op not in KEEP_OPS:
         return CheckpointPolicy.PREFER_RECOMPUTE
     if not ctx.is_recompute:
-        # The checkpoint stores these outputs itself, where no saved-tensor hook sees them; count their bytes by
-        # running the op on meta copies of its arguments (shapes only, no arithmetic).
-        # With the dispatch modes below this one switched off: the capture's FLOP counter and storage observer
-        # would otherwise count this shape computation as a second forward op (llama-tiny's forward read
-        # 25.3 MFLOP under selective-ops instead of 14.8).
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        with _disable_current_modes():
-            meta = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, kwargs))
-            out = op(*meta[0], **meta[1])
-        kept = sum(
-            t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
-        )
-        setattr(model, KEPT_BYTES, getattr(model, KEPT_BYTES, 0) + kept)
+        _count_kept(model, op, args, kwargs)
     return CheckpointPolicy.MUST_SAVE
 
 
@@ -80,17 +107,42 @@ def keep_compute_heavy_contexts(model: nn.Module):
     return partial(create_selective_checkpoint_contexts, partial(_keep_compute_heavy, model))
 
 
+def _torchtitan_policy(model: nn.Module, mm_counts: dict, ctx, op, *args, **kwargs):
+    mode = "recompute" if ctx.is_recompute else "forward"
+    if op == MM:
+        mm_counts[mode] += 1
+    if op not in TORCHTITAN_SAVE_OPS or (op == MM and mm_counts[mode] % 2 == 0):
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    if not ctx.is_recompute:
+        _count_kept(model, op, args, kwargs)
+    return CheckpointPolicy.MUST_SAVE
+
+
+def torchtitan_contexts(model: nn.Module):
+    """`context_fn` for torch.utils.checkpoint running `selective-ops-torchtitan`: called once per checkpointed run
+    of a layer, each call with its own mm counts, as torchtitan's `selective_checkpointing_context_fn`."""
+
+    def context_fn():
+        return create_selective_checkpoint_contexts(partial(_torchtitan_policy, model, {"forward": 0, "recompute": 0}))
+
+    return context_fn
+
+
+# The selective policies that checkpoint whole layers, each with the `context_fn` maker of its op policy.
+SELECTIVE_OPS_CONTEXTS = {"selective-ops": keep_compute_heavy_contexts, "selective-ops-torchtitan": torchtitan_contexts}
+
+
 def run_checkpointed(layer, x: torch.Tensor, policy: str, model: nn.Module) -> torch.Tensor:
-    """`layer(x)` under the config's checkpoint policy: whole (`full`), keeping compute-heavy outputs
-    (`selective-ops`), or plain (`none`, and `selective-attention`, which checkpoints inside the attention)."""
+    """`layer(x)` under the config's checkpoint policy: whole (`full`), keeping some ops' outputs (`selective-ops`,
+    `selective-ops-torchtitan`), or plain (`none`, and `selective-attention`, which checkpoints inside the attention)."""
     if policy == "full":
         return checkpoint(layer, x, **CHECKPOINT_KWARGS)
-    if policy == "selective-ops":
-        return checkpoint(layer, x, **CHECKPOINT_KWARGS, context_fn=keep_compute_heavy_contexts(model))
+    if policy in SELECTIVE_OPS_CONTEXTS:
+        return checkpoint(layer, x, **CHECKPOINT_KWARGS, context_fn=SELECTIVE_OPS_CONTEXTS[policy](model))
     return layer(x)
 
 
-LAYER_POLICIES = ("full", "selective-ops")  # the policies that checkpoint whole layers
+LAYER_POLICIES = ("full", *SELECTIVE_OPS_CONTEXTS)  # the policies that checkpoint whole layers
 
 
 class CoreAttention(nn.Module):

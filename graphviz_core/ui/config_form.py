@@ -274,7 +274,9 @@ def _fields(key: str, model: str) -> None:
         key=f"{key}.checkpoint",
         help="full: each layer keeps only its input and re-runs its forward in backward; selective-attention: "
         "recompute the attention core only (Korthikanti et al.); selective-ops: keep the outputs of matmuls, "
-        "convolutions and attention kernels, recompute the rest (torchtitan); selective: the family's usual one",
+        "convolutions and attention kernels, recompute the rest (torchtitan, keeping every matmul); "
+        "selective-ops-torchtitan: torchtitan's own policy, which keeps the 1st, 3rd, 5th... matmul without a bias "
+        "of each layer and the attention kernels' outputs, recomputes the rest; selective: the family's usual one",
     )
     left = right = st  # one per row: side by side, the dtype box read "bfloat1…" in the sidebar
     devices = _devices()

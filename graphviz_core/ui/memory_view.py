@@ -397,7 +397,7 @@ def _will_it_fit(capture: Capture) -> None:
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     st.caption(
         "Closed form: the same parameter, gradient and optimizer bytes plus layers × Korthikanti et al.'s "
-        "activations per layer (none 34sbh, plus 5as²b for manual attention; selective-attention 34sbh; full 2sbh; no closed form for selective-ops; "
+        "activations per layer (none 34sbh, plus 5as²b for manual attention; selective-attention 34sbh; full 2sbh; no closed form for selective-ops or selective-ops-torchtitan; "
         "16-bit bytes scaled to the dtype). It ignores logits and the loss, which the captures include."
     )
 

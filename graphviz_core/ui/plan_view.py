@@ -16,6 +16,8 @@ KEY = "plan"
 MESH_WORDS = {"dp_shard": "FSDP", "dp_replicate": "replicas", "tp": "TP", "pp": "PP", "cp": "CP"}
 POLICY_WORDS = {"none": "none: keep every activation", "full": "full: keep each layer's input, re-run the layer",
                 "selective-ops": "selective-ops: keep matmul and attention outputs",
+                "selective-ops-torchtitan": "selective-ops-torchtitan: torchtitan's policy, keep every second matmul's "
+                "and the attention outputs",
                 "selective-attention": "selective-attention: re-run the attention core"}
 
 
