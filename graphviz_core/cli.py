@@ -113,9 +113,10 @@ def _add_plan_command(commands) -> None:
 
     plan = commands.add_parser(
         "plan", help="the layouts of a model on N GPUs, each simulated, ranked: which fit, which is fastest",
-        description="Enumerates data-shard x data-replicate x tensor x pipeline parallel meshes (tensor parallel inside "
-                    "a node), checkpointing policies and microbatch sizes; simulates each (scaled from 3 and 4 layers "
-                    "per stage) and ranks them: fitting first, then by estimated tokens/s per GPU. Progress on stderr.",
+        description="Enumerates data-shard x data-replicate x tensor x pipeline x context parallel meshes (tensor "
+                    "parallel inside a node, with sequence parallel where the model takes it), checkpointing policies "
+                    "and microbatch sizes; simulates each (scaled from 3 and 4 layers per stage) and ranks them: "
+                    "fitting first, then by estimated tokens/s per GPU. Progress on stderr.",
     )
     _add_config_flags(plan)
     plan.add_argument("--gpus", type=int, required=True, help="GPUs in all")
@@ -134,9 +135,14 @@ def _add_plan_command(commands) -> None:
     plan.add_argument("--microbatch-sizes", default="1,2", help="sequences per microbatch to try (default 1,2)")
     plan.add_argument("--pp-degrees", default="1,2", help="pipeline-parallel degrees to try (default 1,2)")
     plan.add_argument("--cp-degrees", default="1,2",
-                      help="context-parallel degrees to try (default 1,2; not combined with a pipeline)")
+                      help="context-parallel degrees to try (default 1,2; beside a pipeline only with --cp-with-pp)")
+    plan.add_argument("--cp-with-pp", action="store_true",
+                      help="also try context parallel together with pipeline stages (pp x cp layouts: each a pipeline "
+                      "simulation, several seconds of CPU per sample for 70B, so off by default)")
     plan.add_argument("--tp-degrees", help="tensor-parallel degrees to try (default: every power of 2 up to "
-                      "--gpus-per-node; never more than a node)")
+                      "--gpus-per-node; never more than a node). Tensor parallel runs with sequence parallel wherever "
+                      "the model takes it (a Llama-style decoder, a sequence that splits over TP), as torchtitan does; "
+                      "plain TP otherwise")
     plan.add_argument("--mixed-precision", choices=("none", "bf16", "bf16-fp32-reduce"), default="none",
                       help="FSDP2's policy for every layout (bf16: float32 master shards, bfloat16 compute; needs "
                       "--dtype float32)")
@@ -188,7 +194,7 @@ def _plan_command(args: argparse.Namespace) -> str:
                   _numbers("--pp-degrees", args.pp_degrees), jobs=max(1, args.jobs), progress=progress,
                   cp_degrees=_numbers("--cp-degrees", args.cp_degrees),
                   tp_degrees=_numbers("--tp-degrees", args.tp_degrees) if args.tp_degrees else None,
-                  mixed_precision=args.mixed_precision)
+                  mixed_precision=args.mixed_precision, cp_with_pp=args.cp_with_pp)
     if args.format == "table":
         return _plan_table(result)
     return json.dumps({**result.to_dict(), "config": _config_echo(config)}, indent=1)

@@ -73,16 +73,18 @@ def test_fitting_layouts_rank_first_then_the_fastest(small_plan):
 def test_meshes_keep_tensor_parallel_inside_a_node():
     config = resolve_config("llama-tiny", layers=4)
     cluster = Cluster(gpus=16, gpus_per_node=4)
-    found = meshes(config, cluster, pp_degrees=(1, 2), cp_degrees=(1, 2))
+    found = meshes(config, cluster, pp_degrees=(1, 2), cp_degrees=(1, 2), cp_with_pp=True)
     for shard, replicate, tp, pp, cp in found:
         assert shard * replicate * tp * pp * cp == 16
         assert tp <= 4 and 4 % tp == 0  # tensor parallel within one node of 4
-        assert not (pp > 1 and cp > 1)  # not simulated together
         if replicate > 1:
-            assert shard <= 4  # HSDP shards inside a node and replicates across nodes
+            assert shard <= 4 and cp == 1  # HSDP shards inside a node and replicates across nodes
     # pp 1, cp 1: tp 1, 2, 4 and HSDP 4 x 4 = 4; pp 1, cp 2: tp 1, 2, 4 = 3; pp 2, cp 1: tp 1, 2, 4 and HSDP 4 x 2
-    # = 4; pp 2 with cp 2 is left out: 11 in all.
-    assert len(found) == 11
+    # = 4; pp 2 x cp 2 (4 ranks left): tp 1, 2, 4 = 3: 14 in all.
+    assert len(found) == 14
+    assert [(tp, pp, cp) for _, _, tp, pp, cp in found if pp > 1 and cp > 1] == [(1, 2, 2), (2, 2, 2), (4, 2, 2)]
+    # Without cp_with_pp (the plan's default: each such layout is a pipeline simulation) those 3 are left out.
+    assert len(meshes(config, cluster, pp_degrees=(1, 2), cp_degrees=(1, 2))) == 11
     # Nodes of 2: no tp 4 even though 16 GPUs would divide into it.
     assert max(tp for _, _, tp, _, _ in meshes(config, Cluster(gpus=16, gpus_per_node=2), (1,))) == 2
 
@@ -120,3 +122,27 @@ def test_bad_input_is_a_sentence_and_exit_2(args, sentence, capsys):
     assert main(base + args) == 2
     err = capsys.readouterr().err
     assert sentence in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_pipeline_with_context_parallel_equals_its_full_simulation():
+    # 4 GPUs as pp 2 x cp 2 (FSDP over the 2 context ranks of each stage): 5 layers per stage, scaled from 3 and 4.
+    # Global batch 8, one data rank, 2 x 2 = 4 microbatches of 1 per pipeline step: 2 steps accumulated.
+    result = plan(LLAMA, Cluster(gpus=4, gpu_memory_bytes=BIG, gpus_per_node=4), 8, checkpoints=("full",),
+                  microbatch_sizes=(1,), pp_degrees=(2,), cp_degrees=(2,), jobs=1, cp_with_pp=True)
+    (planned,) = result.planned
+    assert planned.layout.mesh() == {"dp_shard": 1, "dp_replicate": 1, "tp": 1, "pp": 2, "cp": 2}
+    assert (planned.layout.microbatches, planned.layout.accumulation) == (4, 2)
+    assert planned.layout.label() == "PP 2 x CP 2, full, microbatch 1"
+    peak, sent, _ = _full(planned.layout)
+    assert planned.peak_bytes == peak
+    assert planned.collective_bytes_per_step == sent
+
+
+def test_tensor_parallel_layouts_run_sequence_parallel_where_the_model_takes_it(small_plan):
+    tp = [p.layout for p in small_plan.planned if p.layout.tp > 1]
+    assert tp and all(lay.sequence_parallel and lay.parallel().sequence_parallel for lay in tp)
+    assert all("TP 2 + SP" in lay.label() for lay in tp)
+    assert all(not p.layout.sequence_parallel for p in small_plan.planned if p.layout.tp == 1)
+    # gpt2-tiny is no Llama-style decoder: its TP layouts stay plain tensor parallel.
+    layouts, _ = layouts_of(resolve_config("gpt2-tiny"), Cluster(gpus=2, gpus_per_node=2), 2, ("full",), (1,), (1,))
+    assert [(lay.tp, lay.sequence_parallel) for lay in layouts] == [(1, False), (2, False)]

@@ -136,10 +136,26 @@ def simulate_layout(config: ModelConfig, parallel: ParallelConfig, single_device
     check_parallel(config, parallel)
     report = simulate_pipeline(config, parallel)
     first = dataclasses.replace(report.ranks[0], pipeline=report)
+    if parallel.cp > 1 or parallel.sequence_parallel:
+        first = dataclasses.replace(first, layer_activations=stage_layer_activations(config, parallel))
     if single_device:
         first = dataclasses.replace(first, single_device=simulate_workload(workload_of(config), ParallelConfig(),
                                                                            config=config))
     return first
+
+
+def stage_layer_activations(config: ModelConfig, parallel: ParallelConfig):
+    """One layer's activations per microbatch on a rank of one stage under context / sequence parallelism: the stage's
+    ranks laid out as `parallel` without its pipeline, one microbatch of sequences, on a 2-layer and a 1-layer copy
+    (graphviz_core.parallel.layer_activations); the ring's exchange per layer and microbatch from the 2-layer run."""
+    from graphviz_core.parallel.layer_activations import layer_activations
+
+    stage = parallel.replace(world_size=parallel.world_size // parallel.pp, pp=1, microbatches=1, schedule="1f1b",
+                             stages_per_rank=1)
+    micro = config.replace(batch=config.batch // parallel.microbatches)
+    ends = [simulate_parallel(micro.replace(layers=n), stage, single_device=False, layer_report=False) for n in (1, 2)]
+    measured = ends[1].forward_end_activation_bytes - ends[0].forward_end_activation_bytes
+    return layer_activations(micro.replace(layers=2), stage, measured, ends[1].collectives)
 
 
 def stage_bounds(layers: int, stages: int) -> list[tuple[int, int]]:

@@ -1,5 +1,6 @@
-"""The planner: the layouts of a model on a cluster (data-shard x data-replicate x tensor x pipeline parallel,
-checkpointing, microbatch size), each simulated, ranked by whether it fits and by an estimated speed.
+"""The planner: the layouts of a model on a cluster (data-shard x data-replicate x tensor x pipeline x context
+parallel, checkpointing, microbatch size), each simulated, ranked by whether it fits and by an estimated speed. Tensor
+parallel layouts run Megatron sequence parallel wherever the model takes it (as torchtitan always does with TP).
 
 Each layout is simulated by the same engine as one layout on the page (graphviz_core.parallel.simulate and
 .pipeline), on models of 3 and 4 layers per pipeline stage: the layers are all of one shape, so every figure (bytes
@@ -8,7 +9,7 @@ same amount with each layer, and the figure for L layers is f(3) + (L - 3) x (f(
 apart by where it happens (before the layers, in the first, second, second-last or last layer, after them), each
 scaled on its own and the largest taken, so a peak that moves (the embedding's gather with few layers, the last
 layer's activations with many) is still found. tests/test_planner.py checks the scaled figures against full
-simulations of three layouts; a stage of 4 layers or fewer is simulated whole.
+simulations of four layouts; a stage of 4 layers or fewer is simulated whole.
 
 The step time is an estimate, labelled so: the FLOPs measured on each rank at the stated GPU rate, plus the bytes each
 rank sends at the stated link rates, without overlap; pipeline layouts run their schedule's order with each action
@@ -86,6 +87,8 @@ class Layout:
     accumulation: int  # steps accumulated per optimizer step, so that the global batch is served
     cp: int = 1  # context parallel: ranks that split each sequence (FSDP shards over data x context ranks)
     mixed_precision: str = "none"  # FSDP2's policy (bf16: float32 master shards, bfloat16 compute)
+    # Megatron sequence parallel inside tensor parallel: on with TP wherever the model takes it, as torchtitan runs TP
+    sequence_parallel: bool = False
 
     @property
     def gpus(self) -> int:
@@ -103,6 +106,7 @@ class Layout:
             schedule="1f1b",
             cp=self.cp,
             mixed_precision=self.mixed_precision if self.dp_shard * self.cp * self.dp_replicate > 1 else "none",
+            sequence_parallel=self.sequence_parallel,
         )
 
     def model(self, config: ModelConfig, layers: int | None = None) -> ModelConfig:
@@ -122,7 +126,7 @@ class Layout:
         if self.dp_replicate > 1:
             parts.append(f"replicas {self.dp_replicate}")
         if self.tp > 1:
-            parts.append(f"TP {self.tp}")
+            parts.append(f"TP {self.tp}" + (" + SP" if self.sequence_parallel else ""))
         if self.pp > 1:
             parts.append(f"PP {self.pp}")
         if self.cp > 1:
@@ -287,6 +291,7 @@ class Planned:
         layout = self.layout
         return {
             "mesh": layout.mesh(),
+            "sequence_parallel": layout.sequence_parallel,
             "label": layout.label(),
             "checkpoint": layout.checkpoint,
             "microbatch_size": layout.microbatch_size,
@@ -369,18 +374,19 @@ def _divisors(n: int) -> list[int]:
 
 
 def meshes(config: ModelConfig, cluster: Cluster, pp_degrees: Iterable[int], cp_degrees: Iterable[int] = (1,),
-           tp_degrees: Iterable[int] | None = None) -> list[tuple[int, int, int, int, int]]:
+           tp_degrees: Iterable[int] | None = None, cp_with_pp: bool = False) -> list[tuple[int, int, int, int, int]]:
     """(dp_shard, dp_replicate, tp, pp, cp) meshes that respect the cluster: tensor parallelism inside a node (a power
-    of two dividing its GPUs), pipeline stages of whole layers, context parallelism splitting each sequence (not with
-    a pipeline: the simulator runs no such layout), and data parallelism over the rest, either sharded over all of it
-    (FSDP) or sharded inside a node and replicated across nodes (HSDP). `tp_degrees` narrows tensor parallelism to
-    those degrees (still inside a node)."""
+    of two dividing its GPUs), pipeline stages of whole layers, context parallelism splitting each sequence (beside a
+    pipeline only with `cp_with_pp`: each such layout is a pipeline simulation, about 6 s of CPU per sample for 70B),
+    and data parallelism over the rest, either sharded over all of it (FSDP) or sharded inside a node and replicated
+    across nodes (HSDP, without context parallelism). `tp_degrees` narrows tensor parallelism to those degrees (still
+    inside a node)."""
     out = []
     for pp in pp_degrees:
         if cluster.gpus % pp or config.layers % pp:
             continue
         for cp in cp_degrees:
-            if (cp > 1 and pp > 1) or (cluster.gpus // pp) % cp:
+            if (cp > 1 and pp > 1 and not cp_with_pp) or (cluster.gpus // pp) % cp:
                 continue
             for tp in _divisors(cluster.gpus_per_node):
                 if tp & (tp - 1) or (cluster.gpus // (pp * cp)) % tp or (tp_degrees and tp not in tp_degrees):
@@ -396,12 +402,12 @@ def meshes(config: ModelConfig, cluster: Cluster, pp_degrees: Iterable[int], cp_
 
 def layouts_of(config: ModelConfig, cluster: Cluster, global_batch: int, checkpoints: Iterable[str],
                microbatch_sizes: Iterable[int], pp_degrees: Iterable[int], cp_degrees: Iterable[int] = (1,),
-               tp_degrees: Iterable[int] | None = None, mixed_precision: str = "none",
+               tp_degrees: Iterable[int] | None = None, mixed_precision: str = "none", cp_with_pp: bool = False,
                ) -> tuple[list[Layout], list[dict]]:
     """Every layout the cluster allows, and those refused with the reason (a model rule, a batch that does not
     divide)."""
     layouts, refused = [], []
-    for shard, replicate, tp, pp, cp in meshes(config, cluster, pp_degrees, cp_degrees, tp_degrees):
+    for shard, replicate, tp, pp, cp in meshes(config, cluster, pp_degrees, cp_degrees, tp_degrees, cp_with_pp):
         dp = shard * replicate
         for size in microbatch_sizes:
             for policy in checkpoints:
@@ -415,16 +421,31 @@ def layouts_of(config: ModelConfig, cluster: Cluster, global_batch: int, checkpo
                     reason = (f"the global batch {global_batch} does not split into {dp} data-parallel ranks x "
                               f"microbatches of {size} x {micro} per pipeline step")
                 else:
-                    try:
-                        check_parallel(layout.model(config), layout.parallel())
-                    except ValueError as exc:
-                        reason = str(exc)
+                    layout, reason = _with_sequence_parallel(config, layout)
                 if reason:
                     refused.append({"mesh": layout.mesh(), "checkpoint": policy, "microbatch_size": size,
                                     "reason": reason})
                 else:
                     layouts.append(layout)
     return layouts, refused
+
+
+def _with_sequence_parallel(config: ModelConfig, layout: Layout) -> tuple[Layout, str | None]:
+    """(the layout, why the model cannot take it or None). With tensor parallel, sequence parallel is on wherever the
+    model takes it (a Llama-style decoder, a sequence that splits over TP), as torchtitan always runs it; plain TP
+    otherwise."""
+    if layout.tp > 1:
+        with_sp = dataclasses.replace(layout, sequence_parallel=True)
+        try:
+            check_parallel(with_sp.model(config), with_sp.parallel())
+            return with_sp, None
+        except ValueError:
+            pass
+    try:
+        check_parallel(layout.model(config), layout.parallel())
+    except ValueError as exc:
+        return layout, str(exc)
+    return layout, None
 
 
 # ---- the plan -------------------------------------------------------------------------------------------------
@@ -458,7 +479,7 @@ class Plan:
 def plan(config: ModelConfig, cluster: Cluster, global_batch: int, checkpoints: Iterable[str] = ("none", "full"),
          microbatch_sizes: Iterable[int] = (1,), pp_degrees: Iterable[int] = (1, 2), jobs: int = 2,
          progress: Progress | None = None, cp_degrees: Iterable[int] = (1,), tp_degrees: Iterable[int] | None = None,
-         mixed_precision: str = "none") -> Plan:
+         mixed_precision: str = "none", cp_with_pp: bool = False) -> Plan:
     """Enumerate, simulate (scaled from two small runs per layout) and rank the layouts of `config` on `cluster`.
 
     Within one mesh some layouts settle others without a run: when full checkpointing does not fit, nothing of that
@@ -468,7 +489,7 @@ def plan(config: ModelConfig, cluster: Cluster, global_batch: int, checkpoints: 
         raise ValueError(f"global batch must be a whole number >= 1, got {global_batch}.")
     started = time.perf_counter()
     layouts, refused = layouts_of(config, cluster, global_batch, checkpoints, microbatch_sizes, pp_degrees, cp_degrees,
-                                  tp_degrees, mixed_precision)
+                                  tp_degrees, mixed_precision, cp_with_pp)
     if not layouts:
         raise ValueError(f"no layout of {config.model!r} fits the rules on {cluster.gpus} GPUs: "
                          f"{refused[0]['reason'] if refused else 'nothing to try'}.")

@@ -488,6 +488,12 @@ def show_sequence_split(result: PerRank) -> None:
         split.append(f"sequence parallel: the norms run on 1/{parallel.tp} of the tokens")
     if split:
         st.caption("; ".join(split).capitalize() + ". Activations in the model's dtype, statistics in float32.")
+    if result.pipeline is not None:
+        size = result.pipeline.microbatch_size
+        st.caption(f"With the pipeline: one layer of a stage, per microbatch ({size} sequence{'s' * (size != 1)}; "
+                   "one stage's ranks simulated without the pipeline, on 2- and 1-layer copies); a stage "
+                   "keeps this for every microbatch in flight, as counted under Pipeline stages. The keys and values "
+                   "below are per layer and microbatch.")
     published = layer.korthikanti_bytes or {}
     rows = [
         {"Part": PART_NAMES[part], "Counted (this model, this rank)": format_bytes(value)}

@@ -48,13 +48,18 @@ def _inputs(config: ModelConfig) -> dict | None:
                                           key=f"{KEY}.checkpoints", help="; ".join(POLICY_WORDS.values()))
         pp = cols[1].multiselect("Pipeline stages to try", [1, 2, 4, 8], default=[1, 2], key=f"{KEY}.pp")
         cp = cols[2].multiselect("Context-parallel ranks to try", [1, 2, 4, 8], default=[1], key=f"{KEY}.cp",
-                                 help="Ranks that split each sequence (not combined with pipeline stages).")
+                                 help="Ranks that split each sequence. Tensor-parallel layouts run sequence parallel "
+                                 "wherever the model takes it (a Llama-style decoder), as torchtitan does.")
+        # a row of its own: in the third column its label was cut at 1280 px
+        cp_with_pp = st.checkbox("Context parallel with pipeline stages too", value=False, key=f"{KEY}.cp_with_pp",
+                                 help="Also try each context-parallel degree above 1 together with each pipeline "
+                                 "degree above 1: every such layout is a pipeline simulation, the slowest kind.")
         pressed = st.form_submit_button("Plan the layouts")
     if not pressed:
         return None
     return {"gpus": int(gpus), "memory": memory, "batch": int(batch), "per_node": int(per_node), "tflops": tflops,
             "nvlink": nvlink, "infiniband": infiniband, "sizes": tuple(sizes), "checkpoints": tuple(checkpoints),
-            "pp": tuple(pp), "cp": tuple(cp)}
+            "pp": tuple(pp), "cp": tuple(cp), "cp_with_pp": bool(cp_with_pp)}
 
 
 def _run(config: ModelConfig, inputs: dict):
@@ -75,7 +80,7 @@ def _run(config: ModelConfig, inputs: dict):
                           gpus_per_node=inputs["per_node"], gpu_flops=inputs["tflops"] * 1e12,
                           nvlink_bytes_per_s=inputs["nvlink"] * 1e9, infiniband_bytes_per_s=inputs["infiniband"] * 1e9)
         result = plan(config, cluster, inputs["batch"], inputs["checkpoints"], inputs["sizes"], inputs["pp"],
-                      jobs=1, progress=progress, cp_degrees=inputs["cp"])
+                      jobs=1, progress=progress, cp_degrees=inputs["cp"], cp_with_pp=inputs["cp_with_pp"])
     except ValueError as exc:
         bar.empty()
         st.error(escape_markdown(str(exc)))
