@@ -189,10 +189,12 @@ def _sequence_fields(key: str) -> None:
     # one per row: beside the number box the checkbox's label was cut at 1280 px ("Sequ…")
     st.number_input("Context parallel (cp)", min_value=1, max_value=MAX_WORLD, step=1, key=f"{key}.cp",
                     help="Ranks that each hold 1/cp of every sequence; attention runs as torch's ring, passing keys "
-                    "and values between them. With DDP, FSDP or FSDP x TP; the world size counts them. 1: off.")
+                    "and values between them. With DDP, FSDP or FSDP x TP, with or without pipeline stages; the world "
+                    "size counts them (pp x data x cp x TP). 1: off.")
     st.checkbox("Sequence parallel (with TP)", key=f"{key}.sequence_parallel",
                    help="With tensor parallel: norms run on 1/TP of the tokens; the attention and MLP gather the "
-                   "whole sequence before their projections and scatter it after (Megatron sequence parallel).")
+                   "whole sequence before their projections and scatter it after (Megatron sequence parallel). With "
+                   "pipeline stages, each passes its 1/TP of the tokens to the next.")
 
 
 @st.cache_resource
