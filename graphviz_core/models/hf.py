@@ -245,10 +245,17 @@ def batch(family, config: ModelConfig, device) -> Batch:
     )
 
 
-def loss(output, targets: torch.Tensor) -> torch.Tensor:
+def loss(output, targets: torch.Tensor, upcast: bool) -> torch.Tensor:
     """Cross-entropy of the logits: per token for language models (bert: every position, as if every token were
-    masked), per image for classifiers."""
+    masked), per image for classifiers. With `upcast` the logits are copied to float32 first, as transformers'
+    ForCausalLMLoss and ForMaskedLMLoss do ("Upcast to float if we need to compute the loss to avoid potential
+    precision issues"; its image classifiers' loss does not): in 16-bit a float32 copy of the b·s·V logits (4 B each)
+    and a float32 log-softmax saved for backward. Nothing on float32 logits (`.float()` returns the same tensor), and
+    not under autocast, whose cross_entropy already casts the logits to float32 (its float32 op list): an explicit
+    copy there would only move that cast before the flatten (a conversion node instead of autocast's cast)."""
     logits = output.logits
+    if upcast and not any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda")):
+        logits = logits.float()
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 

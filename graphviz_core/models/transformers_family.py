@@ -59,7 +59,7 @@ class TransformersFamily(Family):
     def loss(self, config: ModelConfig, output, targets):
         from graphviz_core.models import hf
 
-        return hf.loss(output, targets)
+        return hf.loss(output, targets, upcast=self.language_model)  # float32 logits, as transformers' LM losses
 
     def parameter_count(self, config: ModelConfig) -> int:
         return _parameter_count(self, config)
