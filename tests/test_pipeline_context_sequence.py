@@ -11,7 +11,7 @@ from graphviz_core.analysis.memory_formulas import llama_layer_bytes_split
 from graphviz_core.config import resolve_config
 from graphviz_core.parallel.context import kv_exchange_bytes
 from graphviz_core.parallel.pipeline import simulate_pipeline
-from graphviz_core.parallel.settings import ParallelConfig
+from graphviz_core.parallel.settings import ParallelConfig, check_parallel
 
 # llama-tiny (h=64, 4 query heads of 16, 2 key/value heads: kv width 32, SwiGLU I=128, V=512, s=32, float32) with 4
 # layers (2 per stage) and batch 2 in 2 microbatches of 1 (1F1B over 2 pipeline ranks).
@@ -116,3 +116,14 @@ def test_context_and_sequence_parallel_with_a_pipeline_and_fsdp_at_once():
 def test_layouts_left_refused_are_one_sentence(parallel, message):
     with pytest.raises(ValueError, match=message):
         ParallelConfig(**parallel)
+
+
+def test_sequence_parallel_under_context_parallel_needs_whole_shards_of_each_context_ranks_tokens():
+    # 20 tokens split over context 2 (head-tail chunks of 5: 20 is a multiple of 2 x 2) leave 10 per rank, which
+    # do not split over TP 4; 24 leave 12, which do.
+    parallel = ParallelConfig("fsdp+tp", 32, tp=4, pp=2, cp=2, sequence_parallel=True, microbatches=2)
+    model = resolve_config("llama-tiny", heads=4, kv_heads=4, layers=4, batch=2)
+    with pytest.raises(ValueError, match="splits the 10 tokens each context rank holds over TP 4; pick a sequence "
+                                         "that is a multiple of 8"):
+        check_parallel(model.replace(seq=20), parallel)
+    check_parallel(model.replace(seq=24), parallel)

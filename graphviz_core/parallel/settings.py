@@ -173,15 +173,13 @@ class ParallelConfig:
 
 def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
     """Refuse, with one sentence, a layout this model cannot take."""
-    if config.finetune == "lora" and parallel.tp > 1:
-        # peft splits LoRA's adapters only inside models that transformers itself sharded (its tp_plan loading:
-        # lora_B by columns under a column-split layer, lora_A by rows under a row-split one, peft's
-        # add_lora_tp_hooks_dtensor). Here the adapters are plain nn.Linear layers beside the split one: run,
-        # they meet the block's replicated DTensor input and torch raises "got mixed torch.Tensor and DTensor".
-        raise ValueError("LoRA with tensor parallelism is not simulated: peft splits its adapters only in models "
-                         "that transformers' own tensor-parallel loading sharded, not in layers torch's "
-                         "parallelize_module split; pick fsdp, hsdp or ddp for LoRA (they shard or copy the "
-                         "adapters like any parameter), or full fine-tuning.")
+    if config.finetune == "lora" and parallel.sequence_parallel:
+        # Beside a row-split projection LoRA's B is a plain layer whole on every rank (simulate.tp_plan); under
+        # sequence parallel it reads this rank's tokens only, so its gradient misses the other ranks' share (two real
+        # gloo processes: o_proj's and down_proj's B gradients differ from one device's; every other one equals it).
+        raise ValueError("LoRA with sequence parallel is not simulated: beside a row-split projection LoRA's B would "
+                         "see only this rank's tokens and miss the other tensor-parallel ranks' share of its "
+                         "gradient; turn sequence parallel off for LoRA.")
     if parallel.pp > 1:
         _check_pipeline(config, parallel)
     if parallel.cp > 1 or parallel.sequence_parallel:
@@ -247,9 +245,10 @@ def _check_sequence_split(config: ModelConfig, parallel: ParallelConfig) -> None
     if cp > 1 and config.seq % (2 * cp):
         raise ValueError(f"context parallel {cp} gives each rank two chunks of the sequence (torch's head-tail load "
                          f"balancing); the sequence {config.seq} must be a multiple of 2 x {cp} = {2 * cp}.")
-    if parallel.sequence_parallel and config.seq % parallel.tp:
-        raise ValueError(f"sequence parallel splits the {config.seq} tokens over TP {parallel.tp}; pick a sequence "
-                         f"that is a multiple of {parallel.tp}.")
+    if parallel.sequence_parallel and (config.seq // cp) % parallel.tp:
+        held = f"the {config.seq // cp} tokens each context rank holds" if cp > 1 else f"the {config.seq} tokens"
+        raise ValueError(f"sequence parallel splits {held} over TP {parallel.tp}; pick a sequence that is a multiple "
+                         f"of {cp * parallel.tp if cp > 1 else parallel.tp}.")
 
 
 def _check_pipeline(config: ModelConfig, parallel: ParallelConfig) -> None:
