@@ -254,11 +254,12 @@ def test_will_it_fit_counts_frozen_weights_as_weights_only():
     assert not over.weights_alone_exceed
 
 
-def test_parallel_simulation_refuses_lora_with_tensor_parallelism_with_a_sentence(capsys):
-    # LoRA under FSDP / HSDP / DDP / pipelines is simulated (tests/test_parallel_lora.py); under TP it is refused.
+def test_parallel_simulation_refuses_lora_with_sequence_parallel_with_a_sentence(capsys):
+    # LoRA under FSDP / HSDP / DDP / TP / pipelines is simulated (tests/test_parallel_lora.py); with sequence
+    # parallel it is refused.
     assert main(["graph", "--preset", "llama-tiny", "--finetune", "lora", "--strategy", "tp", "--world-size", "2",
-                 "--tp", "2", "--format", "json", "-o", "/dev/null"]) == 2
-    assert "LoRA with tensor parallelism is not simulated" in capsys.readouterr().err
+                 "--tp", "2", "--sequence-parallel", "--format", "json", "-o", "/dev/null"]) == 2
+    assert "LoRA with sequence parallel is not simulated" in capsys.readouterr().err
 
 
 def test_compare_says_what_lora_changes():

@@ -460,22 +460,55 @@ def _layers(model: nn.Module) -> list[nn.Module]:
 
 
 def tp_plan(layer: nn.Module) -> dict:
-    """Megatron column/row styles for the nn.Linear projections inside one layer."""
+    """Megatron column/row styles for the nn.Linear projections inside one layer. A projection peft wrapped with LoRA
+    is split as peft splits one under transformers' tensor parallelism (peft's add_lora_tp_hooks_dtensor): the base
+    layer as the projection; under a column split lora_B by columns too and lora_A whole on every rank, under a row
+    split lora_A by rows (its (b, s, r) output all-reduced) and lora_B whole."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     plan = {}
     for name, module in layer.named_modules():
         leaf = name.rpartition(".")[2]
-        if isinstance(module, nn.Linear) and leaf in COLUMN_PARALLEL:
-            plan[name] = ColwiseParallel()
-        elif isinstance(module, nn.Linear) and leaf in ROW_PARALLEL:
-            plan[name] = RowwiseParallel()
+        column, row = leaf in COLUMN_PARALLEL, leaf in ROW_PARALLEL
+        if isinstance(module, nn.Linear) and (column or row):
+            plan[name] = ColwiseParallel() if column else RowwiseParallel()
+        elif (column or row) and isinstance(getattr(module, "base_layer", None), nn.Linear) and hasattr(module, "lora_A"):
+            plan[f"{name}.base_layer"] = ColwiseParallel() if column else RowwiseParallel()
+            for adapter in module.lora_A:
+                plan[f"{name}.lora_A.{adapter}"] = _replicated_adapter() if column else RowwiseParallel()
+                if column:  # under a row split lora_B stays a plain layer: its input is whole on every rank
+                    plan[f"{name}.lora_B.{adapter}"] = ColwiseParallel()
     return plan
+
+
+def _replicated_adapter():
+    """The style of LoRA's A beside a column-split projection: whole on every tensor-parallel rank, a replicated
+    DTensor like the block input it reads (a plain layer would meet that DTensor, and torch refuses mixed tensors).
+    Its (b, s, r) output leaves as a local tensor, so that B's column split takes it back as replicated and backward
+    all-reduces its gradient there, once (Megatron's f); A's weight gradient is then whole, not a partial sum that
+    every optimizer op would all-reduce again."""
+    from torch.distributed.tensor import distribute_module
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    class ReplicatedAdapter(ParallelStyle):
+        def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+            return distribute_module(module, device_mesh, output_fn=lambda mod, out, mesh: out.to_local())
+
+    return ReplicatedAdapter()
+
+
+def _projection(name: str) -> str:
+    """The projection a plan entry belongs to: `self_attn.q_proj` for `self_attn.q_proj.base_layer` or
+    `self_attn.q_proj.lora_B.default` (peft's LoRA wrapper), the name itself otherwise."""
+    parts = name.split(".")
+    cut = next((i for i, part in enumerate(parts) if part == "base_layer" or part.startswith("lora_")), len(parts))
+    return ".".join(parts[:cut])
 
 
 def _column_parallel_parents(layer: nn.Module, plan: dict) -> list[nn.Module]:
     """The modules (attention, MLP) whose input feeds column-split projections."""
-    parents = {name.rpartition(".")[0] for name, style in plan.items() if type(style).__name__ == "ColwiseParallel"}
+    parents = {_projection(name).rpartition(".")[0] for name, style in plan.items()
+               if type(style).__name__ == "ColwiseParallel"}
     return [layer.get_submodule(name) for name in sorted(parents)]
 
 
@@ -812,7 +845,7 @@ def _tp_split_bytes(model: nn.Module, trained_only: bool = False) -> int:
     for layer in _layers(model):
         for name, style in tp_plan(layer).items():
             for pname, p in layer.get_submodule(name).named_parameters():
-                if trained_only and not p.requires_grad:
+                if (trained_only and not p.requires_grad) or type(style).__name__ == "ReplicatedAdapter":
                     continue
                 if pname == "weight" or type(style).__name__ == "ColwiseParallel":
                     total += p.numel() * p.element_size()
