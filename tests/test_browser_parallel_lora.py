@@ -1,6 +1,6 @@
 """Beyond one GPU with LoRA, clicked in Chromium: choosing LoRA in the sidebar's Fine-tuning box and pressing Use
-this model simulates FSDP with the adapters as the only trained parameters; tensor parallelism with LoRA shows the
-refusal's sentence, and the Plan tab plans the LoRA model with the tensor-parallel layouts refused (page errors fail
+this model simulates FSDP with the adapters as the only trained parameters, the Plan tab plans the LoRA model,
+tensor parallel splits the adapters and sequence parallel with LoRA shows the refusal's sentence (page errors fail
 the test)."""
 
 import pytest
@@ -56,7 +56,7 @@ def test_lora_over_fsdp_from_the_sidebar(page, streamlit_url, tmp_path):
     page.get_by_role("tab", name="Communication in backward").click()
     page.screenshot(path=str(tmp_path / f"parallel-lora-collectives-{page.size}.png"), full_page=True)
 
-    # The Plan tab plans the LoRA model: 2 GPUs in a node of 2, global batch 4. TP 2 is refused with the sentence.
+    # The Plan tab plans the LoRA model: 2 GPUs in a node of 2, global batch 4 (FSDP 2, TP 2 and PP 2 layouts).
     page.get_by_role("tab", name="Plan").click()
     form = page.locator('[data-testid="stForm"]').filter(has_text="GPUs in all")
     form.get_by_role("spinbutton", name="GPUs in all").fill("2")
@@ -65,13 +65,19 @@ def test_lora_over_fsdp_from_the_sidebar(page, streamlit_url, tmp_path):
     form.get_by_role("button", name="Plan the layouts").click()
     table = page.locator('[data-testid="stTable"]').filter(has_text="Tokens/s per GPU (estimate)")
     table.wait_for(timeout=300_000)
-    assert "FSDP 2, none, microbatch 1" in table.inner_text()
-    page.get_by_text("Settled or refused without a run:").click()
-    page.get_by_text("LoRA with tensor parallelism is not simulated").first.wait_for(timeout=10_000)
+    assert "FSDP 2, none, microbatch 1" in table.inner_text() and "TP 2, none, microbatch 1" in table.inner_text()
     page.screenshot(path=str(tmp_path / f"parallel-lora-plan-{page.size}.png"), full_page=True)
 
+    # Tensor parallel 2: the adapters split as peft splits them (B by columns beside q and v, A whole): 2 layers x
+    # (512 + 256 + 512 + 128) = 2,816 scalars x 4 bytes of gradients on each rank.
     page.goto(f"{streamlit_url}/parallel?preset=llama-tiny&finetune=lora&strategy=tp&world_size=2&tp=2")
-    error = page.locator('[data-testid="stAlert"]').filter(has_text="LoRA with tensor parallelism is not simulated")
-    error.wait_for(timeout=120_000)
+    page.get_by_text("Fine-tuning: LoRA adapters of rank 8 on q_proj, v_proj train").wait_for(timeout=180_000)
     expect(page.get_by_role("spinbutton", name="TP degree")).to_have_value("2", timeout=30_000)  # the form caught up
-    page.screenshot(path=str(tmp_path / f"parallel-lora-tp-{page.size}.png"), full_page=False)
+    assert _metric(page, "Gradients per rank") == format_bytes(11_264)
+    page.screenshot(path=str(tmp_path / f"parallel-lora-tp-split-{page.size}.png"), full_page=False)
+    # With sequence parallel on as well: the sentence saying why not.
+    page.get_by_text("Sequence parallel (with TP)", exact=True).click()
+    page.get_by_role("button", name="Simulate ranks").click()
+    error = page.locator('[data-testid="stAlert"]').filter(has_text="LoRA with sequence parallel is not simulated")
+    error.wait_for(timeout=120_000)
+    page.screenshot(path=str(tmp_path / f"parallel-lora-sp-refused-{page.size}.png"), full_page=False)

@@ -339,9 +339,9 @@ def finetune_note(config: ModelConfig | None) -> str | None:
     if config.freeze:
         trained.append(f"parameters matching {config.freeze} are frozen")
     return escape_markdown(
-        "Fine-tuning: " + "; ".join(trained) + ". Frozen weights are sharded (FSDP) or copied (DDP) like the rest "
-        "but get no gradient, no optimizer state and no share of the backward's reduce-scatter or all-reduce: "
-        "the gradients and optimizer state below are the trained parameters' only."
+        "Fine-tuning: " + "; ".join(trained) + ". Frozen weights are sharded (FSDP), split (tensor parallel) or "
+        "copied (DDP) like the rest but get no gradient, no optimizer state and no share of the backward's "
+        "reduce-scatter or all-reduce: the gradients and optimizer state below are the trained parameters' only."
     )
 
 
