@@ -445,13 +445,13 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
                                         output_args=(example_out,), group=meshes["pp"].get_group()))
         schedule = _schedule(parallel, stages, lambda out, targets: compute_loss(config, _Logits(out), targets))
         tokens = torch.zeros(config.batch, config.seq, dtype=torch.long)  # (b, s): inputs and targets alike
-        step, positions = _sequence_split(parallel, meshes, tokens)
         tracker = _pipeline_tracker(modules, holder, optimizer, parallel)
         recorder = CollectiveRecorder(_group_names(meshes))
         for module_tracker in (tracker._mod_tracker, recorder.modules):
             _this_thread_only(module_tracker)
         peaks = _PipelinePeaks(tracker, [layer for module in modules for layer in module.model.model.layers])
         log = _ActionLog(stages, peaks, recorder)
+        step, positions = _sequence_split(parallel, meshes, tokens)  # entered at once: closed by the `with` below
         with step, recorder, tracker, peaks, no_cyclic_gc(collect_first=True):
             if positions is not None:  # sliced here, tracked: the buffer counts with the step's inputs, as the tokens
                 for module in modules:  # do when the schedule splits them, not as a microbatch's activations
