@@ -75,21 +75,23 @@ TORCHTITAN_SAVE_OPS = {
 }
 
 
-def _count_kept(model: nn.Module, op, args, kwargs) -> None:
+def _count_kept(model: nn.Module, ctx, op, args, kwargs) -> None:
     """Add the bytes of `op`'s output to `model`'s KEPT_BYTES: the checkpoint stores these outputs itself, where no
-    saved-tensor hook sees them; they are counted by running the op on meta copies of its arguments (shapes only,
-    no arithmetic)."""
-    # With the dispatch modes below this one switched off: the capture's FLOP counter and storage observer
-    # would otherwise count this shape computation as a second forward op (llama-tiny's forward read
-    # 25.3 MFLOP under selective-ops instead of 14.8).
-    from torch.utils._python_dispatch import _disable_current_modes
+    saved-tensor hook sees them. torch hands the policy the output (`ctx.op_output`); a tensor-parallel DTensor
+    keeps its local shard (`_local_tensor`), the bytes this rank holds. Without `op_output` (an older torch) the op
+    runs again on meta copies of its arguments (shapes only, no arithmetic)."""
+    out = getattr(ctx, "op_output", None)
+    if out is None:
+        # With the dispatch modes below this one switched off: the capture's FLOP counter and storage observer
+        # would otherwise count this shape computation as a second forward op (llama-tiny's forward read
+        # 25.3 MFLOP under selective-ops instead of 14.8).
+        from torch.utils._python_dispatch import _disable_current_modes
 
-    with _disable_current_modes():
-        meta = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, kwargs))
-        out = op(*meta[0], **meta[1])
-    kept = sum(
-        t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
-    )
+        with _disable_current_modes():
+            meta = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, kwargs))
+            out = op(*meta[0], **meta[1])
+    tensors = (getattr(t, "_local_tensor", t) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+    kept = sum(t.numel() * t.element_size() for t in tensors)
     setattr(model, KEPT_BYTES, getattr(model, KEPT_BYTES, 0) + kept)
 
 
@@ -97,7 +99,7 @@ def _keep_compute_heavy(model: nn.Module, ctx, op, *args, **kwargs):
     if op not in KEEP_OPS:
         return CheckpointPolicy.PREFER_RECOMPUTE
     if not ctx.is_recompute:
-        _count_kept(model, op, args, kwargs)
+        _count_kept(model, ctx, op, args, kwargs)
     return CheckpointPolicy.MUST_SAVE
 
 
@@ -114,7 +116,7 @@ def _torchtitan_policy(model: nn.Module, mm_counts: dict, ctx, op, *args, **kwar
     if op not in TORCHTITAN_SAVE_OPS or (op == MM and mm_counts[mode] % 2 == 0):
         return CheckpointPolicy.PREFER_RECOMPUTE
     if not ctx.is_recompute:
-        _count_kept(model, op, args, kwargs)
+        _count_kept(model, ctx, op, args, kwargs)
     return CheckpointPolicy.MUST_SAVE
 
 

@@ -1,0 +1,53 @@
+"""The sidebar's Checkpointing box offers torchtitan's own policy, clicked in Chromium: choosing
+`selective-ops-torchtitan` and pressing Run draws that capture's graph, the address bar names it, the box shows the
+whole name, and the Memory tab's side-by-side table explains its row (page errors fail the test)."""
+
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+from graphviz_core.ui.live import graph_frame
+from tests.conftest import SIZES, captured
+
+pytestmark = pytest.mark.browser
+
+POLICY = "selective-ops-torchtitan"
+CLIPPED_INPUTS = """() => [...document.querySelectorAll('[data-testid="stSidebar"] input')]
+    .filter(e => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1).map(e => e.value)"""
+
+
+@pytest.mark.parametrize("page", SIZES, indirect=True)
+def test_choosing_torchtitans_policy_runs_it(page, streamlit_url, tmp_path):
+    plain, titan = captured("llama-tiny"), captured("llama-tiny", checkpoint=POLICY)
+    page.goto(f"{streamlit_url}/?preset=llama-tiny")
+    graph_frame(page, plain.summary.nodes, timeout_s=120)
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    box = sidebar.get_by_role("combobox", name="Checkpointing", exact=True)
+    for attempt in range(3):  # a rerun of the page (the address bar's sync) may close the list before the click
+        box.click()
+        try:
+            page.get_by_role("option", name=POLICY, exact=True).click(timeout=10_000)
+            break
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
+    sidebar.get_by_role("button", name="Run backward pass").click()
+    # the config line names the policy once its capture is drawn (checkpointing keeps the graph's node count)
+    assert titan.summary.nodes == plain.summary.nodes
+    page.locator('[data-testid="stCaptionContainer"]').filter(has_text=f"checkpoint {POLICY}").first.wait_for(
+        timeout=120_000)
+    graph_frame(page, titan.summary.nodes, timeout_s=120)
+    assert parse_qs(urlparse(page.url).query).get("checkpoint") == [POLICY], page.url
+    values = page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stSidebar\"] input')].map(e => e.value)")
+    assert POLICY in values, values
+    assert page.evaluate(CLIPPED_INPUTS) == [], f"sidebar values cut off at {page.size}"
+    sidebar.get_by_text("Checkpointing", exact=True).scroll_into_view_if_needed()
+    page.screenshot(path=tmp_path / f"torchtitan-sidebar-{page.size}.png", full_page=False)
+    page.get_by_role("tab", name="Memory").click()
+    page.get_by_role("button", name="Compare the checkpointing policies").click()
+    # the table's caption explains each row by its policy's own sentence
+    note = page.get_by_text(f"{POLICY}: torchtitan's op-level selective activation checkpointing exactly")
+    note.first.wait_for(timeout=120_000)
+    note.first.scroll_into_view_if_needed()
+    page.screenshot(path=tmp_path / f"torchtitan-memory-{page.size}.png", full_page=False)
