@@ -1,6 +1,7 @@
-"""The loss as torchtitan computes it (bf16 logits upcast to float32 first, `pred.flatten(0, 1).float()`) beside the
-loss the simulation computes (on the logits in their own dtype): the peak of each one's forward and backward, on fake
-tensors under torch's MemTracker, for Llama 3.1's vocabulary of 128,256 and the tokens of one rank.
+"""What the float32 loss costs: the loss as torchtitan and transformers' ForCausalLMLoss compute it (bf16 logits upcast
+to float32 first, `pred.flatten(0, 1).float()`; the simulation's loss for transformers language models too) beside a
+cross-entropy on the bf16 logits themselves: the peak of each one's forward and backward, on fake tensors under torch's
+MemTracker, for Llama 3.1's vocabulary of 128,256 and the tokens of one rank.
 
     python benchmarks/loss_upcast.py [--tokens 32768]
 """
@@ -36,8 +37,8 @@ def main() -> None:
     args = parser.parse_args()
     ours, theirs = (loss_peak(args.tokens, args.vocab, upcast) for upcast in (False, True))
     print(f"{args.tokens} tokens x {args.vocab} logits, bf16; peaks include the logits and their gradient")
-    print(f"loss on bf16 logits (the simulation):        {ours:>16,} B = {ours / 2**30:6.2f} GiB")
-    print(f"loss on float32 logits (torchtitan, .float()): {theirs:>14,} B = {theirs / 2**30:6.2f} GiB")
+    print(f"loss on the bf16 logits (no upcast):         {ours:>16,} B = {ours / 2**30:6.2f} GiB")
+    print(f"loss on float32 logits (.float(), as trained): {theirs:>14,} B = {theirs / 2**30:6.2f} GiB")
     print(f"difference:                                  {theirs - ours:>16,} B = {(theirs - ours) / 2**30:6.2f} GiB")
 
 

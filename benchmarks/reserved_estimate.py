@@ -6,13 +6,14 @@ allocator's rules (graphviz_core.analysis.allocator). A replay of the rules, not
 The default layout is torchtitan's first context-parallel row of Llama 3.1 8B on 8 H100s (its
 benchmarks/llama3_h100_202412_torchtitan.md, Table 2): FSDP over 8 ranks, one sequence of 32,768 tokens per rank,
 full activation checkpointing, float32 master weights with bf16 compute and float32 gradient reduction, AdamW, and
-torchtitan's loss, `cross_entropy(pred.flatten(0, 1).float(), labels)` (the logits upcast to float32, as Hugging
-Face's ForCausalLMLoss does too). torch.compile and Float8 are not run. The step is replayed twice, the second
+the loss on the logits upcast to float32, as torchtitan's `cross_entropy(pred.flatten(0, 1).float(), labels)` and
+Hugging Face's ForCausalLMLoss compute it (the simulation's own loss for transformers language models, the same bytes:
+the float32 copy is made before the flatten rather than after). torch.compile and Float8 are not run. The step is replayed twice, the second
 starting from the cache the first left (torchtitan logs the peak of a later step), with and without
 `expandable_segments:True` (torchtitan's run_llama_train.sh at the benchmarked commit sets it).
 
     python benchmarks/reserved_estimate.py [--preset llama-3.1-8b] [--seq 32768] [--batch 1] [--checkpoint full]
-        [--gpus 8] [--cp 1] [--layers N] [--bf16-loss]
+        [--gpus 8] [--cp 1] [--layers N]
 """
 
 from __future__ import annotations
@@ -20,20 +21,12 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch.nn.functional as F
-
 from graphviz_core.analysis.allocator import replay
 from graphviz_core.config import resolve_config
 from graphviz_core.parallel.settings import ParallelConfig
 from graphviz_core.parallel.simulate import fake_world, measure_step, simulation_lock, workload_of
 
 GIB = 2**30
-
-
-def upcast_loss(output, targets):
-    """torchtitan's loss at the benchmarked commit: the logits copied to float32 before cross-entropy."""
-    logits = getattr(output, "logits", output)
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
 
 
 def main() -> None:
@@ -45,15 +38,12 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--cp", type=int, default=1, help="context-parallel ranks (--seq is then the whole sequence)")
     parser.add_argument("--layers", type=int, default=None, help="fewer layers for a quick run (default: the preset's)")
-    parser.add_argument("--bf16-loss", action="store_true", help="the loss on the bf16 logits (the planner's)")
     args = parser.parse_args()
     config = resolve_config(
         args.preset, dtype="float32", seq=args.seq, batch=args.batch, checkpoint=args.checkpoint, layers=args.layers
     )
     parallel = ParallelConfig("fsdp", args.gpus, mixed_precision="bf16-fp32-reduce", cp=args.cp)
     workload = workload_of(config)
-    if not args.bf16_loss:
-        workload.loss = upcast_loss
     traces = []
     started = time.perf_counter()
     with simulation_lock(), fake_world(parallel) as meshes:
@@ -63,7 +53,7 @@ def main() -> None:
     print(
         f"{args.preset}, {config.layers} layers, FSDP {args.gpus}, CP {args.cp}, seq {args.seq:,}, batch {args.batch}, "
         f"{config.checkpoint} AC, "
-        f"float32 master / bf16 compute / fp32 reduce, loss on {'bf16' if args.bf16_loss else 'float32'} logits"
+        "float32 master / bf16 compute / fp32 reduce, loss on float32 logits"
     )
     print(
         f"simulated in {simulated_s:.0f} s: {len(trace.events):,} allocations and frees on "

@@ -398,7 +398,10 @@ def _will_it_fit(capture: Capture) -> None:
     st.caption(
         "Closed form: the same parameter, gradient and optimizer bytes plus layers × Korthikanti et al.'s "
         "activations per layer (none 34sbh, plus 5as²b for manual attention; selective-attention 34sbh; full 2sbh; no closed form for selective-ops or selective-ops-torchtitan; "
-        "16-bit bytes scaled to the dtype). It ignores logits and the loss, which the captures include."
+        "16-bit bytes scaled to the dtype). It ignores the logits and the loss, which the captures include (in 16 "
+        "bits a transformers language model's loss copies the logits to float32, as transformers' own loss does: "
+        "the copy, freed once the log-softmax exists, and the float32 log-softmax kept for backward take 4 B per "
+        "token per vocabulary entry each)."
     )
 
 
