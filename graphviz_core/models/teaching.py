@@ -58,8 +58,9 @@ KEEP_OPS = {
 # One-stop PyTorch native solution for production ready LLM pre-training"; repo pytorch/torchtitan,
 # torchtitan/parallelisms/parallelize_llama.py, `_save_list` and `_get_custom_policy`, Dec 2024): keep the outputs of
 # the ops in its save list except every second aten.mm of each checkpointed layer run (a count of mm calls that
-# starts at 0 for every run of the layer, forward and recompute counted apart: the 2nd, 4th, 6th... are recomputed),
-# recompute everything else. Its list names the CUDA attention kernels; the CPU's fused kernel, which SDPA runs here
+# starts at 0 for every run of the layer: the 2nd, 4th, 6th... are recomputed), recompute everything else. Like
+# torchtitan it counts forward and recompute apart; this torch asks the policy in forward only and replays those
+# decisions in the recompute (SelectiveCheckpointContext.is_recompute is always False). Its list names the CUDA attention kernels; the CPU's fused kernel, which SDPA runs here
 # on CPU (and on meta for a CPU target), stands in for them. Not in it: aten.addmm (a Linear with a bias), bmm,
 # convolutions, grouped expert matmuls: recomputed.
 MM = torch.ops.aten.mm.default
