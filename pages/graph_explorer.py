@@ -26,7 +26,7 @@ st.caption("A real forward and backward pass of the model on the left: every aut
 restore_choice("tab", list(PANELS))  # a link's unknown ?tab= falls back to the first tab, with a notice
 config = config_form()
 with dim_stale_results(config is not None and not is_captured(config)):  # the last config's figures, at once
-    capture = get_capture(config) if config is not None else None
+    capture = get_capture(config, "config") if config is not None else None
     if capture is not None:
         show_summary(capture)
         if capture.compiled:  # --compile: each compiled node opened, under the figures (pandas: imported only here)

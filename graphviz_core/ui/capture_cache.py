@@ -15,6 +15,7 @@ from graphviz_core.capture.result import Capture
 from graphviz_core.capture.workers import runs_elsewhere
 from graphviz_core.config import ModelConfig
 from graphviz_core.serve.shared_captures import Cached, Job, shared_captures
+from graphviz_core.ui.config_form import in_form_words, refuse
 from graphviz_core.ui.format import escape_markdown, format_bytes, format_seconds
 from graphviz_core.ui.links import apply_pending_view
 
@@ -143,9 +144,10 @@ def start_capture(config: ModelConfig) -> None:
             st.session_state.setdefault("capture.measured", {})[config] = None
 
 
-def get_capture(config: ModelConfig) -> Capture | None:
+def get_capture(config: ModelConfig, form_key: str | None = None) -> Capture | None:
     """The capture of `config` from the shared cache, or captured now (waiting with everyone who asked for the same
-    config); None after showing an st.error, or a cancelled notice, when there is no result."""
+    config); None after showing an st.error, or a cancelled notice, when there is no result. A capture refused with a
+    sentence takes the form `form_key` back to the config it ran before (config_form.refuse), as a refused Run does."""
     store = shared_captures()
     # config -> measured_at of the result this browser session waited for (None while waiting); times, not captures, so
     # that sessions never keep an evicted capture alive
@@ -166,7 +168,9 @@ def get_capture(config: ModelConfig) -> Capture | None:
                 cancelled[config] = f"Capture stopped: {got.error}."
                 return get_capture(config)
             if isinstance(got.error, ValueError):
-                st.error(escape_markdown(got.error))
+                if form_key is not None and refuse(form_key, config, str(got.error)):
+                    st.rerun()  # the form's previous config, with the sentence above its result
+                st.error(escape_markdown(in_form_words(str(got.error), config.model)))
                 return None
             raise got.error
         got = got.result

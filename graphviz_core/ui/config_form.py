@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 
 import streamlit as st
 import torch
@@ -31,6 +32,7 @@ from graphviz_core.config import (
     applies,
     config_from_preset,
 )
+from graphviz_core.models.family import FIELD_LABELS
 from graphviz_core.models.user import trusted_factories
 from graphviz_core.ui.format import escape_markdown
 from graphviz_core.ui.links import copy_link, dismiss_notices, restore_from_link, show_notices, sync_url
@@ -47,6 +49,28 @@ AUTOCAST_LABELS = {"none": "none", "bfloat16": "bfloat16",
 
 def _label(name: str, model: str) -> str:
     return FAMILIES[model].label(name)
+
+
+# The core's sentences name the CLI's flags (--freeze) and the config's fields (lora_rank), as the CLI reads them; the
+# form says its own labels instead ("Freeze parameters (glob)"). Fields whose names are plain words (heads, layers,
+# context) are left as they are: sentences use those words as words.
+_FIELD_NAMES = ("hidden", "seq", "vocab", "kv_heads", "intermediate", "experts_per_token", "image_size", "lora_rank",
+                "lora_alpha", "lora_targets", "finetune")
+_NOT_FIELDS = {"compile": "torch.compile"}  # flags with no FIELD_LABELS entry
+
+
+def in_form_words(sentence: str, model: str) -> str:
+    """`sentence` with CLI flags and config field names replaced by the form's labels, in quotes."""
+    def label(name: str) -> str:
+        return f"“{_NOT_FIELDS.get(name) or (FAMILIES[model] if model in FAMILIES else FAMILIES['gpt2']).label(name)}”"
+
+    sentence = re.sub(r" \(--[a-z-]+\)", "", sentence)  # "lora_targets (--lora-targets)": the label once
+    sentence = sentence.replace("no --compile", "“torch.compile” unticked")
+    sentence = re.sub(r"--([a-z-]+) none", r"--\1 set to none", sentence)
+    sentence = re.sub(r"--([a-z_-]+)", lambda m: label(m[1].replace("-", "_")) if m[1].replace("-", "_") in
+                      (*FIELD_LABELS, *_NOT_FIELDS) else m[0], sentence)
+    names = "|".join(_FIELD_NAMES)
+    return re.sub(rf"(?<![\w'“-])({names})(?![\w'”-]| size)", lambda m: label(m[1]), sentence)
 
 
 def _attentions(model: str) -> tuple[str, ...]:
@@ -163,8 +187,22 @@ def set_config(key: str, config: ModelConfig) -> None:
     _load(key, config)
     config = _named(config)
     st.session_state[f"{key}.preset"] = preset_of(config)  # the preset it is, or "custom": never another preset
+    st.session_state[f"{key}.previous"] = st.session_state.get(f"{key}.applied")
     st.session_state[f"{key}.applied"] = config
     st.session_state.pop(f"{key}.error", None)
+
+
+def refuse(key: str, config: ModelConfig, sentence: str) -> bool:
+    """A capture of `config`, the form's applied config, was refused (a freeze glob or a LoRA target that matches
+    nothing): the form goes back to the config it applied before, whose result the page shows again under the
+    sentence, as for a refused Run. False where there is none to go back to (the page then shows the sentence)."""
+    previous = st.session_state.get(f"{key}.previous")
+    if st.session_state.get(f"{key}.applied") != config or previous is None or previous == config:
+        return False
+    st.session_state[f"{key}.applied"] = previous
+    st.session_state[f"{key}.previous"] = None
+    st.session_state[f"{key}.error"] = sentence
+    return True
 
 
 def _run(key: str) -> None:
@@ -174,6 +212,11 @@ def _run(key: str) -> None:
     try:
         config = _named(ModelConfig(**form_fields(key)))
         check_budget(config, resolve_device(config.device))
+        if config.compile:  # what a compiled capture refuses (autocast, checkpointing, meta), refused before it runs
+            from graphviz_core.capture.compiled import check_compile
+
+            check_compile(config, resolve_device(config.device))
+        st.session_state[f"{key}.previous"] = st.session_state.get(f"{key}.applied")
         st.session_state[f"{key}.applied"] = config
         st.session_state[f"{key}.preset"] = preset_of(config)
         st.session_state.pop(f"{key}.error", None)
@@ -226,7 +269,7 @@ def _pickers(key: str, sidebar) -> None:
         key=f"{key}.preset",
         on_change=_load_preset,
         args=(key,),
-        help="Loads a preset into the fields below; change any field, then Run. Once the config run is none of the "
+        help="Loads a preset into the fields below; change any field, then press the button under them. Once the config run is none of the "
         "presets, the box says so.",
     )
     sidebar.caption("None of the presets: the fields below are the config run." if custom
@@ -313,7 +356,8 @@ def _fields(key: str, model: str) -> None:
         key=f"{key}.compile",
         help="Capture the step under torch.compile: each compiled region's backward is one node, opened below the "
         "summary (its FX graph, what its forward saved, what it recomputes). Compiling takes seconds; inductor's "
-        "partitioner decides what is saved, and no kernel code is generated.",
+        "partitioner decides what is saved, and no kernel code is generated. Not with mixed precision (autocast) or "
+        "checkpointing: set those to none (refused before anything compiles).",
     )
     st.number_input(_label("seed", model), step=1, key=f"{key}.seed", help=f"0 to {SEED_MAX:,}")
 
@@ -360,7 +404,8 @@ def _say_what_differs(key: str, applied: ModelConfig, model: str, notice, where,
     """A refused Run's sentence, or the fields the form holds that the result shown did not run with."""
     if f"{key}.error" in st.session_state:
         refused = escape_markdown(
-            f"Not run: {st.session_state[f'{key}.error']} The result shown is still that of the previous config."
+            f"Not run: {in_form_words(st.session_state[f'{key}.error'], model)} The result shown is still that of the "
+            "previous config."
         )
         notice.error(refused)
         if where is None:  # the Run button is at the sidebar's foot: say it where the results are too

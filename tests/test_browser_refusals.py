@@ -1,0 +1,83 @@
+"""Runs the model refuses only once it is built (a freeze glob or a LoRA target that matches nothing, every parameter
+frozen) and torch.compile with mixed precision: in Chromium each keeps the previous result on the page under one
+sentence in the form's labels, never the CLI's flags (page errors fail the test)."""
+
+import pytest
+
+from graphviz_core.ui.live import graph_frame
+from tests.conftest import SIZES, captured
+
+pytestmark = pytest.mark.browser
+
+KEPT = "The result shown is still that of the previous config."
+
+
+def _sidebar(page):
+    return page.locator('[data-testid="stSidebar"]')
+
+
+def _refused(page, start: str) -> str:
+    """The refusal shown beside the results (the main column's error), once it names `start`."""
+    alert = page.locator('[data-testid="stMain"] [data-testid="stAlert"]').filter(has_text=start)
+    alert.first.wait_for(timeout=120_000)
+    return alert.first.inner_text()
+
+
+def _run(page) -> None:
+    _sidebar(page).get_by_role("button", name="Run backward pass").click()
+
+
+def _still_shown(page, nodes: int) -> None:
+    """The previous config's graph is still on the page (its node count in the frame), and its caption line."""
+    graph_frame(page, nodes, timeout_s=60)
+    assert page.get_by_text("Loss ").count() >= 1
+
+
+@pytest.mark.parametrize("page", SIZES, indirect=True)
+def test_refused_runs_keep_the_previous_result_and_use_the_form_labels(page, streamlit_url, tmp_path):
+    nodes = captured("gpt2-tiny").summary.nodes
+    page.goto(f"{streamlit_url}/?preset=gpt2-tiny")
+    graph_frame(page, nodes, timeout_s=120)
+    freeze = _sidebar(page).get_by_role("textbox", name="Freeze parameters (glob)")
+
+    # a glob matching no parameter: refused when the model is built, then the form goes back to gpt2-tiny
+    freeze.fill("[")
+    _run(page)
+    text = _refused(page, "matches no parameter")
+    assert "Not run: “Freeze parameters (glob)” '[' matches no parameter" in text and KEPT in text, text
+    assert "--" not in text, text
+    _still_shown(page, nodes)
+    page.screenshot(path=tmp_path / f"refused-freeze-{page.size}.png", full_page=False)
+
+    # every parameter frozen: a sentence (no traceback), the result kept
+    freeze.fill("*")
+    _run(page)
+    text = _refused(page, "leaves no parameter training")
+    assert text.startswith("Not run: “Freeze parameters (glob)” '*' leaves no parameter training") and KEPT in text
+    _still_shown(page, nodes)
+    freeze.fill("")
+
+    # torch.compile with autocast: refused at Run, before anything compiles, in the form's words
+    _sidebar(page).locator("label").filter(has_text="torch.compile").click()
+    _sidebar(page).locator('[data-testid="stSelectbox"]').filter(has_text="Mixed precision (autocast)").click()
+    page.get_by_role("option", name="bfloat16", exact=True).click()
+    _run(page)
+    text = _refused(page, "is not captured")
+    assert "“torch.compile” with “Mixed precision (autocast)” is not captured" in text and KEPT in text, text
+    assert "--" not in text, text
+    _still_shown(page, nodes)
+    page.screenshot(path=tmp_path / f"refused-compile-{page.size}.png", full_page=False)
+
+
+def test_an_unknown_lora_target_keeps_the_previous_result(page, streamlit_url, tmp_path):
+    nodes = captured("gpt2-tiny").summary.nodes
+    page.goto(f"{streamlit_url}/?preset=gpt2-tiny")
+    graph_frame(page, nodes, timeout_s=120)
+    _sidebar(page).locator('[data-testid="stSelectbox"]').filter(has_text="Fine-tuning").click()
+    page.get_by_role("option", name="LoRA (base weights frozen)", exact=True).click()
+    _sidebar(page).get_by_role("textbox", name="LoRA targets").fill("no_such_layer")
+    _run(page)
+    text = _refused(page, "matches no module")
+    assert "Not run: LoRA target 'no_such_layer' matches no module of this model" in text and KEPT in text, text
+    _still_shown(page, nodes)
+    page.screenshot(path=tmp_path / f"refused-lora-{page.size}.png", full_page=False)
