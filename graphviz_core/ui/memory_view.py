@@ -26,6 +26,7 @@ from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, f
 
 KIND_COLOURS = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e", "#c7c7c7"]  # same order as KINDS
 CUSTOM = "Custom (GiB)"
+MIN_BUDGET_GIB, MAX_BUDGET_GIB = 0.01, 1_000_000  # a typed budget: 10 MiB to a million GiB
 
 
 @st.fragment
@@ -362,15 +363,27 @@ def _will_it_fit(capture: Capture) -> None:
     st.session_state.setdefault("memory.budget_choice", [*ACCELERATORS, CUSTOM][2])  # kept across tabs: no index=
     st.session_state.setdefault("memory.budget_gib", 80.0)
     choice = left.selectbox("Memory budget", [*ACCELERATORS, CUSTOM], key="memory.budget_choice")
-    gib = right.number_input(
-        "Budget (GiB)",
-        min_value=0.01,
-        max_value=1e6,
-        step=1.0,
-        key="memory.budget_gib",
-        disabled=choice != CUSTOM,
-    )
-    budget = ACCELERATORS[choice] if choice != CUSTOM else int(gib * 2**30)
+    if choice != CUSTOM:  # the card's own figure, shown as the button below rounds it (one decimal)
+        right.number_input(
+            "Budget (GiB)",
+            value=round(ACCELERATORS[choice] / 2**30, 1),
+            format="%.1f",
+            key=f"memory.budget_shown.{choice}",
+            disabled=True,
+            help=f"The card's memory as nvidia-smi reports it: {ACCELERATORS[choice] // 2**20:,} MiB = "
+            f"{format_bytes(ACCELERATORS[choice])} (a box's “GB” are 10⁹ bytes). Pick {CUSTOM} to type another.",
+        )
+        budget = ACCELERATORS[choice]
+    else:
+        # No min/max on the widget: Streamlit would keep the last valid value under a red mark while the search
+        # below ran with it; an entry out of range is refused here with a sentence instead.
+        gib = right.number_input("Budget (GiB)", step=1.0, key="memory.budget_gib",
+                                 help=f"{MIN_BUDGET_GIB} to {MAX_BUDGET_GIB:,} GiB")
+        if not MIN_BUDGET_GIB <= gib <= MAX_BUDGET_GIB:
+            st.error(f"Budget (GiB) must be between {MIN_BUDGET_GIB} and {MAX_BUDGET_GIB:,} GiB; got {gib:,.2f}. "
+                     "Nothing is searched until it is.")
+            return
+        budget = int(gib * 2**30)
     config = capture.config
     optimizer = config.optimizer
     key = f"memory.fit::{config}::{budget}::{optimizer}"
