@@ -143,6 +143,16 @@ def test_freeze_with_tensor_parallelism_splits_the_trained_rest():
     assert frozen.expected.gradient_bytes == frozen.gradient_bytes
 
 
+def test_frozen_norms_stay_frozen_under_sequence_parallel():
+    # torch's SequenceParallel style re-registers each norm weight as a new Parameter that requires grad; the
+    # simulation freezes them again. TP 2: each layer's projections (36864) halved + 2 norms (128), twice, + the
+    # root's 65600 = 102720 scalars; the 5 norms (2 * 2 * 64 + 64 = 320) frozen: (102720 - 320) * 4 bytes.
+    frozen = simulate_parallel(FULL.replace(freeze="*norm*"), ParallelConfig("tp", 2, tp=2, sequence_parallel=True),
+                               single_device=False)
+    assert frozen.gradient_bytes == 4 * (102_720 - 320) == 409_600
+    assert frozen.optimizer_bytes == 2 * 409_600 + 4 * (21 - 5) == 819_264
+
+
 def test_cli_fsdp_with_lora_writes_per_rank_and_refuses_sequence_parallel(tmp_path, capsys):
     import json
 

@@ -549,6 +549,7 @@ def apply_parallelism(
     layers = _layers(model) if layers is None else layers
     tp_blocks: list[nn.Module] = []
     if strategy in ("tp", "fsdp+tp"):
+        frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
         for layer in layers:
             plan = tp_plan(layer)
             if not plan:
@@ -562,6 +563,7 @@ def apply_parallelism(
                 tp_blocks.append(block)
         if parallel.sequence_parallel:
             sequence.shard_between_layers(model, layers, meshes["tp"])
+            _keep_frozen(model, frozen)
     mp = MixedPrecisionPolicy()
     if parallel.mixed_precision != "none":
         reduce = torch.float32 if parallel.mixed_precision == "bf16-fp32-reduce" else torch.bfloat16
@@ -581,6 +583,14 @@ def apply_parallelism(
             replicate(layer, mesh=meshes["dp"], mp_policy=mp)
         replicate(model, mesh=meshes["dp"], mp_policy=mp)
     return tp_blocks
+
+
+def _keep_frozen(model: nn.Module, frozen: set[str]) -> None:
+    """Freeze again what --freeze froze: torch's SequenceParallel style re-registers a norm's weight as a new
+    nn.Parameter without its requires_grad (style.py, _replicate_module_fn), so a frozen norm would train."""
+    for name, p in model.named_parameters():
+        if name in frozen:
+            p.requires_grad_(False)
 
 
 def _group_names(meshes: dict) -> dict[str, str]:
