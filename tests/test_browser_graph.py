@@ -376,3 +376,20 @@ def test_zoom_to_the_loss_puts_it_at_the_top_at_scale_1(page, tmp_path, start):
                                      "NllLossBackward0:0")
     assert scale == 1.0  # 13 px labels at 13 px
     assert abs(at["x"] - width / 2) < 1 and abs(at["y"] - 40) < 1, at
+
+
+@pytest.mark.parametrize("width, height", SIZES)
+def test_a_compiled_graph_opens_with_the_loss_and_the_compiled_node_in_view(page, tmp_path, width, height):
+    # gpt2-tiny compiled: loss, log-softmax, a view, one compiled node, then its 28 parameters in one row far wider
+    # than the pane. The first view started at that row's left edge: three parameter ovals, the loss pages away.
+    graph = captured("gpt2-tiny", compile=True).graph
+    (compiled,) = [n for n, d in graph.nodes(data=True) if d["op"] == "CompiledFunctionBackward"]
+    open_graph(page, tmp_path, render_html(graph), width, height)
+    redraw(page)
+    pane = page.evaluate("[document.getElementById('graph').clientWidth, document.getElementById('graph').clientHeight]")
+    for node in ("NllLossBackward0:0", compiled):
+        at = page.evaluate("id => window.network.canvasToDOM(window.network.getPosition(id))", node)
+        assert 0 < at["x"] < pane[0] and 0 < at["y"] < pane[1], (node, at, pane)
+    at = page.evaluate("id => window.network.canvasToDOM(window.network.getPosition(id))", "NllLossBackward0:0")
+    assert abs(at["y"] - 40) < 1  # at the top, as the caption says: "from the loss (top)"
+    page.screenshot(path=tmp_path / f"compiled-first-view-{width}x{height}.png")
