@@ -188,12 +188,27 @@ def _ratios(capture: Capture) -> None:
                     "expected": format_ratio(r.expected_ratio) if r.expected_ratio else "—",
                     "folklore": format_ratio(fa.FOLKLORE_RATIO),
                     "why": r.why,
-                }
+                } | _frozen_linears(r, capture)
                 for r in rows
             ]
         )),
         hide_index=True,
     )
+
+
+def _frozen_linears(row: fa.FamilyRatio, capture: Capture) -> dict:
+    """The linear layers' expected ratio where weights are frozen (LoRA, a freeze glob): 2× holds only for a trained
+    weight; a frozen one's backward has no weight-gradient matmul."""
+    frozen = capture.summary.frozen_parameter_count
+    if row.family != fa.FAMILIES["aten.mm"] or not frozen:
+        return {}
+    total = frozen + capture.summary.parameter_count
+    return {
+        "expected": f"1.00× frozen, {format_ratio(row.expected_ratio)} trained",
+        "why": f"{row.why}. Here {frozen:,} of the {total:,} parameters are frozen: a frozen weight gets no dW, so "
+        "its layer's backward is dx alone (1× its forward), and nothing at all where its input needs no gradient "
+        "either (layers below every trained weight)",
+    }
 
 
 def _rule_of_thumb(rule: fa.RuleOfThumb) -> None:
@@ -236,11 +251,12 @@ def _both_attentions(capture: Capture) -> None:
     fused kernel and with attention spelled out op by op."""
     from graphviz_core.ui.capture_cache import get_capture  # the panel asks for the other attention's capture
 
-    st.markdown("##### Backward FLOPs op by op: fused vs spelled-out attention (GPT-2)")
     config = capture.config
-    if not config.family.gpt2_backward_terms:
-        st.caption("This derivation covers the built-in GPT-2 model; pick the GPT-2 family to see it.")
+    if not config.family.gpt2_backward_terms:  # one line, not a heading over nothing
+        st.caption("Backward FLOPs op by op, fused vs spelled-out attention: derived for the built-in GPT-2 family "
+                   "only (pick it in the sidebar to see it).")
         return
+    st.markdown("##### Backward FLOPs op by op: fused vs spelled-out attention (GPT-2)")
     other = "sdpa" if config.attention == "manual" else "manual"
     st.caption(
         "The textbook derivation of GPT-2's backward, one row per op (summed over layers), next to the nodes "
