@@ -136,6 +136,40 @@ def test_interleaved_ranks_hold_looped_stages():
     assert report.per_stage[0].peak_bytes == report.per_stage[2].peak_bytes  # one rank, one peak
 
 
+@pytest.mark.parametrize(("schedule", "per_rank"), [("interleaved-1f1b", 2), ("gpipe", 1)])
+def test_data_parallel_wrappers_leave_one_microbatchs_activations_alone(schedule, per_rank):
+    # A data-parallel wrapper changes where a stage's parameters live and when they are gathered, not what one
+    # microbatch's forward keeps for backward: each data-parallel rank runs the same microbatch (batch 4 / 4) through
+    # the same ops on the whole gathered weights, saving the same tensors; the wrapper's own tensors (gathered
+    # parameters, all-gather buffers) are filed as gathered parameters and communication buffers. The interleaved
+    # schedule gathers each stage itself before its first forward (its UNSHARD actions), outside FSDP's hooks: these
+    # gathered parameters once counted as activations and left them negative (stage 0: -126,720 B).
+    config = resolve_config("llama-tiny", layers=4, batch=4)  # 4 stages of 1 layer, or 2 of 2 under GPipe
+
+    def run(strategy: str, world: int):
+        parallel = ParallelConfig(strategy, world, pp=2, microbatches=4, schedule=schedule, stages_per_rank=per_rank)
+        return simulate_pipeline(config, parallel)
+
+    alone = run("none", 2)
+    wrapped = {"fsdp": run("fsdp", 4), **({"ddp": run("ddp", 4)} if schedule == "interleaved-1f1b" else {})}
+    for report in wrapped.values():
+        assert [s.stage for s in report.per_stage] == [s.stage for s in alone.per_stage]
+        for stage, plain in zip(report.per_stage, alone.per_stage, strict=True):
+            assert stage.activation_bytes_per_microbatch == plain.activation_bytes_per_microbatch > 0
+            assert stage.microbatches_in_flight_at_peak == plain.microbatches_in_flight_at_peak  # the same order
+            assert stage.microbatches_held_at_measured_peak <= stage.microbatches_in_flight_at_peak
+    if "ddp" not in wrapped:
+        return
+    # DDP (torch's replicate, built on FSDP2) keeps each stage's whole parameters and, gathered from them before the
+    # first forward until the step ends, a copy of them: each pipeline rank's peak is the unwrapped one plus its two
+    # stages' parameters, counted by the unwrapped run (rank 0: stages 0 and 2, rank 1: stages 1 and 3).
+    for stage in wrapped["ddp"].per_stage:
+        copies = sum(s.parameter_bytes for s in alone.per_stage if s.rank == stage.rank)
+        plain = alone.per_stage[stage.stage]
+        assert stage.peak_bytes == plain.peak_bytes + copies
+        assert stage.microbatches_held_at_measured_peak == plain.microbatches_held_at_measured_peak
+
+
 def test_layers_split_as_evenly_as_whole_layers_allow():
     assert stage_bounds(80, 8) == [(i * 10, i * 10 + 10) for i in range(8)]
     assert stage_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]  # 3 + 3 + 2 + 2

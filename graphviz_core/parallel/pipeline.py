@@ -452,7 +452,7 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
         peaks = _PipelinePeaks(tracker, [layer for module in modules for layer in module.model.model.layers])
         log = _ActionLog(stages, peaks, recorder)
         step, positions = _sequence_split(parallel, meshes, tokens)  # entered at once: closed by the `with` below
-        with step, recorder, tracker, peaks, no_cyclic_gc(collect_first=True):
+        with step, recorder, tracker, _gathers_filed(tracker, holder), peaks, no_cyclic_gc(collect_first=True):
             if positions is not None:  # sliced here, tracked: the buffer counts with the step's inputs, as the tokens
                 for module in modules:  # do when the schedule splits them, not as a microbatch's activations
                     module.positions = positions[: config.batch // parallel.microbatches]
@@ -506,6 +506,43 @@ def _pipeline_tracker(modules: list[nn.Module], holder: nn.Module, optimizer, pa
     tracker._update_peak_stats = lambda peak_state: None  # as graphviz_core.parallel.simulate._tracker, for speed
     tracker._param_to_grad_hook_handles = _FrozenSkipped()  # frozen parameters (LoRA, --freeze) take no hooks
     return tracker
+
+
+@contextlib.contextmanager
+def _gathers_filed(tracker, holder: nn.Module):
+    """File every stage's gathered parameters as gathered parameters when they are gathered, whoever gathers them.
+
+    FSDPMemTracker files a storage once, when an op first makes it, by where it is made: in a forward, as activations;
+    it re-files the gathered parameters only in FSDP's pre-forward hook. The interleaved schedule gathers each stage
+    itself (its UNSHARD actions, FSDPModule.unshard) before the stage's first forward: the copy-out made the gathered
+    parameters outside any hook, filed them as activations, and the stage's first forward then moved them to gathered
+    parameters, which took them off the activations it had added (llama-tiny 4 layers, FSDP or DDP 4 x PP 2, stage 0:
+    its 152,320 B per microbatch less its 279,040 B of gathered embedding and layer = -126,720 B). As the tracker
+    wraps FSDP's pre_backward per param group, each group's wait_for_unshard (where every unshard's copy-out ends) is
+    wrapped, for the step only, to file its parameters as the pre-forward hook does."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
+    from torch.distributed.fsdp import FSDPModule
+
+    groups = [m._get_fsdp_state()._fsdp_param_group for m in holder.modules() if isinstance(m, FSDPModule)]
+    groups = [g for g in groups if g is not None] if isinstance(tracker, FSDPMemTracker) else []
+
+    def filed(group, wait):
+        def wait_for_unshard(*args, **kwargs):
+            copied_out = group._all_gather_result is not None  # an unshard is pending (else the wait does nothing)
+            out = wait(*args, **kwargs)
+            for fsdp_param in group.fsdp_params if copied_out else ():
+                tracker._update_and_maybe_create_winfos(fsdp_param.unsharded_param, _FSDPRefType.UNSHARDED_PARAM)
+            return out
+
+        return wait_for_unshard
+
+    for group in groups:
+        group.wait_for_unshard = filed(group, group.wait_for_unshard)
+    try:
+        yield
+    finally:
+        for group in groups:
+            del group.wait_for_unshard  # the class's method again
 
 
 class _PipelinePeaks(_PhasePeaks):
