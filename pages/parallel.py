@@ -1,4 +1,5 @@
-"""Beyond one GPU: rank 0's memory and the backward's collectives under FSDP, DDP and tensor parallelism."""
+"""Beyond one GPU: rank 0's memory and the backward's collectives under FSDP, HSDP, DDP, tensor, sequence, pipeline
+and context parallelism, and the Plan tab's ranking of layouts."""
 
 import streamlit as st
 
@@ -19,8 +20,10 @@ from graphviz_core.ui.state import dim_stale_results
 run_through_app()
 st.title("Beyond one GPU")
 st.caption(
-    "PyTorch's own FSDP2 and tensor parallelism over a simulated mesh of ranks (torch's fake process group and "
-    "fake tensors, as torchtitan's memory estimator): what each rank holds at its peak, and what the backward sends."
+    "PyTorch's own FSDP2 (and HSDP), DDP, tensor and sequence parallelism, pipeline stages and context parallelism "
+    "over a simulated mesh of ranks (torch's fake process group and fake tensors, as torchtitan's memory estimator): "
+    "what each rank holds at its peak, and what the backward sends. The Plan tab ranks every layout of the model on "
+    "a number of GPUs."
 )
 st.caption("Pick the layout (strategy, world size, tensor-parallel degree) under Parallelism at the top of the sidebar "
            "and press Simulate ranks; pick the model below it and press Use this model. The page simulates the layout "

@@ -123,3 +123,14 @@ def test_the_plan_tab_ranks_layouts_with_peaks_equal_to_their_simulations():
     full = simulate_layout(resolve_config("gpt2-tiny", batch=1), ParallelConfig("fsdp", 2), single_device=False)
     row = frame[frame["Layout"] == "FSDP 2, none, microbatch 1"].iloc[0]
     assert row["Peak per GPU"] == format_bytes(full.peak_bytes)
+
+
+def test_the_help_texts_do_not_repeat_and_name_the_page_button():
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    strategy = at.selectbox(key="parallel.strategy").help
+    assert "tensor parallel: tensor parallel" not in strategy and "tensor parallel;" in strategy, strategy
+    assert "one device: " not in strategy and strategy.startswith("one device (no parallelism)"), strategy
+    assert "DDP: DDP" not in strategy and "DDP (replicate, all-reduce gradients)" in strategy, strategy
+    assert "FSDP × TP (2-D): FSDP x tensor parallel (2-D mesh)" in strategy, strategy  # a short name that differs
+    assert "then Run" not in at.selectbox(key="config.preset").help  # the button here is "Use this model"
+    assert next(b for b in at.button if b.label == "Use this model")

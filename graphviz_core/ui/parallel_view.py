@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 
@@ -12,7 +13,14 @@ import streamlit as st
 from graphviz_core.config import ModelConfig
 from graphviz_core.parallel.collectives import GPUS_PER_NODE, INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
 from graphviz_core.parallel.pipeline import simulate_layout
-from graphviz_core.parallel.settings import MAX_WORLD, MIXED_PRECISIONS, SCHEDULES, STRATEGIES, ParallelConfig
+from graphviz_core.parallel.settings import (
+    FSDP_STRATEGIES,
+    MAX_WORLD,
+    MIXED_PRECISIONS,
+    SCHEDULES,
+    STRATEGIES,
+    ParallelConfig,
+)
 from graphviz_core.parallel.simulate import PerRank
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, format_seconds, literal_cells
@@ -21,7 +29,7 @@ from graphviz_core.ui.links import coerce, dismiss_notices, encode, note_problem
 MAX_CACHED = 8
 DEFAULT = ParallelConfig("fsdp", 8)
 STRATEGY_LABELS = {
-    "none": "none (one device)",
+    "none": "one device (no parallelism)",
     "ddp": "DDP (replicate, all-reduce gradients)",
     "fsdp": "FSDP (shard every layer)",
     "hsdp": "HSDP (shard in groups, replicate across)",
@@ -31,6 +39,17 @@ STRATEGY_LABELS = {
 # In the sidebar's narrow box (the long labels above were cut: "FSDP (shard every lay"); the help spells them out
 STRATEGY_SHORT = {"none": "one device", "ddp": "DDP", "fsdp": "FSDP", "hsdp": "HSDP", "tp": "tensor parallel",
                   "fsdp+tp": "FSDP × TP (2-D)"}
+# The number fields: label and allowed range. The widgets take any whole number (with min/max set, Streamlit kept the
+# last value in range without a word, and the button simulated that one); the submit checks the range and says so.
+NUMBER_FIELDS = {
+    "world_size": ("World size (GPUs)", 1, MAX_WORLD),
+    "tp": ("TP degree", 1, MAX_WORLD),
+    "shard_group": ("HSDP shard group (ranks)", 0, MAX_WORLD),
+    "pp": ("Pipeline stages (pp)", 1, MAX_WORLD),
+    "microbatches": ("Microbatches", 1, 4096),
+    "stages_per_rank": ("Stages per rank", 1, 64),
+    "cp": ("Context parallel (cp)", 1, MAX_WORLD),
+}
 PART_LABELS = {
     "parameters": "parameters and buffers (this rank's shards)",
     "gathered_parameters": "all-gathered parameters (live during compute)",
@@ -83,6 +102,23 @@ def layout_params(parallel: ParallelConfig) -> dict[str, str]:
     }
 
 
+def out_of_range(fields: dict) -> list[str]:
+    """A sentence for each number field outside its range, naming it by its label."""
+    return [f"{label} must be a whole number from {low:,} to {high:,} (got {fields[name]:,})."
+            for name, (label, low, high) in NUMBER_FIELDS.items() if not low <= fields[name] <= high]
+
+
+def in_user_words(message: str) -> str:
+    """The core's sentence (written for the CLI: `strategy 'tp'`, `pick strategy fsdp, ddp or fsdp+tp`) with the
+    strategies named as the Strategy box shows them."""
+    names = "|".join(re.escape(s) for s in sorted(STRATEGIES, key=len, reverse=True))
+    message = re.sub(rf"'({names})'", lambda m: f'"{STRATEGY_SHORT[m.group(1)]}"', message)
+    # an unquoted list right after "strategy": "strategy fsdp, ddp or fsdp+tp", "strategy tp or fsdp+tp"
+    return re.sub(rf"(?<=strategy )((?:{names})(?:(?:, | or )(?:{names}))*)(?![\w+])",
+                  lambda m: re.sub(rf"(?<![\w+])({names})(?![\w+])", lambda n: f'"{STRATEGY_SHORT[n.group(1)]}"',
+                                   m.group(1)), message)
+
+
 def _load(key: str, parallel: ParallelConfig) -> None:
     st.session_state[f"{key}.applied"] = parallel
     for name, value in parallel.to_dict().items():
@@ -103,21 +139,18 @@ def parallel_form(key: str = "parallel") -> ParallelConfig:
     st.sidebar.markdown("**Parallelism**")
     with st.sidebar.form(f"{key}.form"):
         st.selectbox("Strategy", STRATEGIES, format_func=STRATEGY_SHORT.get, key=f"{key}.strategy",
-                     help="; ".join(f"{STRATEGY_SHORT[s]}: {STRATEGY_LABELS[s]}" for s in STRATEGIES))
+                     help="; ".join(STRATEGY_LABELS[s] if STRATEGY_LABELS[s].startswith(STRATEGY_SHORT[s])
+                                    else f"{STRATEGY_SHORT[s]}: {STRATEGY_LABELS[s]}" for s in STRATEGIES))
         left, right = st.columns(2)
-        left.number_input("World size (GPUs)", min_value=1, max_value=MAX_WORLD, step=1, key=f"{key}.world_size")
+        left.number_input("World size (GPUs)", step=1, key=f"{key}.world_size")
         right.number_input(
             "TP degree",
-            min_value=1,
-            max_value=MAX_WORLD,
             step=1,
             key=f"{key}.tp",
             help="Ranks that split each layer's matmuls (tensor parallel: = world size; FSDP x TP: divides it).",
         )
         st.number_input(
             "HSDP shard group (ranks)",
-            min_value=0,
-            max_value=MAX_WORLD,
             step=1,
             key=f"{key}.shard_group",
             help="HSDP only: ranks that shard one copy of the model, typically one node's 8 GPUs; 0 otherwise.",
@@ -149,10 +182,12 @@ def parallel_form(key: str = "parallel") -> ParallelConfig:
             fields[name] = int(fields[name])
         fields["sequence_parallel"] = bool(fields["sequence_parallel"])
         try:
+            if problems := out_of_range(fields):
+                raise ValueError(" ".join(problems))
             st.session_state[f"{key}.applied"] = ParallelConfig(**fields)
             st.session_state.pop(f"{key}.error", None)
         except ValueError as exc:
-            st.session_state[f"{key}.error"] = str(exc)
+            st.session_state[f"{key}.error"] = in_user_words(str(exc))
     applied = st.session_state[f"{key}.applied"]
     if f"{key}.error" in st.session_state:
         st.sidebar.error(escape_markdown(st.session_state[f"{key}.error"]))
@@ -170,31 +205,34 @@ def parallel_form(key: str = "parallel") -> ParallelConfig:
 def _pipeline_fields(key: str) -> None:
     """Pipeline parallelism's four fields, inside the Parallelism form."""
     left, right = st.columns(2)
-    left.number_input("Pipeline stages (pp)", min_value=1, max_value=MAX_WORLD, step=1, key=f"{key}.pp",
+    left.number_input("Pipeline stages (pp)", step=1, key=f"{key}.pp",
                       help="Pipeline-parallel ranks: the layers are split into stages, one group of ranks each; the "
-                      "world size counts them (FSDP 8 x pp 4 = 32). 1: no pipeline.")
-    right.number_input("Microbatches", min_value=1, max_value=4096, step=1, key=f"{key}.microbatches",
+                      "world size counts them (FSDP 8 x pp 4 = 32). 1: no pipeline. Takes a Hugging Face decoder with untied "
+                      "embedding and head (model family llama, mistral, qwen2, mixtral or gemma3).")
+    right.number_input("Microbatches", step=1, key=f"{key}.microbatches",
                        help="Pipeline: the batch (per data-parallel rank) is split into this many; it must divide "
                        "the batch. 1F1B needs at least pp.")
     left, right = st.columns(2)
     left.selectbox("Schedule", SCHEDULES, key=f"{key}.schedule",
                    help="gpipe: every forward, then every backward; 1f1b: one forward, one backward once the pipeline "
                    "is full; interleaved-1f1b: several stages per rank.")
-    right.number_input("Stages per rank", min_value=1, max_value=64, step=1, key=f"{key}.stages_per_rank",
+    right.number_input("Stages per rank", step=1, key=f"{key}.stages_per_rank",
                        help="interleaved-1f1b only: stages each pipeline rank holds (looped: rank r has r, r + pp, …).")
 
 
 def _sequence_fields(key: str) -> None:
     """Context parallel's degree and sequence parallel's switch, inside the Parallelism form."""
     # one per row: beside the number box the checkbox's label was cut at 1280 px ("Sequ…")
-    st.number_input("Context parallel (cp)", min_value=1, max_value=MAX_WORLD, step=1, key=f"{key}.cp",
+    st.number_input("Context parallel (cp)", step=1, key=f"{key}.cp",
                     help="Ranks that each hold 1/cp of every sequence; attention runs as torch's ring, passing keys "
                     "and values between them. With DDP, FSDP or FSDP x TP, with or without pipeline stages; the world "
-                    "size counts them (pp x data x cp x TP). 1: off.")
+                    "size counts them (pp x data x cp x TP). 1: off. Takes a Llama-style decoder (model family llama, "
+                    "mistral or qwen2).")
     st.checkbox("Sequence parallel (with TP)", key=f"{key}.sequence_parallel",
                    help="With tensor parallel: norms run on 1/TP of the tokens; the attention and MLP gather the "
                    "whole sequence before their projections and scatter it after (Megatron sequence parallel). With "
-                   "pipeline stages, each passes its 1/TP of the tokens to the next.")
+                   "pipeline stages, each passes its 1/TP of the tokens to the next. Takes a Llama-style decoder (model "
+                   "family llama, mistral or qwen2).")
 
 
 @st.cache_resource
@@ -210,24 +248,31 @@ def is_simulated(config: ModelConfig, parallel: ParallelConfig) -> bool:
         return (config, parallel) in store["results"]
 
 
-def get_per_rank(config: ModelConfig, parallel: ParallelConfig) -> PerRank | None:
-    """The simulation of `config` laid out as `parallel` (cached); None after an st.error when it cannot run."""
+def get_per_rank(config: ModelConfig, parallel: ParallelConfig, key: str = "parallel") -> PerRank | None:
+    """The simulation of `config` laid out as `parallel` (cached). When it cannot run: an st.error, and the result
+    this session showed last (None before any)."""
     store = _store()
-    key = (config, parallel)
+    wanted = (config, parallel)
     with store["lock"]:
-        if key in store["results"]:
-            store["results"].move_to_end(key)
-            return store["results"][key]
-    try:
-        with st.spinner("Simulating the ranks with torch.distributed over a fake process group…"):
-            result = simulate_layout(config, parallel)
-    except ValueError as exc:
-        st.error(escape_markdown(str(exc)))
-        return None
-    with store["lock"]:
-        store["results"][key] = result
-        while len(store["results"]) > MAX_CACHED:
-            store["results"].popitem(last=False)
+        result = store["results"].get(wanted)
+        if result is not None:
+            store["results"].move_to_end(wanted)
+    if result is None:
+        try:
+            with st.spinner("Simulating the ranks with torch.distributed over a fake process group…"):
+                result = simulate_layout(config, parallel)
+        except ValueError as exc:
+            shown = st.session_state.get(f"{key}.shown")
+            kept = (f" The result shown is still that of the previous config ({shown.config.model}, "
+                    f"{STRATEGY_SHORT[shown.parallel.strategy]} over {shown.parallel.world_size} ranks)."
+                    if shown is not None and shown.config is not None else "")
+            st.error(escape_markdown(f"Not run: {in_user_words(str(exc))}{kept}"))
+            return shown
+        with store["lock"]:
+            store["results"][wanted] = result
+            while len(store["results"]) > MAX_CACHED:
+                store["results"].popitem(last=False)
+    st.session_state[f"{key}.shown"] = result
     return result
 
 
@@ -236,14 +281,14 @@ def show_per_rank(result: PerRank) -> None:
     parallel = result.parallel
     # a flattened dimension (dp_cp: data and context ranks, over which FSDP shards) repeats others: left out here
     mesh = " x ".join(f"{name} {size}" for name, size in result.mesh.items() if "_" not in name) or "one device"
+    shown = ("Rank 0 shown: it holds the first pipeline stage; the stages differ (embedding first, head last), "
+             "each is under Pipeline stages." if result.pipeline else
+             "Rank 0 shown: every rank runs the same program on equal shards, so the ranks are symmetric.")
     st.caption(
-        f"{STRATEGY_LABELS[parallel.strategy]} over {parallel.world_size} ranks (mesh: {mesh}). Rank 0 shown: every "
-        "rank runs the same program on equal shards, so the ranks are symmetric. One AdamW step in steady state "
-        f"(optimizer state already allocated); simulated in {format_seconds(result.simulate_s)}."
-        + (" With pipeline parallelism rank 0 holds the first stage; every stage is under Pipeline stages."
-           if result.pipeline else "")
+        f"{STRATEGY_LABELS[parallel.strategy]} over {parallel.world_size} ranks (mesh: {mesh}). {shown} One AdamW "
+        f"step in steady state (optimizer state already allocated); simulated in {format_seconds(result.simulate_s)}."
     )
-    if reshard := result.reshard_summary():
+    if parallel.strategy in FSDP_STRATEGIES and (reshard := result.reshard_summary()):
         layers = "reshard after forward" if reshard["layers"] is True else "stay gathered after forward"
         st.caption(
             f"FSDP as training scripts wrap it (torchtitan): the layers {layers}; the root (embeddings, final norm, "
@@ -287,9 +332,10 @@ def show_per_rank(result: PerRank) -> None:
         hide_index=True,
         width="stretch",
     )
-    st.caption(
-        f"Closed form: {expected.formula}. FSDP2 pads each parameter's first dimension to a multiple of its ranks."
-    )
+    padding = (" FSDP2 pads each parameter's first dimension to a multiple of its ranks."
+               if parallel.strategy in FSDP_STRATEGIES else "")
+    if not result.pipeline:  # a pipeline's closed form is per stage: the column above is empty
+        st.caption(f"Closed form: {expected.formula}.{padding}")
 
     st.subheader("What is live at each phase's peak")
     phase_rows = []
@@ -359,11 +405,19 @@ def show_collectives(result: PerRank) -> None:
     )
     graph_nodes = sum(result.backward_nodes_by_category.values())
     communication_nodes = result.backward_nodes_by_category.get("communication", 0)
+    strategy = result.parallel.strategy
+    where = []
+    if result.parallel.tp > 1:
+        where.append("tensor parallelism's DTensor conversions; those whose backward sends data are listed below "
+                     "with their node")
+    hooks = {"fsdp": "FSDP's", "hsdp": "HSDP's", "fsdp+tp": "FSDP's",
+             "ddp": "DDP's (torch's replicate, built on FSDP2's hooks)"}.get(strategy)
+    hook_word = " (replicate hook)" if strategy == "ddp" else " (FSDP hook)"
     st.caption(
         f"Rank 0's backward graph has {graph_nodes:,} autograd nodes, {communication_nodes:,} of them in the "
-        "communication category (tensor parallelism's DTensor conversions; those whose backward sends data are "
-        "listed below with their node). FSDP's collectives run in hooks, outside the graph: the table names the "
-        "module whose hook issued each one."
+        f"communication category{' (' + where[0] + ')' if where else ''}."
+        + (f" {hooks} collectives run in hooks, outside the graph: the table names the module whose hook issued "
+           "each one." if hooks else "")
     )
     if not result.collectives:
         st.info("This layout issues no collectives: nothing is shared between ranks.")
@@ -387,7 +441,7 @@ def show_collectives(result: PerRank) -> None:
                             "Buffer": format_bytes(c.buffer_bytes),
                             "Sent by this rank": format_bytes(c.traffic_bytes),
                             "Triggered by": (c.module or "(top level)")
-                            + (" (FSDP hook)" if c.issued_by == "hook" else ""),
+                            + (hook_word if c.issued_by == "hook" else ""),
                             "Parameters of": "—" if c.parameters_of is None else (c.parameters_of or "(top level)"),
                             "Autograd node (communication)": c.autograd_node or "—",
                             "Group": f"{c.group} ({c.group_size} ranks, {c.link})",

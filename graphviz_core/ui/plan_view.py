@@ -19,6 +19,9 @@ POLICY_WORDS = {"none": "none: keep every activation", "full": "full: keep each 
                 "selective-ops-torchtitan": "selective-ops-torchtitan: torchtitan's policy, keep every second matmul's "
                 "and the attention outputs",
                 "selective-attention": "selective-attention: re-run the attention core"}
+WHOLE_FIELDS = {"gpus": ("GPUs in all", 1, 4096), "batch": ("Global batch (sequences per optimizer step)", 1, 1 << 20),
+                "per_node": ("GPUs per node", 1, 64)}
+RATE_FIELDS = {"tflops": "GPU TFLOP/s (dense)", "nvlink": "NVLink GB/s per GPU", "infiniband": "Network GB/s per GPU"}
 
 
 def _inputs(config: ModelConfig) -> dict | None:
@@ -26,20 +29,19 @@ def _inputs(config: ModelConfig) -> dict | None:
     policies = config.family.checkpoint_policies()
     with st.form(f"{KEY}.form"):
         cols = st.columns(4)
-        gpus = cols[0].number_input("GPUs in all", min_value=1, max_value=4096, value=8, step=1, key=f"{KEY}.gpus")
+        gpus = cols[0].number_input("GPUs in all", value=8, step=1, key=f"{KEY}.gpus")
         memory = cols[1].text_input("Memory per GPU", value="80GiB", key=f"{KEY}.memory",
                                     help="With its unit: 80GiB (H100 80GB), 141GB (H200), 24GiB.")
-        batch = cols[2].number_input("Global batch (sequences per optimizer step)", min_value=1, max_value=1 << 20,
-                                     value=16, step=1, key=f"{KEY}.batch")
-        per_node = cols[3].number_input("GPUs per node", min_value=1, max_value=64, value=GPUS_PER_NODE, step=1,
+        batch = cols[2].number_input("Global batch (sequences per optimizer step)", value=16, step=1, key=f"{KEY}.batch")
+        per_node = cols[3].number_input("GPUs per node", value=GPUS_PER_NODE, step=1,
                                         key=f"{KEY}.per_node",
                                         help="Tensor parallelism stays inside a node (NVLink); the rest may cross.")
         cols = st.columns(4)
-        tflops = cols[0].number_input("GPU TFLOP/s (dense)", min_value=0.001, value=H100_FLOPS / 1e12,
+        tflops = cols[0].number_input("GPU TFLOP/s (dense)", value=H100_FLOPS / 1e12,
                                       key=f"{KEY}.tflops", help="H100 SXM BF16: 989.4.")
-        nvlink = cols[1].number_input("NVLink GB/s per GPU", min_value=0.001, value=NVLINK_BYTES_PER_S / 1e9,
+        nvlink = cols[1].number_input("NVLink GB/s per GPU", value=NVLINK_BYTES_PER_S / 1e9,
                                       key=f"{KEY}.nvlink", help="Each way, inside a node. H100 SXM: 450.")
-        infiniband = cols[2].number_input("Network GB/s per GPU", min_value=0.001, value=INFINIBAND_BYTES_PER_S / 1e9,
+        infiniband = cols[2].number_input("Network GB/s per GPU", value=INFINIBAND_BYTES_PER_S / 1e9,
                                           key=f"{KEY}.infiniband", help="Each way, between nodes. 400 Gb/s NDR: 50.")
         sizes = cols[3].multiselect("Sequences per microbatch", [1, 2, 4, 8], default=[1], key=f"{KEY}.sizes")
         cols = st.columns(3)
@@ -62,8 +64,20 @@ def _inputs(config: ModelConfig) -> dict | None:
             "pp": tuple(pp), "cp": tuple(cp), "cp_with_pp": bool(cp_with_pp)}
 
 
+def out_of_range(inputs: dict) -> list[str]:
+    """A sentence for each number outside its range, naming the field by its label. The widgets take any number
+    (with min/max set, Streamlit kept the last value in range without a word and the plan ran on that one)."""
+    problems = [f"{label} must be a whole number from {low:,} to {high:,} (got {inputs[name]:,})."
+                for name, (label, low, high) in WHOLE_FIELDS.items() if not low <= inputs[name] <= high]
+    return problems + [f"{label} must be above 0 (got {inputs[name]:,})."
+                       for name, label in RATE_FIELDS.items() if not inputs[name] > 0]
+
+
 def _run(config: ModelConfig, inputs: dict):
     """The plan for `inputs`, with a progress bar while it runs; None after an st.error."""
+    if problems := out_of_range(inputs):
+        st.error(escape_markdown("Not planned: " + " ".join(problems)))
+        return None
     for name, words in (("sizes", "a microbatch size"), ("checkpoints", "a checkpointing policy"),
                         ("pp", "a number of pipeline stages"), ("cp", "a number of context-parallel ranks")):
         if not inputs[name]:
