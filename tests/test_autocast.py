@@ -128,6 +128,8 @@ def test_float16_autocast_scales_the_loss_and_steps_through_the_scaler():
     assert capture.summary.by_category["cast"] == 31
     assert "GradScaler" in capture.autocast.scaler and "65,536" in capture.autocast.scaler
     assert any("found them finite and ran" in note for note in capture.notes)
+    # the loss's scaling is said once (the scaler's note), not again by the optimizer's step
+    assert sum("loss was" in note and "scale" in note for note in capture.notes) == 1
     assert capture.optimizer.stepped and capture.optimizer.state_bytes == 8 * P + 4 * TENSORS
     # The gradient norms read as the optimizer's (unscaled): each parameter's within 5% of the fp32 run's, where a
     # scale left in would read 65,536 times larger

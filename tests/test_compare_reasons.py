@@ -57,3 +57,11 @@ def test_a_layer_count_set_on_the_other_model_does_not_borrow_a_per_layer_count(
     layers = next(s for s in c.explanations if s.startswith("3 layers instead of 2"))
     assert "43" not in layers and "not split per layer" in layers
     assert not any(s.startswith("All ") for s in c.explanations)  # the model's sentence gave the totals once
+
+
+def test_the_page_gives_exact_byte_counts_the_cards_unit_too():
+    from graphviz_core.ui.compare_view import with_binary_units
+
+    # 694,020 B / 1024 = 677.75 KiB; 5,980 / 1024 = 5.84; under 1 KiB stays bytes alone
+    assert with_binary_units("Saved 694,020 B → 700,000 B (+5,980 B; 512 B both)") == (
+        "Saved 694,020 B (677.8 KiB) → 700,000 B (683.6 KiB) (+5,980 B (+5.8 KiB); 512 B both)")

@@ -164,3 +164,22 @@ def test_a_link_that_cannot_be_used_shows_the_default_and_the_address_bar_says_s
     assert any("config could not be used" in w.value for w in at.warning)
     assert at.selectbox(key="config.preset").value == "gpt2-tiny"
     assert {k: at.query_params[k] for k in at.query_params} == {"preset": "gpt2-tiny"}
+
+
+def test_a_zero_size_says_the_default_it_stands_for_and_help_names_only_offered_kernels():
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    assert at.selectbox(key="config.attention").options == ["sdpa", "mha", "manual"]  # gpt2's: no eager
+    assert "eager" not in at.selectbox(key="config.attention").help
+    assert "selective:" not in at.selectbox(key="config.checkpoint").help  # an alias the list does not offer
+    assert "0 means the default: the sequence length. The result shown used 32." in at.number_input(
+        key="config.context").help  # gpt2-tiny: context 0, seq 32
+    at.selectbox(key="config.preset").set_value("llama-tiny").run()
+    at.number_input(key="config.intermediate").set_value(0)
+    at.number_input(key="config.kv_heads").set_value(0)
+    run(at)
+    assert not at.exception and not at.sidebar.error
+    # llama-tiny: hidden 64, 4 heads -> MLP width 4 x 64 = 256, key-value heads = the 4 heads
+    assert ("0 means the default: Key-value heads 4 (one per attention head, no grouped-query attention); "
+            "MLP width 256 (4 × hidden size).") in [c.value for c in at.sidebar.caption]
+    assert at.number_input(key="config.intermediate").help.endswith("The result shown used 256.")
+    assert at.number_input(key="config.kv_heads").help.endswith("The result shown used 4.")

@@ -189,6 +189,11 @@ def test_compare_finetuning_side_by_side():
     assert rows["AccumulateGrad nodes"] == (21, 8)
     assert rows["saved for backward (bytes)"][1] > 0  # activations stay
     assert both.tuned.label == "LoRA r=8, alpha 16 on q_proj, v_proj"
+    why = {what: reason for what, _, _, reason in both.savings()}
+    # float32 weights: no master copy on either side, and the sentence says none is kept (it read "keeps fp32 copies")
+    assert rows["fp32 master weights (bytes)"] == (0, 0)
+    assert why["fp32 master weights (bytes)"].startswith("none kept: float32 weights are their own master copy")
+    assert why["weights (bytes)"].startswith("not spared")  # "saved" is the saved-for-backward row's word
 
 
 def test_full_fine_tuning_imports_no_peft():
@@ -254,12 +259,12 @@ def test_will_it_fit_counts_frozen_weights_as_weights_only():
     assert not over.weights_alone_exceed
 
 
-def test_parallel_simulation_refuses_lora_with_sequence_parallel_with_a_sentence(capsys):
-    # LoRA under FSDP / HSDP / DDP / TP / pipelines is simulated (tests/test_parallel_lora.py); with sequence
-    # parallel it is refused.
-    assert main(["graph", "--preset", "llama-tiny", "--finetune", "lora", "--strategy", "tp", "--world-size", "2",
-                 "--tp", "2", "--sequence-parallel", "--format", "json", "-o", "/dev/null"]) == 2
-    assert "LoRA with sequence parallel is not simulated" in capsys.readouterr().err
+def test_parallel_simulation_refuses_a_bad_layout_with_lora_with_a_sentence(capsys):
+    # LoRA is simulated under every strategy (tests/test_parallel_lora.py); a layout the model cannot take is still
+    # one sentence: llama-tiny's 4 heads do not split over TP 3.
+    assert main(["graph", "--preset", "llama-tiny", "--finetune", "lora", "--strategy", "tp", "--world-size", "3",
+                 "--tp", "3", "--format", "json", "-o", "/dev/null"]) == 2
+    assert "4 attention heads are not divisible by TP degree 3" in capsys.readouterr().err
 
 
 def test_compare_says_what_lora_changes():

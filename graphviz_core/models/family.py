@@ -87,7 +87,7 @@ FIELD_LABELS = {
     "experts": "Experts",
     "experts_per_token": "Experts per token",
     "image_size": "Image size (pixels)",
-    "context": "Context (position rows; 0 = seq)",
+    "context": "Context",
     "seed": "Random seed",
     "model": "Model family",
     "tied": "Tied input/output embeddings",

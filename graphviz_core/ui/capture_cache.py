@@ -68,7 +68,7 @@ def _waiting_line(job: Job) -> str:
     ahead = job.ahead()
     if ahead:
         return f"Waiting for room on {device}: {ahead} ahead of you · {time.time() - job.started_at:.0f} s{shared}"
-    return f"{job.phase.capitalize()}… {time.time() - job.started_at:.0f} s{shared}"
+    return f"{job.phase.capitalize().rstrip('…')}… {time.time() - job.started_at:.0f} s{shared}"
 
 
 QUIET_S = 0.3  # a capture done within this long is never drawn waiting for

@@ -5,6 +5,7 @@ sentence per difference."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -178,10 +179,23 @@ def _delta(h: Headline) -> str:
     return ("+" if d > 0 else "-") + _value(h.unit, abs(d))
 
 
+# An exact byte count in a sentence ("694,020 B", "+12,288 B"): 1 KiB and over, the cards' unit is added beside it
+_EXACT_BYTES = re.compile(r"(?<![\w.,])([+-]?)(\d{1,3}(?:,\d{3})+) B\b")
+
+
+def with_binary_units(sentence: str) -> str:
+    """`sentence` with each exact byte count of 1 KiB or more followed by the cards' unit: "694,020 B (677.8 KiB)"."""
+    def both(m: re.Match) -> str:
+        n = int(m[2].replace(",", ""))
+        return m[0] if n < 1024 else f"{m[0]} ({m[1]}{format_bytes(n)})"
+
+    return _EXACT_BYTES.sub(both, sentence)
+
+
 def show_comparison(c: Comparison) -> None:
     st.markdown("##### What changed, and why")
     for sentence in c.explanations:
-        st.markdown("- " + escape_markdown(sentence))
+        st.markdown("- " + escape_markdown(with_binary_units(sentence)))
     cols = [*st.columns(3), *st.columns(3)[:2]]  # two rows: five in one cut values off at laptop widths
     one_compiled = c.a.config.compile != c.b.config.compile  # its layers' ops run inside one compiled node
     if c.nodes_per_layer_delta is not None and c.a.config.layers == c.b.config.layers and not one_compiled:

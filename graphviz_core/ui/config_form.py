@@ -47,6 +47,11 @@ AUTOCAST_LABELS = {"none": "none", "bfloat16": "bfloat16",
                    "float16": "float16 + scaler"}  # short: the sidebar shows the value whole
 
 
+# Each attention kernel in a sentence; the help names only those the family offers
+ATTENTION_HELP = {"sdpa": "one fused kernel", "eager": "transformers' op-by-op reference (scores kept)",
+                  "mha": "nn.MultiheadAttention", "manual": "q@kᵀ, softmax, @v op by op"}
+
+
 def _label(name: str, model: str) -> str:
     return FAMILIES[model].label(name)
 
@@ -297,7 +302,9 @@ def _fields(key: str, model: str) -> None:
     for i, name in enumerate(shown):
         # No min/max on the widgets: an out-of-range value must reach the config check and be refused with a
         # sentence, not turn the field red while Run silently re-runs the previous config.
-        (left if i % 2 == 0 else right).number_input(_label(name, model), step=1, key=f"{key}.{name}")
+        (left if i % 2 == 0 else right).number_input(_label(name, model), step=1, key=f"{key}.{name}",
+                                                     help=_zero_help(name, st.session_state[f"{key}.applied"]))
+    _zero_caption(key, model, shown)
     if applies("tied", model):
         st.checkbox("Tied input/output embeddings", key=f"{key}.tied")
     if applies("attention", model):
@@ -308,8 +315,7 @@ def _fields(key: str, model: str) -> None:
             "Attention",
             options,
             key=f"{key}.attention",
-            help="sdpa: one fused kernel; eager: transformers' op-by-op reference (scores kept); "
-            "mha: nn.MultiheadAttention; manual: q@kᵀ, softmax, @v op by op",
+            help="; ".join(f"{name}: {ATTENTION_HELP[name]}" for name in options),
         )
     st.selectbox(
         "Checkpointing",
@@ -319,7 +325,7 @@ def _fields(key: str, model: str) -> None:
         "recompute the attention core only (Korthikanti et al.); selective-ops: keep the outputs of matmuls, "
         "convolutions and attention kernels, recompute the rest (torchtitan, keeping every matmul); "
         "selective-ops-torchtitan: torchtitan's own policy, which keeps the 1st, 3rd, 5th... matmul without a bias "
-        "of each layer and the attention kernels' outputs, recomputes the rest; selective: the family's usual one",
+        "of each layer and the attention kernels' outputs, recomputes the rest",
     )
     left = right = st  # one per row: side by side, the dtype box read "bfloat1…" in the sidebar
     devices = _devices()
@@ -360,6 +366,38 @@ def _fields(key: str, model: str) -> None:
         "checkpointing: set those to none (refused before anything compiles).",
     )
     st.number_input(_label("seed", model), step=1, key=f"{key}.seed", help=f"0 to {SEED_MAX:,}")
+
+
+# What 0 means in the fields where it means "the default", and that default for a config (the models' own rule)
+ZERO_MEANS = {
+    "kv_heads": ("one per attention head, no grouped-query attention", lambda c: c.kv_heads or c.heads),
+    "intermediate": ("4 × hidden size", lambda c: c.intermediate or 4 * c.hidden),
+    "context": ("the sequence length", lambda c: c.positions),
+}
+
+
+def _zero_help(name: str, applied: ModelConfig) -> str | None:
+    """The help of a field whose 0 means a default: what that default is, and the value the result shown used."""
+    if name not in ZERO_MEANS:
+        return None
+    means, used = ZERO_MEANS[name]
+    lead = "Position-embedding rows: the longest sequence the model takes. " if name == "context" else ""
+    shown = f" The result shown used {used(applied):,}." if applies(name, applied.model) else ""
+    return f"{lead}0 means the default: {means}.{shown}"
+
+
+def _zero_caption(key: str, model: str, shown: list[str]) -> None:
+    """Under the sizes, where a field reads 0: the value that 0 stands for, from the fields as they are."""
+    zeros = [name for name in shown if name in ZERO_MEANS and not st.session_state.get(f"{key}.{name}")]
+    if not zeros:
+        return
+    try:
+        config = ModelConfig(**{**form_fields(key), "freeze": "", "lora_targets": ""})
+    except ValueError:  # the fields do not make a config (Run will say why): no default to compute
+        return
+    words = [f"{_label(name, model).split(' (')[0]} {ZERO_MEANS[name][1](config):,} ({ZERO_MEANS[name][0]})"
+             for name in zeros]
+    st.caption("0 means the default: " + "; ".join(words) + ".")
 
 
 def _finetune_picker(key: str, sidebar) -> None:

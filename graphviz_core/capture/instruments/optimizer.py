@@ -104,10 +104,11 @@ def _step(optimizer: torch.optim.Optimizer, run: Run, notes: list[str]) -> bool:
         scaler.step(optimizer)
         scaler.update()
         if optimizer.state:
-            notes.append(f"GradScaler: the loss was scaled by {scale:,.0f} before backward; the step unscaled the "
-                         f"gradients, found them finite and ran (next scale {scaler.get_scale():,.0f}).")
+            # the loss's scaling is the scaler's own note (capture.autocast.scaler_note): only the step's part here
+            notes.append(f"GradScaler: the step divided the gradients by {scale:,.0f} again, found them finite and "
+                         f"ran (next scale {scaler.get_scale():,.0f}).")
             return True
-        notes.append(f"GradScaler: the loss was scaled by {scale:,.0f}; the gradients held inf/NaN, so the scaler "
+        notes.append(f"GradScaler: the gradients held inf/NaN (scaled by {scale:,.0f}), so the scaler "
                      f"skipped the step (next scale {scaler.get_scale():,.0f}) as training would; the state counted "
                      "is the one a plain step builds.")
         optimizer.step()
