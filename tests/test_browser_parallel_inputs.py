@@ -79,6 +79,7 @@ def test_the_captions_speak_of_the_strategy_on_screen(page, streamlit_url, tmp_p
     shown = open_layout("strategy=ddp&world_size=2", "Rank 0 next to one device")
     assert "DDP (replicate, all-reduce gradients) over 2 ranks" in shown, shown[:2000]
     assert "FSDP2 pads" not in shown and "FSDP as training scripts wrap it" not in shown
+    assert "shard" not in shown.split("Memory per rank", 1)[1].lower(), shown  # DDP copies; nothing is sharded
     page.get_by_role("tab", name="Communication in backward").click()
     page.get_by_text("DDP's (torch's replicate, built on FSDP2's hooks) collectives run in hooks").wait_for(
         timeout=10_000)

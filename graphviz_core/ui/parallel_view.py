@@ -51,9 +51,9 @@ NUMBER_FIELDS = {
     "cp": ("Context parallel (cp)", 1, MAX_WORLD),
 }
 PART_LABELS = {
-    "parameters": "parameters and buffers (this rank's shards)",
+    "parameters": "parameters and buffers held by this rank",
     "gathered_parameters": "all-gathered parameters (live during compute)",
-    "gradients": "gradients (this rank's shards)",
+    "gradients": "gradients held by this rank",
     "unsharded_gradients": "unsharded gradients (before reduce-scatter)",
     "optimizer": "optimizer state (AdamW; in the step, with its temporaries)",
     "activations": "activations (saved for backward) and inputs",
@@ -283,7 +283,7 @@ def show_per_rank(result: PerRank) -> None:
     mesh = " x ".join(f"{name} {size}" for name, size in result.mesh.items() if "_" not in name) or "one device"
     shown = ("Rank 0 shown: it holds the first pipeline stage; the stages differ (embedding first, head last), "
              "each is under Pipeline stages." if result.pipeline else
-             "Rank 0 shown: every rank runs the same program on equal shards, so the ranks are symmetric.")
+             "Rank 0 shown: every rank runs the same program on equal parts, so the ranks are symmetric.")
     st.caption(
         f"{STRATEGY_LABELS[parallel.strategy]} over {parallel.world_size} ranks (mesh: {mesh}). {shown} One AdamW "
         f"step in steady state (optimizer state already allocated); simulated in {format_seconds(result.simulate_s)}."
@@ -321,7 +321,7 @@ def show_per_rank(result: PerRank) -> None:
             [
                 {
                     "": name,
-                    "Rank 0 (torch's sharding)": format_bytes(measured),
+                    "Rank 0 (as torch laid it out)": format_bytes(measured),
                     "Closed form": format_bytes(closed) if closed is not None else "—",
                     "Difference (padding, buffers)": format_bytes(measured - closed) if closed is not None else "—",
                     "One device": format_bytes(single) if single else "—",
@@ -350,7 +350,7 @@ def show_per_rank(result: PerRank) -> None:
     gap = {PART_LABELS[k]: v for k, v in peak_phase.parts_bytes.items() if k not in ("parameters", "optimizer") and v}
     st.markdown(
         f"The step peaks in **{peak_phase.phase}** at {format_bytes(peak_phase.peak_bytes)}: "
-        f"{format_bytes(persistent)} of sharded parameters and optimizer state that live all step, plus "
+        f"{format_bytes(persistent)} of this rank's parameters and optimizer state, which live all step, plus "
         + ", ".join(f"{name} {format_bytes(v)}" for name, v in sorted(gap.items(), key=lambda kv: -kv[1]))
         + "."
     )
