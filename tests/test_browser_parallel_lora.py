@@ -1,7 +1,6 @@
 """Beyond one GPU with LoRA, clicked in Chromium: choosing LoRA in the sidebar's Fine-tuning box and pressing Use
 this model simulates FSDP with the adapters as the only trained parameters, the Plan tab plans the LoRA model,
-tensor parallel splits the adapters and sequence parallel with LoRA shows the refusal's sentence (page errors fail
-the test)."""
+and tensor parallel, with and without sequence parallel, splits the adapters (page errors fail the test)."""
 
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -65,7 +64,7 @@ def test_lora_over_fsdp_from_the_sidebar(page, streamlit_url, tmp_path):
     form.get_by_role("button", name="Plan the layouts").click()
     table = page.locator('[data-testid="stTable"]').filter(has_text="Tokens/s per GPU (estimate)")
     table.wait_for(timeout=300_000)
-    assert "FSDP 2, none, microbatch 1" in table.inner_text() and "TP 2, none, microbatch 1" in table.inner_text()
+    assert "FSDP 2, none, microbatch 1" in table.inner_text() and "TP 2 + SP, none, microbatch 1" in table.inner_text()
     page.screenshot(path=str(tmp_path / f"parallel-lora-plan-{page.size}.png"), full_page=True)
 
     # Tensor parallel 2: the adapters split as peft splits them (B by columns beside q and v, A whole): 2 layers x
@@ -75,9 +74,11 @@ def test_lora_over_fsdp_from_the_sidebar(page, streamlit_url, tmp_path):
     expect(page.get_by_role("spinbutton", name="TP degree")).to_have_value("2", timeout=30_000)  # the form caught up
     assert _metric(page, "Gradients per rank") == format_bytes(11_264)
     page.screenshot(path=str(tmp_path / f"parallel-lora-tp-split-{page.size}.png"), full_page=False)
-    # With sequence parallel on as well: the sentence saying why not.
+    # With sequence parallel on as well: the same adapter gradients (q and v are column-split), and the page's
+    # sequence-parallel tab.
     page.get_by_text("Sequence parallel (with TP)", exact=True).click()
     page.get_by_role("button", name="Simulate ranks").click()
-    error = page.locator('[data-testid="stAlert"]').filter(has_text="LoRA with sequence parallel is not simulated")
-    error.wait_for(timeout=120_000)
-    page.screenshot(path=str(tmp_path / f"parallel-lora-sp-refused-{page.size}.png"), full_page=False)
+    page.get_by_role("tab", name="Context and sequence parallel").wait_for(timeout=180_000)
+    assert _metric(page, "Gradients per rank") == format_bytes(11_264)
+    page.mouse.move(0, 0)  # no button tooltip over the page
+    page.screenshot(path=str(tmp_path / f"parallel-lora-sp-{page.size}.png"), full_page=False)

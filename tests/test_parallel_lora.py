@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from graphviz_core.config import resolve_config
 from graphviz_core.parallel.pipeline import simulate_layout
-from graphviz_core.parallel.settings import ParallelConfig, check_parallel
+from graphviz_core.parallel.settings import ParallelConfig
 from graphviz_core.parallel.simulate import build_meshes, measure_step, simulate_parallel, workload_of
 
 # llama-tiny: V=512, h=64, 4 heads of 16, 2 key/value heads (k, v project to 32), MLP 128, 2 layers, untied, float32.
@@ -130,9 +130,18 @@ def test_lora_under_tensor_parallelism_splits_the_adapters_as_peft_does():
     assert [c.buffer_bytes for c in both.collectives if c.kind == "reduce_scatter"] == [5_632, 5_632]
 
 
-def test_lora_with_sequence_parallel_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match="LoRA with sequence parallel is not simulated: beside a row-split"):
-        check_parallel(LORA, ParallelConfig("tp", 2, tp=2, sequence_parallel=True))
+def test_lora_beside_a_row_split_projection_under_sequence_parallel():
+    sp = simulate_parallel(LORA.replace(lora_targets="q_proj,o_proj"), ParallelConfig("tp", 2, tp=2,
+                           sequence_parallel=True), single_device=False)
+    # q: A whole 8*64 = 512, B halved 32*8 = 256; o (row split): A halved 8*32 = 256, B whole 64*8 = 512 -> 1536 a
+    # layer, 3072 in 2 layers; the base as under TP 2 (102720).
+    assert sp.parameter_bytes == 4 * (102_720 + 3_072) == 423_168
+    assert sp.gradient_bytes == 4 * 3_072 == 12_288
+    assert sp.optimizer_bytes == 2 * 12_288 + 4 * ADAPTER_TENSORS == 24_608
+    # o's A reduce-scatters its (b, s, r) = 2*32*8 float32 output to this rank's 16 tokens (2048 bytes), as the base
+    # layer does its (b, s, h) one (16384); once per layer.
+    adapters = [(c.kind, c.phase) for c in sp.collectives if c.buffer_bytes == 2_048 and c.phase == "forward"]
+    assert adapters == [("reduce_scatter", "forward")] * 2
 
 
 def test_freeze_with_tensor_parallelism_splits_the_trained_rest():
@@ -153,7 +162,7 @@ def test_frozen_norms_stay_frozen_under_sequence_parallel():
     assert frozen.optimizer_bytes == 2 * 409_600 + 4 * (21 - 5) == 819_264
 
 
-def test_cli_fsdp_with_lora_writes_per_rank_and_refuses_sequence_parallel(tmp_path, capsys):
+def test_cli_fsdp_with_lora_writes_per_rank_and_takes_tp_with_sequence_parallel(tmp_path):
     import json
 
     from graphviz_core.cli import main
@@ -165,8 +174,9 @@ def test_cli_fsdp_with_lora_writes_per_rank_and_refuses_sequence_parallel(tmp_pa
     assert per_rank["gradient_bytes"] == ADAPTER_PARAMS * 4 // 4  # 3584: the adapters' quarter
     assert per_rank["single_device"]["gradient_bytes"] == ADAPTER_PARAMS * 4  # 14336 on one device
     assert per_rank["peak_bytes"] < per_rank["single_device"]["peak_bytes"]
-    assert main([*args, "--strategy", "tp", "--world-size", "2", "--tp", "2", "--sequence-parallel"]) == 2
-    assert "LoRA with sequence parallel is not simulated" in capsys.readouterr().err
+    assert main([*args, "--strategy", "tp", "--world-size", "2", "--tp", "2", "--sequence-parallel", "-o", str(out)]) == 0
+    # q and v are column-split: 2 layers x (512 + 256 + 512 + 128) adapter weights x 4 bytes per rank.
+    assert json.loads(out.read_text())["per_rank"]["gradient_bytes"] == 4 * 2_816
 
 
 def _free_port() -> int:
@@ -213,7 +223,8 @@ def test_the_planner_plans_lora():
     planned = plan(config, Cluster(gpus=4, gpu_memory_bytes=2**40, gpus_per_node=4), 8, checkpoints=("full",),
                    microbatch_sizes=(1,), pp_degrees=(1,), jobs=1)
     # TP 4 is refused (2 key/value heads), as with full fine-tuning.
-    assert sorted(p.layout.label() for p in planned.planned) == ["FSDP 2 x TP 2, full, microbatch 1",
+    # With TP the planner turns sequence parallel on, as for full fine-tuning.
+    assert sorted(p.layout.label() for p in planned.planned) == ["FSDP 2 x TP 2 + SP, full, microbatch 1",
                                                                  "FSDP 4, full, microbatch 1"]
     fsdp = next(p for p in planned.planned if p.layout.tp == 1)
     # 10 layers x 1792 adapter scalars x 4 bytes / 4 ranks = 17920 bytes of gradients; AdamW 2 x 17920 + 4 x 40
@@ -255,11 +266,11 @@ def _tp_adapter_gradients(parallel=None, meshes=None) -> dict[str, list]:
     return {name: (g.full_tensor() if hasattr(g, "full_tensor") else g).tolist() for name, g in grads.items()}
 
 
-def _tp_rank(rank: int, world: int, port: int, results) -> None:
+def _tp_rank(rank: int, world: int, port: int, sequence_parallel: bool, results) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        parallel = ParallelConfig("tp", world, tp=world)
+        parallel = ParallelConfig("tp", world, tp=world, sequence_parallel=sequence_parallel)
         grads = _tp_adapter_gradients(parallel, build_meshes(parallel))
         if rank == 0:
             results.put(grads)
@@ -267,11 +278,14 @@ def _tp_rank(rank: int, world: int, port: int, results) -> None:
         dist.destroy_process_group()
 
 
-def test_lora_under_real_tensor_parallelism_gets_one_devices_gradients():
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "tp+sp"])
+def test_lora_under_real_tensor_parallelism_gets_one_devices_gradients(sequence_parallel):
     """Two real processes, TP 2 over gloo, the adapters split as tp_plan splits them: every adapter's gradient equals
-    the one-device step's (a wrong split, a missing all-reduce, would differ by the other rank's share)."""
+    the one-device step's (a wrong split, a missing all-reduce, would differ by the other rank's share: with sequence
+    parallel and a plain B beside o_proj and down_proj, theirs did)."""
     results = mp.get_context("spawn").Queue()
-    ranks = mp.start_processes(_tp_rank, args=(2, _free_port(), results), nprocs=2, start_method="spawn", join=False)
+    ranks = mp.start_processes(_tp_rank, args=(2, _free_port(), sequence_parallel, results), nprocs=2,
+                               start_method="spawn", join=False)
     split = results.get(timeout=120)
     ranks.join()
     alone = _tp_adapter_gradients()

@@ -173,13 +173,6 @@ class ParallelConfig:
 
 def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
     """Refuse, with one sentence, a layout this model cannot take."""
-    if config.finetune == "lora" and parallel.sequence_parallel:
-        # Beside a row-split projection LoRA's B is a plain layer whole on every rank (simulate.tp_plan); under
-        # sequence parallel it reads this rank's tokens only, so its gradient misses the other ranks' share (two real
-        # gloo processes: o_proj's and down_proj's B gradients differ from one device's; every other one equals it).
-        raise ValueError("LoRA with sequence parallel is not simulated: beside a row-split projection LoRA's B would "
-                         "see only this rank's tokens and miss the other tensor-parallel ranks' share of its "
-                         "gradient; turn sequence parallel off for LoRA.")
     if parallel.pp > 1:
         _check_pipeline(config, parallel)
     if parallel.cp > 1 or parallel.sequence_parallel:

@@ -459,11 +459,12 @@ def _layers(model: nn.Module) -> list[nn.Module]:
     return list(max(lists, key=len)) if lists else []
 
 
-def tp_plan(layer: nn.Module) -> dict:
+def tp_plan(layer: nn.Module, sequence_parallel: bool = False) -> dict:
     """Megatron column/row styles for the nn.Linear projections inside one layer. A projection peft wrapped with LoRA
     is split as peft splits one under transformers' tensor parallelism (peft's add_lora_tp_hooks_dtensor): the base
     layer as the projection; under a column split lora_B by columns too and lora_A whole on every rank, under a row
-    split lora_A by rows (its (b, s, r) output all-reduced) and lora_B whole."""
+    split lora_A by rows (its (b, s, r) output all-reduced) and lora_B whole. Under sequence parallel that B reads
+    this rank's tokens only: a replicated DTensor then, so that its gradient is summed over the ranks."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     plan = {}
@@ -478,21 +479,29 @@ def tp_plan(layer: nn.Module) -> dict:
                 plan[f"{name}.lora_A.{adapter}"] = _replicated_adapter() if column else RowwiseParallel()
                 if column:  # under a row split lora_B stays a plain layer: its input is whole on every rank
                     plan[f"{name}.lora_B.{adapter}"] = ColwiseParallel()
+                elif sequence_parallel:
+                    plan[f"{name}.lora_B.{adapter}"] = _replicated_adapter(tokens_split=True)
     return plan
 
 
-def _replicated_adapter():
+def _replicated_adapter(tokens_split: bool = False):
     """The style of LoRA's A beside a column-split projection: whole on every tensor-parallel rank, a replicated
     DTensor like the block input it reads (a plain layer would meet that DTensor, and torch refuses mixed tensors).
     Its (b, s, r) output leaves as a local tensor, so that B's column split takes it back as replicated and backward
     all-reduces its gradient there, once (Megatron's f); A's weight gradient is then whole, not a partial sum that
-    every optimizer op would all-reduce again."""
-    from torch.distributed.tensor import distribute_module
+    every optimizer op would all-reduce again. With `tokens_split`, B beside a row-split projection under sequence
+    parallel: its input is this rank's tokens (a local tensor, taken as sharded on the sequence), so its weight
+    gradient is a partial sum, as a sequence-parallel norm's is."""
+    from torch.distributed.tensor import DTensor, Shard, distribute_module
     from torch.distributed.tensor.parallel import ParallelStyle
+
+    def tokens(mod, inputs, mesh):
+        return tuple(DTensor.from_local(x, mesh, [Shard(1)], run_check=False) for x in inputs)
 
     class ReplicatedAdapter(ParallelStyle):
         def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
-            return distribute_module(module, device_mesh, output_fn=lambda mod, out, mesh: out.to_local())
+            return distribute_module(module, device_mesh, input_fn=tokens if tokens_split else None,
+                                     output_fn=lambda mod, out, mesh: out.to_local())
 
     return ReplicatedAdapter()
 
@@ -551,7 +560,7 @@ def apply_parallelism(
     if strategy in ("tp", "fsdp+tp"):
         frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
         for layer in layers:
-            plan = tp_plan(layer)
+            plan = tp_plan(layer, parallel.sequence_parallel)
             if not plan:
                 raise ValueError("tensor parallelism found no attention or MLP projections to split in this model.")
             parents = _column_parallel_parents(layer, plan)
