@@ -81,3 +81,22 @@ def test_an_unknown_lora_target_keeps_the_previous_result(page, streamlit_url, t
     assert "Not run: LoRA target 'no_such_layer' matches no module of this model" in text and KEPT in text, text
     _still_shown(page, nodes)
     page.screenshot(path=tmp_path / f"refused-lora-{page.size}.png", full_page=False)
+
+
+@pytest.mark.parametrize("page", SIZES, indirect=True)
+def test_compare_keeps_the_previous_pair_when_b_is_refused_once_built(page, streamlit_url, tmp_path):
+    page.goto(f"{streamlit_url}/compare")
+    page.get_by_text("What changed, and why").wait_for(timeout=120_000)
+    form_b = page.locator('[data-testid="stExpander"]').filter(has_text="Config B:")
+    form_b.get_by_text("Config B:").click()
+    form_b.get_by_role("textbox", name="Freeze parameters (glob)").fill("nothing_here")
+    form_b.get_by_role("button", name="Use as B").click()
+    # said above the comparison (B's form may be shut), in the form's words; the last pair's comparison stays
+    notice = page.locator('[data-testid="stAlert"]').filter(has_text="Config B not used:")
+    notice.wait_for(timeout=120_000)
+    text = notice.inner_text()
+    assert "“Freeze parameters (glob)” 'nothing_here' matches no parameter" in text, text
+    assert text.endswith("The comparison shown is still that of the previous configs."), text
+    page.get_by_text("What changed, and why").wait_for(timeout=60_000)
+    notice.scroll_into_view_if_needed()
+    page.screenshot(path=tmp_path / f"refused-compare-{page.size}.png", full_page=False)

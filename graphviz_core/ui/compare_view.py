@@ -19,7 +19,7 @@ from graphviz_core.capture.result import Capture
 from graphviz_core.config import DEFAULT_PRESET, LORA_ALPHA, LORA_RANK, ModelConfig, applies, config_from_preset
 from graphviz_core.export.render import render_html, run_description
 from graphviz_core.ui.charts import show_chart
-from graphviz_core.ui.config_form import config_form, set_config
+from graphviz_core.ui.config_form import config_form, in_form_words, set_config
 from graphviz_core.ui.format import (
     bytes_unit,
     escape_markdown,
@@ -144,6 +144,10 @@ def pick_configs() -> tuple[ModelConfig, ModelConfig]:
         with column.expander(f"Config {side}: {config_summary(applied)}"):
             configs.append(config_form(key, where=st.container(), submit_label=f"Use as {side}"))
         show_notices(key, link_notices, lead=f"Config {side}: ")
+        if f"{key}.error" in st.session_state:  # a refused config, said above the comparison too: its form may be shut
+            refused = in_form_words(st.session_state[f"{key}.error"], applied.model)
+            link_notices.error(escape_markdown(f"Config {side} not used: {refused} The comparison shown is still that "
+                                               "of the previous configs."))
     return configs[0], configs[1]
 
 
