@@ -183,3 +183,18 @@ def test_a_zero_size_says_the_default_it_stands_for_and_help_names_only_offered_
             "MLP width 256 (4 × hidden size).") in [c.value for c in at.sidebar.caption]
     assert at.number_input(key="config.intermediate").help.endswith("The result shown used 256.")
     assert at.number_input(key="config.kv_heads").help.endswith("The result shown used 4.")
+
+
+def test_refusals_name_the_forms_labels_not_the_config_fields():
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    at.number_input(key="config.hidden").set_value(10)  # gpt2-tiny's 4 heads do not divide 10
+    run(at)
+    errors = [e.value.replace("\\", "") for e in at.sidebar.error]  # escaped Markdown
+    assert any(e.startswith("Not run: “Hidden size” 10 is not divisible by 4 heads") for e in errors), errors
+    at.number_input(key="config.hidden").set_value(64)
+    at.number_input(key="config.seq").set_value(40)
+    at.number_input(key="config.context").set_value(32)
+    run(at)
+    errors = [e.value.replace("\\", "") for e in at.sidebar.error]
+    assert any("“Sequence length” 40 is longer than the context 32" in e and "lower “Sequence length”" in e
+               for e in errors), errors
