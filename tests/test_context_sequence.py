@@ -6,18 +6,17 @@ gradients."""
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from graphviz_core.analysis.memory_formulas import korthikanti_split_layer_bytes, llama_layer_bytes_split
 from graphviz_core.config import resolve_config
 from graphviz_core.models.registry import build_model, compute_loss, make_batch
 from graphviz_core.parallel.settings import ParallelConfig, check_parallel
 from graphviz_core.parallel.simulate import simulate_parallel
+from tests.gloo import spawn_ranks
 
 # llama-tiny: b=2, s=32, h=64, a=4 query heads of 16, 2 key/value heads (kv width 2*16 = 32), SwiGLU I=128, V=512,
 # 2 layers, float32: e = f = 4 bytes. Per layer it keeps (transformers' RMSNorm, fused sdpa, SwiGLU):
@@ -162,12 +161,6 @@ def test_cli_flags_and_json(capsys, tmp_path):
     assert "set a TP degree of 2 or more" in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _loss_and_grads(model, ids, targets, **kwargs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     loss = compute_loss(LLAMA, model(ids, **kwargs), targets)
     loss.backward()
@@ -203,12 +196,7 @@ def _ring_rank(rank: int, world: int, port: int, results) -> None:
 
 def test_the_cpu_ring_gives_the_one_device_loss_and_gradients_over_real_gloo_ranks():
     """Two real processes over gloo run torch's context_parallel with the CPU kernel routed into its ring."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    ranks = mp.start_processes(_ring_rank, args=(2, _free_port(), results), nprocs=2, start_method="spawn", join=False)
-    local_tokens, loss, grads = results.get(timeout=120)  # read before joining: rank 0 flushes the queue on exit
-    while not ranks.join():
-        pass
+    local_tokens, loss, grads = spawn_ranks(_ring_rank, 2)
     batch = make_batch(LLAMA, "cpu")
     one_loss, one_grads = _loss_and_grads(build_model(LLAMA), batch.inputs, batch.targets)
     assert local_tokens == 16  # s / C = 32 / 2

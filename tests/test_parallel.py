@@ -4,16 +4,15 @@ and against a real multi-process gloo run."""
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from graphviz_core.config import resolve_config
 from graphviz_core.parallel.settings import ParallelConfig, check_parallel
-from graphviz_core.parallel.simulate import build_meshes, measure_step, simulate_parallel, workload_of
+from graphviz_core.parallel.simulate import simulate_parallel
+from tests.gloo import fsdp_over_gloo
 
 # gpt2-tiny: V=512, h=64, 2 layers, seq 32, float32, tied wte / lm_head.
 TINY = resolve_config("gpt2-tiny")
@@ -115,24 +114,6 @@ def test_the_fake_process_group_is_gone_after_a_simulation():
     assert not dist.is_initialized()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _real_rank(rank: int, world: int, port: int, results) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        parallel = ParallelConfig("fsdp", world)
-        measured = measure_step(workload_of(TINY), parallel, build_meshes(parallel), config=TINY, fake=False)
-        if rank == 0:
-            results.put(_comparable(measured))
-    finally:
-        dist.destroy_process_group()
-
-
 def _comparable(result) -> dict:
     return {
         "parameter_bytes": result.parameter_bytes,
@@ -157,10 +138,7 @@ def _comparable(result) -> dict:
 )
 def test_simulation_matches_a_real_gloo_run(world):
     """Real processes, real FSDP2 over gloo: the same per-rank bytes and the same collectives as the fake run."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    mp.start_processes(_real_rank, args=(world, _free_port(), results), nprocs=world, start_method="spawn")
-    real = results.get(timeout=60)
+    real = _comparable(fsdp_over_gloo(TINY, world))
     simulated = _comparable(simulate_parallel(TINY, ParallelConfig("fsdp", world), single_device=False))
     assert real["parameter_bytes"] == simulated["parameter_bytes"] == TINY_BYTES // world
     assert real["gradient_bytes"] == simulated["gradient_bytes"]

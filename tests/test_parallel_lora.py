@@ -4,17 +4,15 @@ llama-tiny's shapes by hand, and the simulation is checked against real FSDP2 ov
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from graphviz_core.config import resolve_config
 from graphviz_core.parallel.pipeline import simulate_layout
 from graphviz_core.parallel.settings import ParallelConfig
-from graphviz_core.parallel.simulate import build_meshes, measure_step, simulate_parallel, workload_of
+from graphviz_core.parallel.simulate import build_meshes, simulate_parallel
+from tests.gloo import fsdp_over_gloo, spawn_ranks
 
 # llama-tiny: V=512, h=64, 4 heads of 16, 2 key/value heads (k, v project to 32), MLP 128, 2 layers, untied, float32.
 # Its parameters: embed_tokens 512*64 = 32768, lm_head 32768, final norm 64, and per layer q 64*64 = 4096,
@@ -179,24 +177,6 @@ def test_cli_fsdp_with_lora_writes_per_rank_and_takes_tp_with_sequence_parallel(
     assert json.loads(out.read_text())["per_rank"]["gradient_bytes"] == 4 * 2_816
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _real_rank(rank: int, world: int, port: int, results) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        parallel = ParallelConfig("fsdp", world)
-        measured = measure_step(workload_of(LORA), parallel, build_meshes(parallel), config=LORA, fake=False)
-        if rank == 0:
-            results.put(_comparable(measured))
-    finally:
-        dist.destroy_process_group()
-
-
 def _comparable(result) -> dict:
     return {
         "parameter_bytes": result.parameter_bytes,
@@ -208,9 +188,7 @@ def _comparable(result) -> dict:
 
 def test_lora_simulation_matches_real_fsdp2_over_gloo():
     """Two real processes, real peft adapters, real FSDP2 over gloo: the same bytes and collectives as the fake run."""
-    results = mp.get_context("spawn").Queue()
-    mp.start_processes(_real_rank, args=(2, _free_port(), results), nprocs=2, start_method="spawn")
-    real = results.get(timeout=60)
+    real = _comparable(fsdp_over_gloo(LORA, 2))
     simulated = _comparable(simulate_parallel(LORA, ParallelConfig("fsdp", 2), single_device=False))
     assert real == simulated
     assert real["gradient_bytes"] == ADAPTER_PARAMS * 4 // 2  # 7168: half of the adapters' gradients
@@ -283,11 +261,7 @@ def test_lora_under_real_tensor_parallelism_gets_one_devices_gradients(sequence_
     """Two real processes, TP 2 over gloo, the adapters split as tp_plan splits them: every adapter's gradient equals
     the one-device step's (a wrong split, a missing all-reduce, would differ by the other rank's share: with sequence
     parallel and a plain B beside o_proj and down_proj, theirs did)."""
-    results = mp.get_context("spawn").Queue()
-    ranks = mp.start_processes(_tp_rank, args=(2, _free_port(), sequence_parallel, results), nprocs=2,
-                               start_method="spawn", join=False)
-    split = results.get(timeout=120)
-    ranks.join()
+    split = spawn_ranks(_tp_rank, 2, sequence_parallel)
     alone = _tp_adapter_gradients()
     assert len(alone) == 2 * 7 * 2  # 2 layers x 7 projections x (A, B)
     for name, grad in alone.items():

@@ -1,0 +1,49 @@
+"""Real processes over gloo on CPU, for the tests that check the simulation against torch's own distributed step."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from graphviz_core.config import ModelConfig
+from graphviz_core.parallel.settings import ParallelConfig
+from graphviz_core.parallel.simulate import PerRank, build_meshes, measure_step, workload_of
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_ranks(rank_fn: Callable, world: int, *args, timeout: float = 120):
+    """Run `rank_fn(rank, world, port, *args, results)` in `world` real processes; what rank 0 puts on `results`.
+    The queue is read before the processes are joined: rank 0 flushes it on exit."""
+    results = mp.get_context("spawn").Queue()
+    ranks = mp.start_processes(rank_fn, args=(world, free_port(), *args, results), nprocs=world, start_method="spawn",
+                               join=False)
+    out = results.get(timeout=timeout)
+    while not ranks.join():
+        pass
+    return out
+
+
+def _fsdp_rank(rank: int, world: int, port: int, config: ModelConfig, results) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        parallel = ParallelConfig("fsdp", world)
+        measured = measure_step(workload_of(config), parallel, build_meshes(parallel), config=config, fake=False)
+        if rank == 0:
+            results.put(measured)
+    finally:
+        dist.destroy_process_group()
+
+
+def fsdp_over_gloo(config: ModelConfig, world: int) -> PerRank:
+    """Rank 0's figures of one real FSDP2 training step of `config` over `world` processes (real tensors, gloo)."""
+    return spawn_ranks(_fsdp_rank, world, config)
