@@ -318,11 +318,14 @@ class _Phases:
         synchronize(device)
         backward_s, backward_cpu_s = time.perf_counter() - started, time.thread_time() - started_cpu
         run.phase = "done"
+        # Read before the instruments that run after backward: the optimizer's step (its state) and the gradient norms
+        # allocate too, and the peak is that of forward + backward (seen on an H200: gpt2-small b=4 s=256 read
+        # 2,566,980,608 bytes after AdamW's step, 770 MB above every sample the backward took).
+        peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
         for instrument in self.hooked("after_backward"):
             instrument.after_backward(run)
         for handle in (*handles, *node_hooks):
             handle.remove()
-        peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
 
         self.say("annotating the graph")
         cpu = (forward_cpu_s, backward_cpu_s) if device == "cpu" else (None, None)
