@@ -250,7 +250,7 @@ def is_simulated(config: ModelConfig, parallel: ParallelConfig) -> bool:
 
 def get_per_rank(config: ModelConfig, parallel: ParallelConfig, key: str = "parallel") -> PerRank | None:
     """The simulation of `config` laid out as `parallel` (cached). When it cannot run: an st.error, and the result
-    this session showed last (None before any)."""
+    the page showed last in this browser tab (None before any)."""
     store = _store()
     wanted = (config, parallel)
     with store["lock"]:
