@@ -86,25 +86,17 @@ def test_an_exported_page_opens_with_no_node_cut_or_under_the_legend(page, tmp_p
 
 
 # Tables wider than what shows of them: a data grid whose columns run past its right edge, or an st.table wider than
-# its column (both were cut at 1280 px: the FLOPs tab's node tables, Beyond one GPU's collectives).
-OVERFLOWING_TABLES = """() => {
-  const out = [], pending = [];
-  for (const e of document.querySelectorAll('[data-testid="stDataFrame"], [data-testid="stTable"]')) {
-    if (!e.offsetWidth) { continue; }
-    const box = e.getBoundingClientRect(), column = e.parentElement.getBoundingClientRect();
-    const grid = e.querySelector('.dvn-scroller'), table = e.querySelector('table');
-    if (!grid && !table) {  // a data frame not drawn yet: the grid draws itself once scrolled into view
-      pending.push(e);
-      continue;
-    }
-    const content = grid ? grid.scrollWidth : table.getBoundingClientRect().width;
-    const shown = grid ? grid.clientWidth : box.width;
-    if (content > shown + 1 || box.right > column.right + 1) {
-      out.push(`${e.dataset.testid} ${Math.round(content)} px in ${Math.round(shown)}: ${e.innerText.slice(0, 60)}`);
-    }
+# its column (both were cut at 1280 px: the FLOPs tab's node tables, Beyond one GPU's collectives). Run on one table
+# once it is drawn; returns "" when it fits.
+OVERFLOWING_TABLE = """(e) => {
+  const box = e.getBoundingClientRect(), column = e.parentElement.getBoundingClientRect();
+  const grid = e.querySelector('.dvn-scroller'), table = e.querySelector('table');
+  const content = grid ? grid.scrollWidth : table.getBoundingClientRect().width;
+  const shown = grid ? grid.clientWidth : box.width;
+  if (content > shown + 1 || box.right > column.right + 1) {
+    return `${e.dataset.testid} ${Math.round(content)} px in ${Math.round(shown)}: ${e.innerText.slice(0, 60)}`;
   }
-  if (pending.length) { pending[0].scrollIntoView({block: 'center'}); return null; }
-  return out;
+  return "";
 }"""
 TABLE_PAGES = [  # path, a text the page shows once drawn, the tab to open
     ("/?tab=FLOPs+and+time", "Forward FLOPs", None),
@@ -127,10 +119,22 @@ def test_no_result_table_runs_past_its_right_edge(page, streamlit_url, tmp_path)
             if expander.is_visible():  # the lists inside expanders too ("Every node", the forward's collectives)
                 expander.click()
         page.wait_for_timeout(1500)
-        # null while a data frame has neither its grid nor its table drawn yet (one below the fold is drawn once
-        # scrolled into view, which the script does): wait until every one is measurable
-        overflowing = page.wait_for_function(OVERFLOWING_TABLES, timeout=120_000).json_value()  # loaded 2 cores: >30 s once
-        assert overflowing == [], f"{path} {tab or ''} at {page.size}"
+        # one table at a time, scrolled into view first: a data frame below the fold draws its grid only once seen
+        tables, overflowing = page.locator('[data-testid="stDataFrame"], [data-testid="stTable"]'), []
+        for i in range(tables.count()):
+            table = tables.nth(i)
+            if not table.is_visible():  # in a closed tab
+                continue
+            table.scroll_into_view_if_needed()
+            drawn = table.locator(".dvn-scroller, table").first
+            try:
+                drawn.wait_for(state="attached", timeout=120_000)  # loaded 2 cores: over 30 s once
+            except Exception as error:  # noqa: BLE001 - say which table never drew
+                raise AssertionError(f"{path} {tab or ''} at {page.size}: table {i} never drew its grid: "
+                                     f"{table.inner_text()[:200]!r}") from error
+            overflowing.append(table.evaluate(OVERFLOWING_TABLE))
+        assert [o for o in overflowing if o] == [], f"{path} {tab or ''} at {page.size}"
+        assert overflowing, f"{path} {tab or ''}: no table seen"
     page.goto("about:blank")
 
 
