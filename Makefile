@@ -49,7 +49,7 @@ serve: $(STAMP) $(VIS_STATIC)
 TEST_WORKERS ?= 2
 test: $(STAMP) $(VIS_STATIC) chromium graphviz
 	$(VENV)/bin/ruff check graphviz_core pages app.py tests benchmarks
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check graphviz_core pages app.py tests benchmarks

@@ -27,9 +27,11 @@ started = time.perf_counter()
 from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import config_from_preset
 from graphviz_core.models.hf import transformers_for
+from graphviz_core.models.registry import family_of
 config = config_from_preset(sys.argv[1])
 imported = time.perf_counter()
-transformers_for(config.model)  # transformers' own imports for the family (torch._dynamo, DTensor): once a process
+family = family_of(config)
+transformers_for(family.name, family.transformers_names)  # transformers' own imports for the family (torch._dynamo, DTensor): once a process
 family_imported = time.perf_counter()
 capture = capture_backward(config)
 done = time.perf_counter()
