@@ -8,7 +8,7 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import SIZES, captured
+from tests.conftest import LAPTOP, both_sizes, captured
 
 pytestmark = pytest.mark.browser
 
@@ -17,7 +17,7 @@ CLIPPED_INPUTS = """() => [...document.querySelectorAll('[data-testid="stSidebar
     .filter(e => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1).map(e => e.value)"""
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_choosing_torchtitans_policy_runs_it(page, streamlit_url, tmp_path):
     plain, titan = captured("llama-tiny"), captured("llama-tiny", checkpoint=POLICY)
     page.goto(f"{streamlit_url}/?preset=llama-tiny")
@@ -43,11 +43,11 @@ def test_choosing_torchtitans_policy_runs_it(page, streamlit_url, tmp_path):
     assert POLICY in values, values
     assert page.evaluate(CLIPPED_INPUTS) == [], f"sidebar values cut off at {page.size}"
     sidebar.get_by_text("Checkpointing", exact=True).scroll_into_view_if_needed()
-    page.screenshot(path=tmp_path / f"torchtitan-sidebar-{page.size}.png", full_page=False)
+    both_sizes(page, tmp_path / "torchtitan-sidebar", full_page=False)
     page.get_by_role("tab", name="Memory").click()
     page.get_by_role("button", name="Compare the checkpointing policies").click()
     # the table's caption explains each row by its policy's own sentence
     note = page.get_by_text(f"{POLICY}: torchtitan's op-level selective activation checkpointing exactly")
     note.first.wait_for(timeout=120_000)
     note.first.scroll_into_view_if_needed()
-    page.screenshot(path=tmp_path / f"torchtitan-memory-{page.size}.png", full_page=False)
+    both_sizes(page, tmp_path / "torchtitan-memory", full_page=False)

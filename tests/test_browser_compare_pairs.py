@@ -1,10 +1,11 @@
-"""The compare page's training-step pairs in Chromium, at a laptop's and a desktop's window: each button (fp32 vs bf16
-autocast, full fine-tuning vs LoRA, eager vs compiled, AdamW vs SGD) loads B = A with that one setting changed, both
-configs are captured and the pair's sentence shows; every label reads whole (page errors fail the test)."""
+"""The compare page's training-step pairs in Chromium, clicked at a laptop's size and photographed at a desktop's too:
+each button (fp32 vs bf16 autocast, full fine-tuning vs LoRA, eager vs compiled, AdamW vs SGD) loads B = A with that
+one setting changed, both configs are captured and the pair's sentence shows; every label reads whole (page errors
+fail the test)."""
 
 import pytest
 
-from tests.conftest import SIZES
+from tests.conftest import LAPTOP, both_sizes
 
 pytestmark = pytest.mark.browser
 
@@ -18,7 +19,7 @@ PAIRS = {
 }
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_each_training_pair_button_compares_and_explains(page, streamlit_url, tmp_path):
     page.goto(streamlit_url)
     page.locator('[data-testid="stSidebarNav"]').get_by_text("Compare two configs").click()
@@ -39,5 +40,5 @@ def test_each_training_pair_button_compares_and_explains(page, streamlit_url, tm
         header = page.locator('[data-testid="stExpander"] summary').filter(has_text="Config B")
         assert header.count() == 1
         sentence.scroll_into_view_if_needed()
-        page.screenshot(path=tmp_path / f"compare-{label.split()[0].lower()}-{page.size}.png", full_page=False)
+        both_sizes(page, tmp_path / f"compare-{label.split()[0].lower()}", full_page=False)
     assert not page.errors, page.errors

@@ -4,7 +4,7 @@ panel and in the Compiled backward section, whose FX graph draws every FX node (
 import pytest
 
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import SIZES, captured
+from tests.conftest import LAPTOP, both_sizes, captured
 from tests.test_browser import node_point
 
 pytestmark = pytest.mark.browser
@@ -25,7 +25,7 @@ def _details_of(page, frame, node: str) -> str:
     return frame.evaluate("() => document.getElementById('details').innerText")
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_the_compile_checkbox_runs_compiled_and_its_compiled_node_opens(page, streamlit_url, tmp_path):
     capture = captured("gpt2-tiny", compile=True)  # the same config, captured here: its node ids and FX graph
     (node,) = [n for n, d in capture.graph.nodes(data=True) if d["op"] == "CompiledFunctionBackward"]
@@ -48,10 +48,10 @@ def test_the_compile_checkbox_runs_compiled_and_its_compiled_node_opens(page, st
     page.get_by_text("Compiled backward: 1 compiled node").click()
     fx = graph_frame(page, opened["backward_nodes"], timeout_s=120)
     page.get_by_text("its backward FX graph has").scroll_into_view_if_needed()
-    page.screenshot(path=tmp_path / f"compiled-open-{page.size}.png")
+    both_sizes(page, tmp_path / "compiled-open")
     fx.get_by_role("button", name="Zoom to the top").click()  # the FX graph's own words: it has no loss
     recomputed = opened["recomputed"][0]["name"]
     details = _details_of(page, fx, recomputed)
     assert f"FX node\t{recomputed}" in details and "computed again here" in details, details
     page.get_by_role("tab", name="FX nodes").click()
-    page.screenshot(path=tmp_path / f"compiled-{page.size}.png", full_page=True)
+    both_sizes(page, tmp_path / "compiled", full_page=True)

@@ -1,11 +1,11 @@
-"""Beyond one GPU's context-parallel and sequence-parallel controls clicked in Chromium: the layer's activations,
-the hand count, Korthikanti et al.'s formula and the ring's key/value traffic, at a laptop's and a desktop's size
-(page errors fail)."""
+"""Beyond one GPU's context-parallel and sequence-parallel controls clicked in Chromium: the layer's activations, the
+hand count, Korthikanti et al.'s formula and the ring's key/value traffic, clicked at a laptop's size and
+photographed at a desktop's too (page errors fail)."""
 
 import pytest
 
 from graphviz_core.ui.format import format_bytes
-from tests.conftest import SIZES
+from tests.conftest import LAPTOP, both_sizes
 
 pytestmark = pytest.mark.browser
 
@@ -19,7 +19,7 @@ def _simulate(page):
     return page.get_by_role("tabpanel").filter(has_text="Counted by hand")
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_context_then_sequence_parallel_from_the_form(page, streamlit_url, tmp_path):
     page.goto(f"{streamlit_url}/parallel?preset=llama-tiny")  # the page's default layout: FSDP over 8 ranks
     page.get_by_text("Rank 0 next to one device").wait_for(timeout=180_000)
@@ -35,7 +35,7 @@ def test_context_then_sequence_parallel_from_the_form(page, streamlit_url, tmp_p
     cells = [row.locator("td").all_inner_texts()[-2:] for row in ring.locator("tbody tr").all()]
     assert cells == [
         [format_bytes(8_192), format_bytes(8_192)], [format_bytes(24_576), format_bytes(24_576)]]
-    page.screenshot(path=str(tmp_path / f"cp-{page.size}.png"), full_page=True)
+    both_sizes(page, tmp_path / "cp", full_page=True)
 
     page.goto(f"{streamlit_url}/parallel?preset=llama-tiny&strategy=tp&world_size=2&tp=2")
     page.get_by_text("Rank 0 next to one device").wait_for(timeout=180_000)
@@ -49,4 +49,4 @@ def test_context_then_sequence_parallel_from_the_form(page, streamlit_url, tmp_p
         format_bytes(156_416), format_bytes(156_416), format_bytes(90_112)]
     page.get_by_text("all-gathered inputs of the projections").wait_for(timeout=10_000)
     page.get_by_text("Fused attention (sdpa) keeps no a·s² score matrix").wait_for(timeout=10_000)
-    page.screenshot(path=str(tmp_path / f"sp-{page.size}.png"), full_page=True)
+    both_sizes(page, tmp_path / "sp", full_page=True)

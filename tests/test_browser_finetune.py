@@ -7,7 +7,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import SIZES, captured
+from tests.conftest import LAPTOP, both_sizes, captured
 
 pytestmark = pytest.mark.browser
 
@@ -18,7 +18,7 @@ def _sidebar(page):
     return page.locator('[data-testid="stSidebar"]')
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_lora_controls_run_that_step_and_compare_with_full(page, streamlit_url, tmp_path):
     full = captured("llama-tiny")
     lora = captured("llama-tiny", finetune="lora", lora_rank=4, freeze="*embed*")
@@ -32,7 +32,7 @@ def test_lora_controls_run_that_step_and_compare_with_full(page, streamlit_url, 
     _sidebar(page).get_by_role("textbox", name="LoRA targets").wait_for(timeout=10_000)
     assert rank.input_value() == "8"  # peft's usual r=8 until changed
     _sidebar(page).get_by_text("Fine-tuning", exact=True).scroll_into_view_if_needed()
-    page.screenshot(path=tmp_path / f"lora-form-{page.size}.png", full_page=False)
+    both_sizes(page, tmp_path / "lora-form", full_page=False)
     rank.fill("4")
     _sidebar(page).get_by_role("textbox", name="Freeze parameters (glob)").fill("*embed*")
     _sidebar(page).get_by_role("button", name="Run backward pass").click()
@@ -46,7 +46,7 @@ def test_lora_controls_run_that_step_and_compare_with_full(page, streamlit_url, 
     query = parse_qs(urlparse(page.url).query)
     assert query.get("finetune") == ["lora"] and query.get("lora_rank") == ["4"], page.url
     assert query.get("freeze") == ["*embed*"], page.url
-    page.screenshot(path=tmp_path / f"lora-graph-{page.size}.png", full_page=False)
+    both_sizes(page, tmp_path / "lora-graph", full_page=False)
 
     for tab, row in (("Memory", "optimizer state (bytes)"), ("FLOPs and time", "backward matmul FLOPs")):
         page.get_by_role("tab", name=tab).click()
@@ -56,4 +56,4 @@ def test_lora_controls_run_that_step_and_compare_with_full(page, streamlit_url, 
         cell = page.get_by_role("cell", name=row, exact=True)
         cell.wait_for(timeout=120_000)
         page.get_by_text("Full fine-tuning vs LoRA").scroll_into_view_if_needed()
-        page.screenshot(path=tmp_path / f"lora-{tab.split()[0].lower()}-{page.size}.png", full_page=False)
+        both_sizes(page, tmp_path / f"lora-{tab.split()[0].lower()}", full_page=False)

@@ -6,7 +6,7 @@ import pytest
 
 from graphviz_core.analysis.flop_analysis import FAMILIES, ratios_by_family
 from graphviz_core.units import format_ratio
-from tests.conftest import SIZES, captured
+from tests.conftest import LAPTOP, both_sizes, captured
 
 pytestmark = pytest.mark.browser
 TAB = "FLOPs%20and%20time"
@@ -16,7 +16,7 @@ def _main(page):
     return page.locator('[data-testid="stMain"]')
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_lora_linear_row_expects_1x_for_frozen_weights(page, streamlit_url, tmp_path):
     capture = captured("gpt2-tiny", finetune="lora")
     (linear,) = [r for r in ratios_by_family(capture) if r.family == FAMILIES["aten.mm"]]
@@ -34,7 +34,7 @@ def test_lora_linear_row_expects_1x_for_frozen_weights(page, streamlit_url, tmp_
     assert f"{capture.summary.frozen_parameter_count:,} of the {total:,} parameters are frozen" in text, text
     assert "gets no dW" in text
     row.first.scroll_into_view_if_needed()
-    page.screenshot(path=tmp_path / f"flops-lora-{page.size}.png", full_page=False)
+    both_sizes(page, tmp_path / "flops-lora", full_page=False)
 
 
 def test_the_gpt2_derivation_is_one_line_on_llama(page, streamlit_url, tmp_path):
@@ -43,4 +43,4 @@ def test_the_gpt2_derivation_is_one_line_on_llama(page, streamlit_url, tmp_path)
     line.wait_for(timeout=120_000)
     assert not _main(page).get_by_role("heading", name="Backward FLOPs op by op").count()
     line.scroll_into_view_if_needed()
-    page.screenshot(path=tmp_path / f"flops-llama-{page.size}.png", full_page=False)
+    both_sizes(page, tmp_path / "flops-llama", full_page=False)

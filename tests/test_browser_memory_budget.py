@@ -4,7 +4,7 @@ last valid value under a red mark (page errors fail the test)."""
 
 import pytest
 
-from tests.conftest import SIZES
+from tests.conftest import LAPTOP, both_sizes
 
 pytestmark = pytest.mark.browser
 
@@ -13,7 +13,7 @@ def _main(page):
     return page.locator('[data-testid="stMain"]')
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_the_budget_field_agrees_with_the_button_and_refuses_out_of_range(page, streamlit_url, tmp_path):
     page.goto(f"{streamlit_url}/?preset=gpt2-tiny&tab=Memory")
     # the default card: nvidia-smi's 81,559 MiB for an H100 80GB = 79.65 GiB, shown as the button rounds it
@@ -22,7 +22,7 @@ def test_the_budget_field_agrees_with_the_button_and_refuses_out_of_range(page, 
     field = _main(page).get_by_role("spinbutton", name="Budget (GiB)")
     assert field.input_value() == "79.6" and field.is_disabled()
     field.scroll_into_view_if_needed()
-    page.screenshot(path=tmp_path / f"budget-card-{page.size}.png", full_page=False)
+    both_sizes(page, tmp_path / "budget-card", full_page=False)
 
     _main(page).locator('[data-testid="stSelectbox"]').filter(has_text="Memory budget").click()
     page.get_by_role("option", name="Custom (GiB)", exact=True).click()
@@ -35,7 +35,7 @@ def test_the_budget_field_agrees_with_the_button_and_refuses_out_of_range(page, 
         _main(page).get_by_text(sentence).wait_for(timeout=30_000)
         assert not _main(page).get_by_role("button", name="Find the largest batch").count()  # no search with it
     field.scroll_into_view_if_needed()
-    page.screenshot(path=tmp_path / f"budget-refused-{page.size}.png", full_page=False)
+    both_sizes(page, tmp_path / "budget-refused", full_page=False)
     field.fill("40")
     field.press("Enter")
     _main(page).get_by_role("button", name="Find the largest batch and seq within 40.0 GiB").wait_for(timeout=30_000)

@@ -6,7 +6,7 @@ import pytest
 
 from graphviz_core.ui.graph_view import apply_view
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import SIZES, captured
+from tests.conftest import LAPTOP, both_sizes, captured
 from tests.test_browser import node_point
 
 pytestmark = pytest.mark.browser
@@ -25,7 +25,7 @@ def _selected_and_shown(frame, node: str) -> dict:
     )
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_a_node_link_opens_that_node_selected_with_its_details_in_a_fresh_browser(
     page, second_page, streamlit_url, tmp_path
 ):
@@ -60,4 +60,4 @@ def test_a_node_link_opens_that_node_selected_with_its_details_in_a_fresh_browse
     assert f"id\t{node}" in shown["details"] and f"module\t{module}" in shown["details"], shown["details"]
     assert page.locator("label").filter(has_text="Hide shape ops").locator("input").is_checked()
     assert not page.locator('[data-testid="stAlert"]').filter(has_text="could not be used").count()
-    page.screenshot(path=tmp_path / f"node-link-{page.size}.png")
+    both_sizes(page, tmp_path / "node-link")

@@ -1,11 +1,11 @@
 """Beyond one GPU in Chromium, as a newcomer meets it: numbers out of a field's range are refused with a sentence naming
 the field (never simulated with the previous value), a layout the model cannot take keeps the previous result on
-screen, the refusals name strategies as the Strategy box does, and the captions speak of the strategy on screen
-(DDP, tensor parallel, a pipeline), at a laptop's and a desktop's size (page errors fail)."""
+screen, the refusals name strategies as the Strategy box does, and the captions speak of the strategy on screen (DDP,
+tensor parallel, a pipeline), clicked at a laptop's size and photographed at a desktop's too (page errors fail)."""
 
 import pytest
 
-from tests.conftest import SIZES
+from tests.conftest import LAPTOP, both_sizes
 
 pytestmark = pytest.mark.browser
 
@@ -23,7 +23,7 @@ def _simulate(page) -> None:
     page.get_by_role("button", name="Simulate ranks").click()
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_out_of_range_numbers_and_refused_layouts_keep_the_last_result(page, streamlit_url, tmp_path):
     page.goto(f"{streamlit_url}/parallel")  # gpt2-tiny, FSDP over 8 ranks
     page.get_by_text("Rank 0 next to one device").wait_for(timeout=180_000)
@@ -39,7 +39,7 @@ def test_out_of_range_numbers_and_refused_layouts_keep_the_last_result(page, str
         assert not world.evaluate(CUT), f"{typed} is cut off in the World size box"
         if typed == "1000000":
             world.scroll_into_view_if_needed()
-            page.screenshot(path=str(tmp_path / f"world-size-{page.size}.png"), full_page=True)
+            both_sizes(page, tmp_path / "world-size", full_page=True)
     assert page.locator('[data-testid="stMetricValue"]').first.inner_text() == per_rank
 
     # Context parallel on gpt2 (not a Llama-style decoder): refused by the model's rules, the FSDP result stays.
@@ -50,7 +50,7 @@ def test_out_of_range_numbers_and_refused_layouts_keep_the_last_result(page, str
     assert "The result shown is still that of the previous config (gpt2, FSDP over 8 ranks)" in text, text
     page.get_by_text("Rank 0 next to one device").wait_for(timeout=10_000)
     assert page.locator('[data-testid="stMetricValue"]').first.inner_text() == per_rank
-    page.screenshot(path=str(tmp_path / f"refused-{page.size}.png"), full_page=True)
+    both_sizes(page, tmp_path / "refused", full_page=True)
 
     # Context parallel under tensor parallel: the strategies named as the Strategy box shows them.
     page.get_by_role("spinbutton", name="TP degree").fill("8")
@@ -69,7 +69,7 @@ def test_out_of_range_numbers_and_refused_layouts_keep_the_last_result(page, str
     assert "'tp'" not in text and "fsdp+tp" not in text, text
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_the_captions_speak_of_the_strategy_on_screen(page, streamlit_url, tmp_path):
     def open_layout(query: str, waits_for: str) -> str:
         page.goto(f"{streamlit_url}/parallel?{query}")
@@ -91,7 +91,7 @@ def test_the_captions_speak_of_the_strategy_on_screen(page, streamlit_url, tmp_p
     panel.get_by_text("tensor parallelism's DTensor conversions").wait_for(timeout=10_000)
     assert "hook" not in panel.inner_text(), panel.inner_text()[:2000]
     panel.locator('[data-testid="stTable"]').filter(has_text="all-reduce").first.wait_for(timeout=30_000)
-    page.screenshot(path=str(tmp_path / f"tp-communication-{page.size}.png"), full_page=True)
+    both_sizes(page, tmp_path / "tp-communication", full_page=True)
 
     shown = open_layout("preset=llama-tiny&world_size=4&pp=2&microbatches=2", "Rank 0 next to one device")
     assert "it holds the first pipeline stage" in shown and "symmetric" not in shown, shown[:2000]
@@ -117,4 +117,4 @@ def test_the_captions_speak_of_the_strategy_on_screen(page, streamlit_url, tmp_p
         assert page.locator('[data-testid="stProgress"]').count() == 0  # nothing planned
         box.fill(before)
     page.locator('[data-testid="stAlert"]').last.scroll_into_view_if_needed()
-    page.screenshot(path=str(tmp_path / f"plan-refused-{page.size}.png"), full_page=True)
+    both_sizes(page, tmp_path / "plan-refused", full_page=True)

@@ -7,7 +7,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
 from graphviz_core.ui.format import format_bytes
-from tests.conftest import SIZES
+from tests.conftest import LAPTOP, both_sizes
 
 pytestmark = pytest.mark.browser
 
@@ -32,7 +32,7 @@ def _metric(page, label: str) -> str:
     return metric.locator('[data-testid="stMetricValue"]').inner_text()
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_lora_over_fsdp_from_the_sidebar(page, streamlit_url, tmp_path):
     page.goto(f"{streamlit_url}/parallel?preset=llama-tiny&strategy=fsdp&world_size=4")
     page.get_by_text("Rank 0 next to one device").wait_for(timeout=180_000)
@@ -51,9 +51,9 @@ def test_lora_over_fsdp_from_the_sidebar(page, streamlit_url, tmp_path):
     # Every weight, frozen included, still sharded over 4: (139,584 + 3,584) x 4 / 4 bytes.
     assert _metric(page, "Parameters per rank") == format_bytes(143_168)
     note.scroll_into_view_if_needed()
-    page.screenshot(path=str(tmp_path / f"parallel-lora-{page.size}.png"), full_page=False)
+    both_sizes(page, tmp_path / "parallel-lora", full_page=False)
     page.get_by_role("tab", name="Communication in backward").click()
-    page.screenshot(path=str(tmp_path / f"parallel-lora-collectives-{page.size}.png"), full_page=True)
+    both_sizes(page, tmp_path / "parallel-lora-collectives", full_page=True)
 
     # The Plan tab plans the LoRA model: 2 GPUs in a node of 2, global batch 4 (FSDP 2, TP 2 and PP 2 layouts).
     page.get_by_role("tab", name="Plan").click()
@@ -65,7 +65,7 @@ def test_lora_over_fsdp_from_the_sidebar(page, streamlit_url, tmp_path):
     table = page.locator('[data-testid="stTable"]').filter(has_text="Tokens/s per GPU (estimate)")
     table.wait_for(timeout=300_000)
     assert "FSDP 2, none, microbatch 1" in table.inner_text() and "TP 2 + SP, none, microbatch 1" in table.inner_text()
-    page.screenshot(path=str(tmp_path / f"parallel-lora-plan-{page.size}.png"), full_page=True)
+    both_sizes(page, tmp_path / "parallel-lora-plan", full_page=True)
 
     # Tensor parallel 2: the adapters split as peft splits them (B by columns beside q and v, A whole): 2 layers x
     # (512 + 256 + 512 + 128) = 2,816 scalars x 4 bytes of gradients on each rank.
@@ -73,7 +73,7 @@ def test_lora_over_fsdp_from_the_sidebar(page, streamlit_url, tmp_path):
     page.get_by_text("Fine-tuning: LoRA adapters of rank 8 on q_proj, v_proj train").wait_for(timeout=180_000)
     expect(page.get_by_role("spinbutton", name="TP degree")).to_have_value("2", timeout=30_000)  # the form caught up
     assert _metric(page, "Gradients per rank") == format_bytes(11_264)
-    page.screenshot(path=str(tmp_path / f"parallel-lora-tp-split-{page.size}.png"), full_page=False)
+    both_sizes(page, tmp_path / "parallel-lora-tp-split", full_page=False)
     # With sequence parallel on as well: the same adapter gradients (q and v are column-split), and the page's
     # sequence-parallel tab.
     page.get_by_text("Sequence parallel (with TP)", exact=True).click()
@@ -82,4 +82,4 @@ def test_lora_over_fsdp_from_the_sidebar(page, streamlit_url, tmp_path):
     assert _metric(page, "Gradients per rank") == format_bytes(11_264)
     page.mouse.move(page.viewport_size["width"] - 20, 20)  # no button tooltip (hover or focus) in the screenshot
     page.evaluate("document.activeElement && document.activeElement.blur()")
-    page.screenshot(path=str(tmp_path / f"parallel-lora-sp-{page.size}.png"), full_page=False)
+    both_sizes(page, tmp_path / "parallel-lora-sp", full_page=False)

@@ -1,11 +1,12 @@
-"""Beyond one GPU with a pipeline and context parallel, then a pipeline and sequence parallel, set in the sidebar's
-form and simulated in Chromium: the Pipeline stages tab and the Context and sequence parallel tab (one layer of a
-stage per microbatch, measured = counted), at a laptop's and a desktop's size (page errors fail)."""
+"""Beyond one GPU with a pipeline and context parallel, then a pipeline and sequence parallel, set in the sidebar's form
+and simulated in Chromium: the Pipeline stages tab and the Context and sequence parallel tab (one layer of a stage
+per microbatch, measured = counted), clicked at a laptop's size and photographed at a desktop's too (page errors
+fail)."""
 
 import pytest
 
 from graphviz_core.ui.format import format_bytes
-from tests.conftest import SIZES
+from tests.conftest import LAPTOP, both_sizes
 
 pytestmark = pytest.mark.browser
 
@@ -22,14 +23,14 @@ def _simulate(page, tmp_path, name: str):
     split.wait_for(timeout=180_000)
     page.get_by_role("tab", name="Pipeline stages").click()
     page.get_by_text("microbatches of 1. Each rank's stages really ran").wait_for(timeout=30_000)
-    page.screenshot(path=str(tmp_path / f"{name}-stages-{page.size}.png"), full_page=True)
+    both_sizes(page, tmp_path / f"{name}-stages", full_page=True)
     split.click()
     panel = page.get_by_role("tabpanel").filter(has_text="Counted by hand")
     panel.get_by_text("With the pipeline: one layer of a stage, per microbatch (1 sequence").wait_for(timeout=30_000)
     return panel
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_pipeline_with_context_then_sequence_parallel_from_the_form(page, streamlit_url, tmp_path):
     page.goto(f"{streamlit_url}/parallel?preset=llama-tiny")  # the page's default layout: FSDP over 8 ranks
     page.get_by_text("Rank 0 next to one device").wait_for(timeout=180_000)
@@ -45,7 +46,7 @@ def test_pipeline_with_context_then_sequence_parallel_from_the_form(page, stream
     # keys and values of 16 tokens of 1 sequence: 2*1*16*32 float32 = 4 KiB; backward 4 KiB + 2 x 4 KiB of gradients
     cells = [row.locator("td").all_inner_texts()[-2:] for row in ring.locator("tbody tr").all()]
     assert cells == [[format_bytes(4_096), format_bytes(4_096)], [format_bytes(12_288), format_bytes(12_288)]]
-    page.screenshot(path=str(tmp_path / f"pp-cp-{page.size}.png"), full_page=True)
+    both_sizes(page, tmp_path / "pp-cp", full_page=True)
 
     # A link to TP 2 inside each of 2 pipeline stages (4 ranks); sequence parallel switched on in the form.
     page.goto(f"{streamlit_url}/parallel?preset=llama-tiny&strategy=tp&world_size=4&tp=2&pp=2&microbatches=2")
@@ -59,7 +60,7 @@ def test_pipeline_with_context_then_sequence_parallel_from_the_form(page, stream
     metrics = panel.locator('[data-testid="stMetricValue"]')
     assert [metrics.nth(i).inner_text() for i in range(3)] == [
         format_bytes(78_208), format_bytes(78_208), format_bytes(45_056)]
-    page.screenshot(path=str(tmp_path / f"pp-sp-{page.size}.png"), full_page=True)
+    both_sizes(page, tmp_path / "pp-sp", full_page=True)
 
 
 def _drop(form, box: str, option: str) -> None:
@@ -68,7 +69,7 @@ def _drop(form, box: str, option: str) -> None:
     select.get_by_role("button", name=f"Remove {option}", exact=True).click()
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_the_plan_tab_tries_context_parallel_with_pipeline_stages(page, streamlit_url, tmp_path):
     page.goto(f"{streamlit_url}/parallel?preset=llama-tiny")
     page.get_by_text("Rank 0 next to one device").wait_for(timeout=180_000)
@@ -91,4 +92,4 @@ def test_the_plan_tab_tries_context_parallel_with_pipeline_stages(page, streamli
     rows = table.evaluate("t => [...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.innerText))")
     assert sorted(row[1] for row in rows) == ["FSDP 2 x PP 2, full, microbatch 1", "PP 2 x CP 2, full, microbatch 1",
                                               "TP 2 + SP x PP 2, full, microbatch 1"], rows
-    page.screenshot(path=str(tmp_path / f"plan-pp-cp-{page.size}.png"), full_page=True)
+    both_sizes(page, tmp_path / "plan-pp-cp", full_page=True)

@@ -5,7 +5,7 @@ sentence in the form's labels, never the CLI's flags (page errors fail the test)
 import pytest
 
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import SIZES, captured
+from tests.conftest import LAPTOP, both_sizes, captured
 
 pytestmark = pytest.mark.browser
 
@@ -33,7 +33,7 @@ def _still_shown(page, nodes: int) -> None:
     assert page.get_by_text("Loss ").count() >= 1
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_refused_runs_keep_the_previous_result_and_use_the_form_labels(page, streamlit_url, tmp_path):
     nodes = captured("gpt2-tiny").summary.nodes
     page.goto(f"{streamlit_url}/?preset=gpt2-tiny")
@@ -47,7 +47,7 @@ def test_refused_runs_keep_the_previous_result_and_use_the_form_labels(page, str
     assert "Not run: “Freeze parameters (glob)” '[' matches no parameter" in text and KEPT in text, text
     assert "--" not in text, text
     _still_shown(page, nodes)
-    page.screenshot(path=tmp_path / f"refused-freeze-{page.size}.png", full_page=False)
+    both_sizes(page, tmp_path / "refused-freeze", full_page=False)
 
     # every parameter frozen: a sentence (no traceback), the result kept
     freeze.fill("*")
@@ -66,7 +66,7 @@ def test_refused_runs_keep_the_previous_result_and_use_the_form_labels(page, str
     assert "“torch.compile” with “Mixed precision (autocast)” is not captured" in text and KEPT in text, text
     assert "--" not in text, text
     _still_shown(page, nodes)
-    page.screenshot(path=tmp_path / f"refused-compile-{page.size}.png", full_page=False)
+    both_sizes(page, tmp_path / "refused-compile", full_page=False)
 
 
 def test_an_unknown_lora_target_keeps_the_previous_result(page, streamlit_url, tmp_path):
@@ -80,10 +80,10 @@ def test_an_unknown_lora_target_keeps_the_previous_result(page, streamlit_url, t
     text = _refused(page, "matches no module")
     assert "Not run: LoRA target 'no_such_layer' matches no module of this model" in text and KEPT in text, text
     _still_shown(page, nodes)
-    page.screenshot(path=tmp_path / f"refused-lora-{page.size}.png", full_page=False)
+    both_sizes(page, tmp_path / "refused-lora", full_page=False)
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_compare_keeps_the_previous_pair_when_b_is_refused_once_built(page, streamlit_url, tmp_path):
     page.goto(f"{streamlit_url}/compare")
     page.get_by_text("What changed, and why").wait_for(timeout=120_000)
@@ -99,4 +99,4 @@ def test_compare_keeps_the_previous_pair_when_b_is_refused_once_built(page, stre
     assert text.endswith("The comparison shown is still that of the previous configs."), text
     page.get_by_text("What changed, and why").wait_for(timeout=60_000)
     notice.scroll_into_view_if_needed()
-    page.screenshot(path=tmp_path / f"refused-compare-{page.size}.png", full_page=False)
+    both_sizes(page, tmp_path / "refused-compare", full_page=False)

@@ -7,7 +7,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import SIZES, captured
+from tests.conftest import LAPTOP, both_sizes, captured
 
 pytestmark = pytest.mark.browser
 
@@ -19,7 +19,7 @@ def _pick(page, label: str, option: str) -> None:
     page.get_by_role("option", name=option, exact=True).click()
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_autocast_and_optimizer_controls_run_that_step(page, streamlit_url, tmp_path):
     fp32 = captured("llama-tiny")
     mixed = captured("llama-tiny", autocast="bfloat16", optimizer="adafactor")
@@ -37,11 +37,11 @@ def test_autocast_and_optimizer_controls_run_that_step(page, streamlit_url, tmp_
     assert "Adafactor optimizer" in line.first.inner_text()
     query = parse_qs(urlparse(page.url).query)
     assert query.get("autocast") == ["bfloat16"] and query.get("optimizer") == ["adafactor"], page.url
-    page.screenshot(path=tmp_path / f"autocast-graph-{page.size}.png", full_page=True)
+    both_sizes(page, tmp_path / "autocast-graph", full_page=True)
 
     page.get_by_role("tab", name="Memory").click()
     page.get_by_text("One training step (Adafactor, bfloat16 autocast)").wait_for(timeout=60_000)
     page.get_by_text("bfloat16 weight copies", exact=True).wait_for(timeout=10_000)
     page.get_by_text("Adafactor: col_var", exact=False).first.wait_for(timeout=10_000)
     page.get_by_text("One training step").scroll_into_view_if_needed()
-    page.screenshot(path=tmp_path / f"autocast-memory-{page.size}.png", full_page=False)
+    both_sizes(page, tmp_path / "autocast-memory", full_page=False)
