@@ -115,12 +115,16 @@ def test_no_result_table_runs_past_its_right_edge(page, streamlit_url, tmp_path)
         if tab:
             page.get_by_role("tab", name=tab).click()
         page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+        # every page here shows a table: wait for the first (the script may still be running before the status widget
+        # shows; a loaded fresh-clone run once counted none, which measures nothing)
+        tables = page.locator('[data-testid="stDataFrame"], [data-testid="stTable"]')
+        tables.filter(visible=True).first.wait_for(timeout=120_000)
         for expander in page.locator('[data-testid="stExpander"] details:not([open]) summary').all():
             if expander.is_visible():  # the lists inside expanders too ("Every node", the forward's collectives)
                 expander.click()
         page.wait_for_timeout(1500)
         # one table at a time, scrolled into view first: a data frame below the fold draws its grid only once seen
-        tables, overflowing = page.locator('[data-testid="stDataFrame"], [data-testid="stTable"]'), []
+        overflowing = []
         for i in range(tables.count()):
             table = tables.nth(i)
             if not table.is_visible():  # in a closed tab

@@ -50,6 +50,7 @@ from graphviz_core.parallel.simulate import (
     _warm_optimizer_state,
     apply_parallelism,
     fake_world,
+    forget_sharding_decisions,
     simulate_parallel,
     simulate_workload,
     simulation_lock,
@@ -131,6 +132,7 @@ class PipelineReport:
 def simulate_layout(config: ModelConfig, parallel: ParallelConfig, single_device: bool = True) -> PerRank:
     """Rank 0's figures for `config` laid out as `parallel`; with pipeline parallelism, pipeline rank 0's, with every
     stage in `.pipeline`."""
+    forget_sharding_decisions()
     if parallel.pp == 1:
         return simulate_parallel(config, parallel, single_device)
     check_parallel(config, parallel)

@@ -493,7 +493,10 @@ def plan(config: ModelConfig, cluster: Cluster, global_batch: int, checkpoints: 
     if not layouts:
         raise ValueError(f"no layout of {config.model!r} fits the rules on {cluster.gpus} GPUs: "
                          f"{refused[0]['reason'] if refused else 'nothing to try'}.")
+    from graphviz_core.parallel.simulate import forget_sharding_decisions
+
     search = _Search(config, cluster, global_batch, layouts)
+    forget_sharding_decisions()  # as a fresh process would start (forked workers inherit them empty)
     _simulate(search, jobs, progress)
     planned = ranked(search.planned.values())
     skipped = refused + [{"mesh": layout.mesh(), "checkpoint": layout.checkpoint,

@@ -332,6 +332,21 @@ def simulation_lock() -> Iterator[None]:
         _SIMULATION_LOCK.release()
 
 
+def forget_sharding_decisions() -> None:
+    """Empty DTensor's sharding caches (its Python and C++ ones), so that what follows starts as the first simulation
+    of a process does. Called where a request starts (one layout, one plan), not per simulation (refilling them costs
+    about a second on llama-tiny). A cached decision's key holds a mesh equal to any later mesh of the same shape and
+    names made in the same thread, whose world has been torn down since; in one fresh-clone run, after other test
+    files' simulations in the same process, the planner's PP 2 x CP 2 peak read 3,295,760 B against its full
+    simulation's 3,258,768 (equal in a fresh process). Older torch releases have no function for it; there they stay."""
+    try:
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    except ImportError:
+        return
+    with simulation_lock():  # never while another simulation reads them
+        _clear_sharding_prop_cache()
+
+
 @contextlib.contextmanager
 def _propagation_apart() -> Iterator[None]:
     """DTensor works out an op's output shape, on a cache miss, by running it on fake copies of its inputs under the
