@@ -68,11 +68,10 @@ def machine() -> str:
     return f"{os.cpu_count()} CPU cores, {memory / 2**30:.1f} GiB memory, torch {importlib.metadata.version('torch')}"
 
 
-def table(rows: list[tuple[str, str, str]], when: str) -> str:
+def table(rows: list[tuple[str, str, str]], header: list[str]) -> str:
     lines = [
         START,
-        f"Measured on {when} by `make bench` on {machine()} (load average at the end {os.getloadavg()[0]:.1f}); "
-        f"every figure below is printed by the benchmark named.",
+        *header,
         "",
         "| what | measured | goal |",
         "| --- | --- | --- |",
@@ -108,7 +107,15 @@ def main() -> None:
         rank = lambda r: order.index(re.search(r"bench_\w+\.py", r[0]).group(0))  # noqa: E731
         rows = sorted(kept + rows, key=rank)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    text = table(rows, when)
+    where = f"on {machine()} (load average at the end {os.getloadavg()[0]:.1f})"
+    if args.only:  # the table's own header stays true of the rows kept; a line says which rows are newer, and where
+        ran = sorted(args.only)
+        header = [line for line in rest.split(END, 1)[0].split("\n\n", 1)[0].strip().splitlines()
+                  if not (line.startswith("Re-measured on") and all(s in ran for s in re.findall(r"bench_\w+\.py", line)))]
+        header.append(f"Re-measured on {when} {where}: the rows of {', '.join(f'`{s}`' for s in ran)}.")
+    else:
+        header = [f"Measured on {when} by `make bench` {where}; every figure below is printed by the benchmark named."]
+    text = table(rows, header)
     print(text)
     if args.dry_run:
         return
