@@ -31,7 +31,8 @@ from graphviz_core.models.registry import family_of
 config = config_from_preset(sys.argv[1])
 imported = time.perf_counter()
 family = family_of(config)
-transformers_for(family.name, family.transformers_names)  # transformers' own imports for the family (torch._dynamo, DTensor): once a process
+# transformers' own imports for the family (torch._dynamo, DTensor): once a process
+transformers_for(family.name, family.transformers_names)
 family_imported = time.perf_counter()
 capture = capture_backward(config)
 done = time.perf_counter()

@@ -1,4 +1,5 @@
-"""The benchmarks still run: each one's measuring code on the smallest preset, against the library's own figures.
+"""The benchmarks' measuring code still runs: bench_families.py's child on the smallest Llama, against the library's
+own figures.
 
 `make bench` takes many minutes and `make test` does not run it, so a renamed function in the library would break a
 benchmark unseen until its next run (bench_families.py's child called `transformers_for` with its old arguments).

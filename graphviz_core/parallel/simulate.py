@@ -334,8 +334,8 @@ def simulation_lock() -> Iterator[None]:
 
 def forget_sharding_decisions() -> None:
     """Empty DTensor's sharding caches (its Python and C++ ones), so that what follows starts as the first simulation
-    of a process does. Called where a request starts (one layout, one plan), not per simulation (refilling them costs
-    about a second on llama-tiny). A cached decision's key holds a mesh equal to any later mesh of the same shape and
+    of a process does. Called where a request starts (one layout, one plan), not per simulation: refilling them made a
+    llama-tiny FSDP+TP request 2.52 s instead of 2.24 (gpt2-tiny FSDP: 1.81 instead of 1.76). A cached decision's key holds a mesh equal to any later mesh of the same shape and
     names made in the same thread, whose world has been torn down since; in one fresh-clone run, after other test
     files' simulations in the same process, the planner's PP 2 x CP 2 peak read 3,295,760 B against its full
     simulation's 3,258,768 (equal in a fresh process). Older torch releases have no function for it; there they stay."""
