@@ -49,6 +49,7 @@ from graphviz_core.parallel.simulate import (
     _to_empty_keeping_ties,
     _warm_optimizer_state,
     apply_parallelism,
+    empty_sharding_caches,
     fake_world,
     forget_sharding_decisions,
     simulate_parallel,
@@ -187,6 +188,7 @@ def simulate_pipeline(config: ModelConfig, parallel: ParallelConfig, ranks: Iter
             return _run_rank(config, parallel, meshes, rank)
 
     with simulation_lock():
+        empty_sharding_caches()  # each rank's thread starts from none, whichever thread ids it is given
         runs = one_thread_each({rank: functools.partial(run, rank) for rank in ranks})
     order = next(iter(runs.values())).order
     per_stage = []
