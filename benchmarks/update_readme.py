@@ -110,8 +110,9 @@ def main() -> None:
     where = f"on {machine()} (load average at the end {os.getloadavg()[0]:.1f})"
     if args.only:  # the table's own header stays true of the rows kept; a line says which rows are newer, and where
         ran = sorted(args.only)
-        header = [line for line in rest.split(END, 1)[0].split("\n\n", 1)[0].strip().splitlines()
-                  if not (line.startswith("Re-measured on") and all(s in ran for s in re.findall(r"bench_\w+\.py", line)))]
+        old_header = rest.split(END, 1)[0].split("\n\n", 1)[0].strip().splitlines()
+        header = [line for line in old_header  # less a line about rows re-measured again now
+                  if not (line.startswith("Re-measured on") and set(re.findall(r"bench_\w+\.py", line)) <= set(ran))]
         header.append(f"Re-measured on {when} {where}: the rows of {', '.join(f'`{s}`' for s in ran)}.")
     else:
         header = [f"Measured on {when} by `make bench` {where}; every figure below is printed by the benchmark named."]

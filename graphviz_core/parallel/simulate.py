@@ -333,21 +333,20 @@ def simulation_lock() -> Iterator[None]:
 
 
 def forget_sharding_decisions() -> None:
-    """Empty DTensor's sharding caches (its Python and C++ ones), so that what follows starts as the first simulation
-    of a process does. Called where a request starts (one layout, one plan), not per simulation: refilling them made a
-    llama-tiny FSDP+TP request 2.52 s instead of 2.24 (gpt2-tiny FSDP: 1.81 instead of 1.76). A cached decision's key holds a mesh equal to any later mesh of the same shape and
-    names made in the same thread, whose world has been torn down since; in one fresh-clone run, after other test
-    files' simulations in the same process, the planner's PP 2 x CP 2 peak read 3,295,760 B against its full
-    simulation's 3,258,768 (equal in a fresh process). Older torch releases have no function for it; there they stay."""
+    """Empty DTensor's sharding caches where a request starts (one layout, one plan), so that it runs as the first
+    simulation of a process does, whatever ran before it (empty_sharding_caches says why). Refilling them made a
+    llama-tiny FSDP+TP request 2.52 s instead of 2.24 (gpt2-tiny FSDP: 1.81 instead of 1.76)."""
     with simulation_lock():  # never while another simulation reads them
         empty_sharding_caches()
 
 
 def empty_sharding_caches() -> None:
-    """DTensor's sharding caches emptied; the caller holds the simulation lock. A pipeline simulation does this before
-    its rank threads start: a new thread may be given the id of one finished since, and then its meshes equal that
-    thread's, so whether a rank reuses decisions from a torn-down world turned on thread-id reuse: a loaded fresh-clone
-    run read the planner's PP 2 x CP 2 peak 3,292,792 B against 3,258,768 in the same fresh process."""
+    """Empty DTensor's sharding caches (Python and C++); the caller holds the simulation lock. A cached decision is
+    keyed by a mesh that equals any later mesh of the same shape and names made in a thread with the same id, so a
+    simulation could reuse decisions from an earlier, torn-down world: in fresh-clone runs the planner's PP 2 x CP 2
+    peak read 3,295,760 and 3,292,792 B against 3,258,768, the second time in a process of its own (a pipeline's rank
+    threads can be given the ids of threads finished since). A pipeline simulation empties them before its rank
+    threads start. Older torch releases have no function for it; there they stay."""
     try:
         from torch.distributed.tensor.debug import _clear_sharding_prop_cache
     except ImportError:
