@@ -125,6 +125,31 @@ def both_sizes(page, path, full_page: bool = False) -> None:
         page.wait_for_timeout(800)
 
 
+def idle(page, timeout_ms: int = 60_000) -> None:
+    """Wait until the app has no script run in progress (Streamlit's "Running..." status widget gone)."""
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout_ms)
+
+
+def choose(page, box, option: str, tries: int = 4) -> None:
+    """Pick `option` in the selectbox whose combobox is `box`, as a person does: once the app is idle, focus the box,
+    open its list (ArrowDown: in a sidebar form a click alone sometimes left it closed) and click the option; open it
+    again if a rerun still drawing (the address bar's sync after a run) closed the list before the click."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    wanted = page.get_by_role("option", name=option, exact=True)
+    for attempt in range(tries):
+        idle(page)
+        box.click()
+        box.press("ArrowDown")
+        try:
+            wanted.click(timeout=10_000)
+            return
+        except PlaywrightTimeout:
+            if attempt == tries - 1:
+                raise
+            page.keyboard.press("Escape")
+
+
 @contextlib.contextmanager
 def watched_page(browser, width: int = 1500, height: int = 1000):
     """A page in a new browser context; on leaving, the context is closed and any page or console error fails."""

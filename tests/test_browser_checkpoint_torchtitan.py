@@ -5,10 +5,9 @@ whole name, and the Memory tab's side-by-side table explains its row (page error
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import LAPTOP, both_sizes, captured
+from tests.conftest import LAPTOP, both_sizes, captured, choose
 
 pytestmark = pytest.mark.browser
 
@@ -23,15 +22,7 @@ def test_choosing_torchtitans_policy_runs_it(page, streamlit_url, tmp_path):
     page.goto(f"{streamlit_url}/?preset=llama-tiny")
     graph_frame(page, plain.summary.nodes, timeout_s=120)
     sidebar = page.locator('[data-testid="stSidebar"]')
-    box = sidebar.get_by_role("combobox", name="Checkpointing", exact=True)
-    for attempt in range(3):  # a rerun of the page (the address bar's sync) may close the list before the click
-        box.click()
-        try:
-            page.get_by_role("option", name=POLICY, exact=True).click(timeout=10_000)
-            break
-        except PlaywrightTimeout:
-            if attempt == 2:
-                raise
+    choose(page, sidebar.get_by_role("combobox", name="Checkpointing", exact=True), POLICY)
     sidebar.get_by_role("button", name="Run backward pass").click()
     # the config line names the policy once its capture is drawn (checkpointing keeps the graph's node count)
     assert titan.summary.nodes == plain.summary.nodes

@@ -6,6 +6,8 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from tests.conftest import idle
+
 pytestmark = pytest.mark.browser
 
 NOT_A_PRESET = "(custom: the fields below)"
@@ -31,7 +33,7 @@ def test_field_only_links_of_several_families_read_back_from_the_preset_box(page
     for query, preset, family, address in LINKS:
         page.goto(f"{streamlit_url}/?{query}")
         page.locator('[data-testid="stCaptionContainer"]', has_text="Loss ").wait_for(timeout=120_000)
-        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+        idle(page)
         assert box(page, "Preset") == preset, query
         assert box(page, "Model family") == family, query
         assert parse_qs(urlparse(page.url).query) == address, (query, page.url)

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import captured
+from tests.conftest import captured, choose
 
 pytestmark = pytest.mark.browser
 
@@ -50,8 +50,7 @@ def test_downloads_offer_this_view_and_the_whole_graph_and_keep_zoom_and_selecti
     # 6 module nodes (blocks.0, blocks.1, wte, wpe, ln_f, lm_head) + the 3 non-shape nodes outside every
     # module (NllLoss, LogSoftmax, the wte + wpe Add; the View before the loss is hidden) = 9 of 101
     graph_frame(page, 9)
-    page.locator('[data-testid="stSelectbox"]').filter(has_text="Colour by").click()
-    page.get_by_role("option", name="FLOPs", exact=True).click()
+    choose(page, page.get_by_role("combobox", name="Colour by", exact=True), "FLOPs")
     frame = drawn_frame(page, 9, "colour: FLOPs")
     ids = frame.evaluate("window.network.body.data.nodes.getIds()")
     fills = frame.evaluate("Object.fromEntries(window.network.body.data.nodes.get().map(n => [n.id, n.color.background]))")

@@ -7,7 +7,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import LAPTOP, both_sizes, captured
+from tests.conftest import LAPTOP, both_sizes, captured, choose
 
 pytestmark = pytest.mark.browser
 
@@ -25,8 +25,7 @@ def test_lora_controls_run_that_step_and_compare_with_full(page, streamlit_url, 
     page.goto(f"{streamlit_url}/?preset=llama-tiny")
     graph_frame(page, full.summary.nodes, timeout_s=120)
     assert not _sidebar(page).get_by_role("spinbutton", name="LoRA rank r").count()  # full fine-tuning: no LoRA fields
-    _sidebar(page).locator('[data-testid="stSelectbox"]').filter(has_text="Fine-tuning").click()
-    page.get_by_role("option", name=LORA, exact=True).click()
+    choose(page, _sidebar(page).get_by_role("combobox", name="Fine-tuning", exact=True), LORA)
     rank = _sidebar(page).get_by_role("spinbutton", name="LoRA rank r")
     rank.wait_for(timeout=30_000)
     _sidebar(page).get_by_role("textbox", name="LoRA targets").wait_for(timeout=10_000)

@@ -5,7 +5,7 @@ import pytest
 
 from graphviz_core.export.render import render_standalone_html
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import SIZES, captured
+from tests.conftest import SIZES, captured, idle
 
 pytestmark = pytest.mark.browser
 
@@ -63,7 +63,7 @@ def test_the_explorers_first_graph_view_cuts_no_node_at_its_edge(page, streamlit
     capture = captured("gpt2-tiny")  # the default: 101 nodes in three columns, too many to fit readably
     page.goto(streamlit_url)
     frame = graph_frame(page, capture.summary.nodes)
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    idle(page)
     page.wait_for_timeout(1000)  # Streamlit sizes the frame after its first draw; the view follows
     frame.locator("#graph").scroll_into_view_if_needed()
     page.screenshot(path=str(tmp_path / f"graph-{page.size}.png"))
@@ -114,7 +114,7 @@ def test_no_result_table_runs_past_its_right_edge(page, streamlit_url, tmp_path)
         page.get_by_text(shown).first.wait_for(timeout=120_000)
         if tab:
             page.get_by_role("tab", name=tab).click()
-        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+        idle(page)
         # every page here shows a table: wait for the first (the script may still be running before the status widget
         # shows; a loaded fresh-clone run once counted none, which measures nothing)
         tables = page.locator('[data-testid="stDataFrame"], [data-testid="stTable"]')

@@ -3,7 +3,7 @@
 import pytest
 
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import SIZES, captured
+from tests.conftest import SIZES, captured, idle
 
 pytestmark = pytest.mark.browser
 
@@ -22,7 +22,7 @@ def test_every_headline_metric_is_shown_whole(page, streamlit_url, tmp_path):
     graph_frame(page, capture.summary.nodes)
     # Streamlit may redraw the page once more when the first script run ends: wait for the headline
     page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stMetric\"]').length >= 6", timeout=30_000)
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=30_000)
+    idle(page, 30_000)
     metrics = page.locator('[data-testid="stMetric"]')
     texts = metrics.all_inner_texts()
     # the values the page must show whole: these are the capture's own figures, formatted as the page does
@@ -43,7 +43,7 @@ def test_the_compare_pages_metrics_are_shown_whole(page, streamlit_url):
     page.goto(f"{streamlit_url}/compare")
     page.get_by_role("button", name="Fused vs spelled-out attention").click()
     page.locator('[data-testid="stMetricLabel"]', has_text="Nodes per layer").wait_for(timeout=120_000)
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    idle(page)
     page.wait_for_timeout(500)
     labels = page.locator('[data-testid="stMetricLabel"]').all_inner_texts()
     assert "Backward FLOPs (B)" in labels and "Forward + backward time (B)" in labels, labels

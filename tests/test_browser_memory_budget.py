@@ -4,7 +4,7 @@ last valid value under a red mark (page errors fail the test)."""
 
 import pytest
 
-from tests.conftest import LAPTOP, both_sizes
+from tests.conftest import LAPTOP, both_sizes, choose
 
 pytestmark = pytest.mark.browser
 
@@ -24,8 +24,7 @@ def test_the_budget_field_agrees_with_the_button_and_refuses_out_of_range(page, 
     field.scroll_into_view_if_needed()
     both_sizes(page, tmp_path / "budget-card", full_page=False)
 
-    _main(page).locator('[data-testid="stSelectbox"]').filter(has_text="Memory budget").click()
-    page.get_by_role("option", name="Custom (GiB)", exact=True).click()
+    choose(page, _main(page).get_by_role("combobox", name="Memory budget", exact=True), "Custom (GiB)")
     field = _main(page).get_by_role("spinbutton", name="Budget (GiB)")
     field.wait_for(timeout=30_000)
     for typed, shown in (("0", "0.00"), ("-1", "-1.00"), ("99999999", "99,999,999.00")):

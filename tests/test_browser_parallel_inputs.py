@@ -5,7 +5,7 @@ tensor parallel, a pipeline), clicked at a laptop's size and photographed at a d
 
 import pytest
 
-from tests.conftest import LAPTOP, both_sizes
+from tests.conftest import LAPTOP, both_sizes, choose
 
 pytestmark = pytest.mark.browser
 
@@ -54,15 +54,8 @@ def test_out_of_range_numbers_and_refused_layouts_keep_the_last_result(page, str
 
     # Context parallel under tensor parallel: the strategies named as the Strategy box shows them.
     page.get_by_role("spinbutton", name="TP degree").fill("8")
-    option = page.get_by_role("option", name="tensor parallel", exact=True)
-    for _ in range(5):  # a rerun still drawing may close the list as it opens: open it again
-        page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').filter(has_text="Strategy").click()
-        try:
-            option.wait_for(timeout=5_000)
-            break
-        except Exception:
-            page.keyboard.press("Escape")
-    option.click()
+    choose(page, page.locator('[data-testid="stSidebar"]').get_by_role("combobox", name="Strategy", exact=True),
+           "tensor parallel")
     _simulate(page)
     text = _alert(page, "pick strategy")
     assert 'pick strategy "FSDP", "DDP" or "FSDP × TP (2-D)" (got "tensor parallel")' in text, text

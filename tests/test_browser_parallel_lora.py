@@ -3,28 +3,14 @@ this model simulates FSDP with the adapters as the only trained parameters, the 
 and tensor parallel, with and without sequence parallel, splits the adapters (page errors fail the test)."""
 
 import pytest
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
 from graphviz_core.ui.format import format_bytes
-from tests.conftest import LAPTOP, both_sizes
+from tests.conftest import LAPTOP, both_sizes, choose
 
 pytestmark = pytest.mark.browser
 
 LORA = "LoRA (base weights frozen)"
-
-
-def _choose(page, box, option: str) -> None:
-    """Open a selectbox and pick `option`; again if a rerun of the page (the address bar's sync after the first
-    simulation) closed the list before the option could be clicked."""
-    for attempt in range(3):
-        box.click()
-        try:
-            page.get_by_role("option", name=option, exact=True).click(timeout=10_000)
-            return
-        except PlaywrightTimeout:  # the list closed under a rerun; open it again
-            if attempt == 2:
-                raise
 
 
 def _metric(page, label: str) -> str:
@@ -39,7 +25,7 @@ def test_lora_over_fsdp_from_the_sidebar(page, streamlit_url, tmp_path):
     # Full fine-tuning first: every gradient's quarter, 139,584 scalars x 4 bytes / 4 ranks.
     assert _metric(page, "Gradients per rank") == format_bytes(139_584)
     sidebar = page.locator('[data-testid="stSidebar"]')
-    _choose(page, sidebar.locator('[data-testid="stSelectbox"]').filter(has_text="Fine-tuning"), LORA)
+    choose(page, sidebar.get_by_role("combobox", name="Fine-tuning", exact=True), LORA)
     sidebar.get_by_role("spinbutton", name="LoRA rank r").wait_for(timeout=30_000)
     sidebar.get_by_role("button", name="Use this model").click()
     note = page.get_by_text("Fine-tuning: LoRA adapters of rank 8 on q_proj, v_proj train")

@@ -5,7 +5,7 @@ sentence in the form's labels, never the CLI's flags (page errors fail the test)
 import pytest
 
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import LAPTOP, both_sizes, captured
+from tests.conftest import LAPTOP, both_sizes, captured, choose
 
 pytestmark = pytest.mark.browser
 
@@ -59,8 +59,7 @@ def test_refused_runs_keep_the_previous_result_and_use_the_form_labels(page, str
 
     # torch.compile with autocast: refused at Run, before anything compiles, in the form's words
     _sidebar(page).locator("label").filter(has_text="torch.compile").click()
-    _sidebar(page).locator('[data-testid="stSelectbox"]').filter(has_text="Mixed precision (autocast)").click()
-    page.get_by_role("option", name="bfloat16", exact=True).click()
+    choose(page, _sidebar(page).get_by_role("combobox", name="Mixed precision (autocast)", exact=True), "bfloat16")
     _run(page)
     text = _refused(page, "is not captured")
     assert "“torch.compile” with “Mixed precision (autocast)” is not captured" in text and KEPT in text, text
@@ -73,8 +72,7 @@ def test_an_unknown_lora_target_keeps_the_previous_result(page, streamlit_url, t
     nodes = captured("gpt2-tiny").summary.nodes
     page.goto(f"{streamlit_url}/?preset=gpt2-tiny")
     graph_frame(page, nodes, timeout_s=120)
-    _sidebar(page).locator('[data-testid="stSelectbox"]').filter(has_text="Fine-tuning").click()
-    page.get_by_role("option", name="LoRA (base weights frozen)", exact=True).click()
+    choose(page, _sidebar(page).get_by_role("combobox", name="Fine-tuning", exact=True), "LoRA (base weights frozen)")
     _sidebar(page).get_by_role("textbox", name="LoRA targets").fill("no_such_layer")
     _run(page)
     text = _refused(page, "matches no module")

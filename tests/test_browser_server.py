@@ -8,7 +8,7 @@ from graphviz_core.capture.device import estimate_peak_bytes
 from graphviz_core.config import config_from_preset
 from graphviz_core.ui.graph_view import apply_view
 from graphviz_core.ui.live import graph_frame, serve_app
-from tests.conftest import captured
+from tests.conftest import captured, choose
 
 pytestmark = pytest.mark.browser
 
@@ -95,10 +95,8 @@ def test_copy_link_opens_the_same_view_in_a_fresh_browser(page, second_page, tea
     graph_frame(page, capture.summary.nodes)  # 3 layers: 144 nodes
     page.get_by_text("Hide shape ops").click()
     graph_frame(page, apply_view(capture, focus=None, hide_shape=True, collapse=False, expanded=None).number_of_nodes())
-    page.locator('[data-testid="stSelectbox"]').filter(has_text="Focus on").click()
-    page.get_by_role("option", name="blocks.1", exact=True).click()
-    page.locator('[data-testid="stSelectbox"]').filter(has_text="Colour by").click()
-    page.get_by_role("option", name="FLOPs").click()
+    choose(page, page.get_by_role("combobox", name="Focus on", exact=True), "blocks.1")
+    choose(page, page.get_by_role("combobox", name="Colour by", exact=True), "FLOPs")
     search = page.get_by_label("Search op, module or parameter")
     search.fill("Addmm")
     search.press("Enter")

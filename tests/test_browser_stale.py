@@ -3,6 +3,8 @@ the progress line undimmed (Streamlit fades stale elements only ~1 s into a run,
 
 import pytest
 
+from tests.conftest import idle
+
 pytestmark = pytest.mark.browser
 
 # Every frame while the page shows its progress (a capture's Cancel box, the simulation's spinner): the most opaque
@@ -28,7 +30,7 @@ DIMMED = 0.33  # ui.state.DIM_STALE's opacity; Streamlit's own fade reaches it o
 
 
 def settled(page) -> None:
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120_000)
+    idle(page, 120_000)
     page.wait_for_timeout(500)
 
 

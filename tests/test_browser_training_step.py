@@ -7,16 +7,13 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import LAPTOP, both_sizes, captured
+from tests.conftest import LAPTOP, both_sizes, captured, choose, idle
 
 pytestmark = pytest.mark.browser
 
 
 def _pick(page, label: str, option: str) -> None:
-    box = page.locator('[data-testid="stSidebar"]').get_by_role("combobox", name=label, exact=True)
-    box.click()  # focuses the box (in the sidebar's form a click alone left the list closed)
-    box.press("ArrowDown")  # opens its list
-    page.get_by_role("option", name=option, exact=True).click()
+    choose(page, page.locator('[data-testid="stSidebar"]').get_by_role("combobox", name=label, exact=True), option)
 
 
 @pytest.mark.parametrize("page", [LAPTOP], indirect=True)
@@ -25,7 +22,7 @@ def test_autocast_and_optimizer_controls_run_that_step(page, streamlit_url, tmp_
     mixed = captured("llama-tiny", autocast="bfloat16", optimizer="adafactor")
     page.goto(f"{streamlit_url}/?preset=llama-tiny")
     graph_frame(page, fp32.summary.nodes, timeout_s=120)
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    idle(page)
     _pick(page, "Mixed precision (autocast)", "bfloat16")
     _pick(page, "Optimizer", "Adafactor")
     page.locator('[data-testid="stSidebar"]').get_by_role("button", name="Run backward pass").click()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.conftest import captured
+from tests.conftest import captured, idle
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "compare.py")
 L = 2
@@ -92,7 +92,7 @@ def test_no_quick_pair_button_is_cut_off_at_1280(page, streamlit_url, tmp_path):
     # four a row cut 'Fused vs spelled-out atten…' and 'No checkpointing vs selec…' at 1280x800
     page.goto(f"{streamlit_url}/compare")
     page.locator('[data-testid="stMetricLabel"]', has_text="Nodes per layer").wait_for(timeout=120_000)
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    idle(page)
     page.wait_for_timeout(500)
     texts = page.evaluate(
         """() => [...document.querySelectorAll('.st-key-compare-pairs button')].map(b => b.innerText.trim())"""
