@@ -172,3 +172,35 @@ def test_capture_many_keeps_the_order_and_the_results(pool):
         else:
             assert capture.device == "cpu" and capture.time.forward_s is not None  # timed here
     assert len(lines) == 4 and lines[0].startswith("capturing ")
+
+
+SCRIPT = """import os, pathlib
+pathlib.Path({folder!r}).joinpath(str(os.getpid())).touch()
+"""
+
+
+def test_workers_do_not_run_the_main_script_again(monkeypatch, tmp_path):
+    """In a server, `__main__` is the app script Streamlit ran last; multiprocessing runs the parent's main module in
+    each child before its task, so each worker ran app.py once more (and filled the server's log with Streamlit's
+    bare-mode warnings). A stand-in script that leaves a file per process that ran it: none may appear."""
+    import sys
+    import types
+
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    script = tmp_path / "app_stand_in.py"
+    script.write_text(SCRIPT.format(folder=str(ran)))
+    main = types.ModuleType("__main__")
+    main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.setenv(processes.PROCESSES_ENV, "2")
+    pool = processes._Pool()
+    try:
+        assert pool.wait_ready(POOL_START_S), "the worker processes did not answer"
+        executor = pool.ready()
+        pids = {executor.submit(os.getpid).result(timeout=60) for _ in range(4)}
+        assert pids and os.getpid() not in pids
+    finally:
+        pool.shut_down()
+    assert sys.modules["__main__"] is main  # what a script run installed is left in place
+    assert not list(ran.iterdir()), sorted(path.name for path in ran.iterdir())

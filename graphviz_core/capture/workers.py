@@ -34,12 +34,15 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
+import types
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.context import ForkServerContext, ForkServerProcess
 
 import torch
 
@@ -126,6 +129,30 @@ def _loaded(data: bytes) -> Capture:
         return pickle.loads(data)
 
 
+class _WorkerProcess(ForkServerProcess):
+    """A fork server's child told of no main module to run first.
+
+    multiprocessing prepares each child by running the parent's `__main__` again, as `__mp_main__`. In a Streamlit
+    server `__main__` is the module of the script run last (Streamlit installs it there), so each worker ran the whole
+    app.py in bare mode: the app's imports and pages once more in every worker, and a screen of "missing
+    ScriptRunContext" warnings from each in the server's log. A worker needs none of it: what it runs is unpickled
+    by module name (graphviz_core.capture.workers)."""
+
+    @staticmethod
+    def _Popen(process_obj):
+        main, bare = sys.modules.get("__main__"), types.ModuleType("__main__")  # no file, no name: nothing to run
+        sys.modules["__main__"] = bare
+        try:
+            return ForkServerProcess._Popen(process_obj)
+        finally:
+            if sys.modules.get("__main__") is bare:  # else a script run installed its own meanwhile: keep that
+                sys.modules["__main__"] = main
+
+
+class _WorkerContext(ForkServerContext):
+    Process = _WorkerProcess
+
+
 class _Pool:
     """The server's worker processes, started in the background the first time a meta capture asks for them."""
 
@@ -143,7 +170,7 @@ class _Pool:
         with self._lock:
             if self._executor is None and pool_size() > 0 and not self._given_up:
                 self._settled.clear()
-                context = multiprocessing.get_context("forkserver")
+                context = _WorkerContext()
                 context.set_forkserver_preload(PRELOAD)
                 if self._stop is None:
                     self._stop = context.RawArray("b", STOP_SLOTS)
