@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -32,16 +33,26 @@ def spawn_ranks(rank_fn: Callable, world: int, *args, timeout: float = 120):
     return out
 
 
-def _fsdp_rank(rank: int, world: int, port: int, config: ModelConfig, results) -> None:
+@contextlib.contextmanager
+def gloo_group(rank: int, world: int, port: int) -> Iterator[None]:
+    """This rank's gloo process group (one CPU thread per rank), torn down when both ranks are done with it: a rank
+    tearing gloo down while the other still talks to it aborted (SIGABRT, "terminate called without an active
+    exception") on a loaded machine, after the results had come back."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
+        yield
+        dist.barrier()  # not after an error: the other rank would wait here for one that never comes
+    finally:
+        dist.destroy_process_group()
+
+
+def _fsdp_rank(rank: int, world: int, port: int, config: ModelConfig, results) -> None:
+    with gloo_group(rank, world, port):
         parallel = ParallelConfig("fsdp", world)
         measured = measure_step(workload_of(config), parallel, build_meshes(parallel), config=config, fake=False)
         if rank == 0:
             results.put(measured)
-    finally:
-        dist.destroy_process_group()
 
 
 def fsdp_over_gloo(config: ModelConfig, world: int) -> PerRank:

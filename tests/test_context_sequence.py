@@ -16,7 +16,7 @@ from graphviz_core.config import resolve_config
 from graphviz_core.models.registry import build_model, compute_loss, make_batch
 from graphviz_core.parallel.settings import ParallelConfig, check_parallel
 from graphviz_core.parallel.simulate import simulate_parallel
-from tests.gloo import spawn_ranks
+from tests.gloo import gloo_group, spawn_ranks
 
 # llama-tiny: b=2, s=32, h=64, a=4 query heads of 16, 2 key/value heads (kv width 2*16 = 32), SwiGLU I=128, V=512,
 # 2 layers, float32: e = f = 4 bytes. Per layer it keeps (transformers' RMSNorm, fused sdpa, SwiGLU):
@@ -172,9 +172,7 @@ def _ring_rank(rank: int, world: int, port: int, results) -> None:
 
     from graphviz_core.parallel.context import sequence_sharded
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
         model, batch = build_model(LLAMA), make_batch(LLAMA, "cpu")
         ids, targets = batch.inputs.clone(), batch.targets.clone()
@@ -187,11 +185,6 @@ def _ring_rank(rank: int, world: int, port: int, results) -> None:
             t /= world
         if rank == 0:
             results.put((ids.shape[1], loss.item(), {k: v.numpy() for k, v in grads.items()}))  # by value
-    finally:
-        # Both ranks leave together: a rank tearing gloo down while the other still talks to it aborted (SIGABRT)
-        # once on a loaded machine, after the results had come back.
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 def test_the_cpu_ring_gives_the_one_device_loss_and_gradients_over_real_gloo_ranks():

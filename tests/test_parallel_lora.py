@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from graphviz_core.config import resolve_config
 from graphviz_core.parallel.pipeline import simulate_layout
 from graphviz_core.parallel.settings import ParallelConfig
 from graphviz_core.parallel.simulate import build_meshes, simulate_parallel
-from tests.gloo import fsdp_over_gloo, spawn_ranks
+from tests.gloo import fsdp_over_gloo, gloo_group, spawn_ranks
 
 # llama-tiny: V=512, h=64, 4 heads of 16, 2 key/value heads (k, v project to 32), MLP 128, 2 layers, untied, float32.
 # Its parameters: embed_tokens 512*64 = 32768, lm_head 32768, final norm 64, and per layer q 64*64 = 4096,
@@ -245,15 +244,11 @@ def _tp_adapter_gradients(parallel=None, meshes=None) -> dict[str, list]:
 
 
 def _tp_rank(rank: int, world: int, port: int, sequence_parallel: bool, results) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         parallel = ParallelConfig("tp", world, tp=world, sequence_parallel=sequence_parallel)
         grads = _tp_adapter_gradients(parallel, build_meshes(parallel))
         if rank == 0:
             results.put(grads)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "tp+sp"])
