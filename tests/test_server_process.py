@@ -61,7 +61,8 @@ def served(env: dict | None = None, new_session: bool = False):
     proc = subprocess.Popen(
         [sys.executable, "-m", "graphviz_core.ui.serve", "--server.port", str(port), "--server.address", "127.0.0.1",
          "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-        cwd=ROOT, env={**os.environ, "GRAPHVIZ_CORE_DEVICE": "cpu", **(env or {})}, stdout=subprocess.DEVNULL,
+        cwd=ROOT, env={**os.environ, "GRAPHVIZ_CORE_DEVICE": "cpu", "PYTHONFAULTHANDLER": "1", **(env or {})},
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, start_new_session=new_session,
     )
     url = f"http://127.0.0.1:{port}"
@@ -71,11 +72,19 @@ def served(env: dict | None = None, new_session: bool = False):
     finally:
         if proc.poll() is None:
             proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
+            exited(proc, "SIGTERM")
+
+
+def exited(proc: subprocess.Popen, signal_name: str, within_s: float = 60) -> int:
+    """The exit status of a server sent `signal_name`; a server still up `within_s` later fails the test with every
+    thread's stack (faulthandler, PYTHONFAULTHANDLER=1, prints them on SIGABRT), instead of a bare timeout."""
+    try:
+        return proc.wait(within_s)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGABRT)
+        proc.wait(30)
+        pytest.fail(f"the server had not exited {within_s:.0f} s after {signal_name}; its threads then:\n"
+                    + proc.stderr.read().decode(errors="replace")[-8000:])
 
 
 def _foreign_websocket(url: str) -> str:
@@ -163,6 +172,18 @@ def _start_workers(browser, url: str, proc) -> set[int]:
     return _descendants(proc.pid)
 
 
+def _starting_workers(proc) -> set[int]:
+    """The server's processes once its fork server is up and before any worker is (the fork server imports torch and
+    every family's modules first: seconds): multiprocessing's resource tracker and the fork server."""
+    deadline = time.monotonic() + 120
+    while len(_descendants(proc.pid)) < 2:
+        assert time.monotonic() < deadline, _descendants(proc.pid)
+        time.sleep(0.05)
+    found = _descendants(proc.pid)
+    assert len(found) == 2, f"workers already up: {found}"  # else this is the idle case again
+    return found
+
+
 def _fork_server_folder(pids: set[int]) -> Path:
     """The temporary folder of the fork server among `pids`: where the socket it listens on lives."""
     paths = {}
@@ -184,10 +205,15 @@ LONG_CPU_CAPTURE = config_from_preset("gpt2-tiny", device="cpu", layers=48, batc
 
 
 @pytest.mark.browser
-@pytest.mark.parametrize("how", ["SIGTERM when idle", "SIGTERM mid-capture", "Ctrl-C mid-capture"])
+@pytest.mark.parametrize("how", ["SIGTERM when idle", "SIGTERM mid-capture", "Ctrl-C mid-capture",
+                                 "SIGTERM while the workers start"])
 def test_the_server_stops_cleanly_with_its_workers(browser, how):
-    with served(env={"PYTHONFAULTHANDLER": "1"}, new_session=True) as (proc, url):
-        processes = _start_workers(browser, url, proc)
+    with served(new_session=True) as (proc, url):
+        if how.endswith("start"):  # the first dry run starts the pool: stop while the fork server imports torch
+            _open(browser, url, LONG_DRY_RUN)
+            processes = _starting_workers(proc)
+        else:
+            processes = _start_workers(browser, url, proc)
         folder = _fork_server_folder(processes)
         if "mid-capture" in how:
             _open(browser, url, LONG_DRY_RUN)
@@ -197,13 +223,7 @@ def test_the_server_stops_cleanly_with_its_workers(browser, how):
             os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches every process of the group
         else:
             proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(60)
-        except subprocess.TimeoutExpired:  # say where it stands: faulthandler prints every thread's stack on SIGABRT
-            os.kill(proc.pid, signal.SIGABRT)
-            proc.wait(30)
-            pytest.fail(f"the server had not exited 60 s after {how}; its threads then:\n"
-                        + proc.stderr.read().decode(errors="replace")[-8000:])
+        code = exited(proc, how)
         stderr = proc.stderr.read().decode(errors="replace")
     assert code == 0, stderr[-3000:]
     # ... and a quiet log: no worker ran the app script again (Streamlit's bare-mode warnings, one screen per worker)

@@ -162,6 +162,8 @@ class _Pool:
         self._ready = threading.Event()  # the workers answered
         self._settled = threading.Event()  # the last start ended, answered or not
         self._given_up = False  # a start failed (no fork server here): meta captures stay in this process
+        self._spawned = threading.Event()  # the last start has launched its workers (or stopped launching them)
+        self._spawned.set()
         self._stop = None  # STOP_SLOTS flags shared with every worker: 1 = stop the dry run in that slot
         self._free_slots = list(range(STOP_SLOTS))
 
@@ -170,6 +172,7 @@ class _Pool:
         with self._lock:
             if self._executor is None and pool_size() > 0 and not self._given_up:
                 self._settled.clear()
+                self._spawned.clear()
                 context = _WorkerContext()
                 context.set_forkserver_preload(PRELOAD)
                 if self._stop is None:
@@ -211,13 +214,21 @@ class _Pool:
 
     def _start(self, executor: ProcessPoolExecutor) -> None:
         try:  # one call per worker starts them all (each submit spawns one while there are fewer than the maximum)
-            for future in [executor.submit(os.getpid) for _ in range(pool_size())]:
+            futures = []
+            for _ in range(pool_size()):
+                with self._lock:
+                    if self._executor is not executor:  # shut down meanwhile: launch no more
+                        return
+                futures.append(executor.submit(os.getpid))
+            self._spawned.set()
+            for future in futures:
                 future.result()
             self._ready.set()
         except Exception:  # noqa: BLE001 - no pool: meta captures keep running here, and no start is tried again
             self._given_up = True
             self.broken(executor)
         finally:
+            self._spawned.set()
             self._settled.set()
 
     def broken(self, executor: ProcessPoolExecutor) -> None:
@@ -239,12 +250,17 @@ class _Pool:
             return
         if self._stop is not None:
             self._stop[:] = [1] * STOP_SLOTS  # each running dry run stops at its next module or node
+        deadline = time.monotonic() + timeout_s
+        # A stop while the pool starts (the fork server imports torch first: seconds): a worker being launched is not
+        # among the executor's processes yet, nobody stopped it, and the exit then waited for it forever
+        # (multiprocessing joins its children at exit). Wait for the launch under way; launch no more.
+        self._spawned.wait(max(0.0, deadline - time.monotonic()))
         processes = list((executor._processes or {}).values())
         executor.shutdown(wait=False, cancel_futures=True)
-        deadline = time.monotonic() + timeout_s
         for process in processes:
             process.join(max(0.0, deadline - time.monotonic()))
-        for process in processes:
+        # and any worker of ours still up, among them one whose launch outlasted the wait
+        for process in {*processes, *(p for p in multiprocessing.active_children() if isinstance(p, _WorkerProcess))}:
             if process.is_alive():
                 process.kill()
                 process.join(5)
