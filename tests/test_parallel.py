@@ -145,7 +145,14 @@ def test_simulation_matches_a_real_gloo_run(world):
     assert real["optimizer_bytes"] == simulated["optimizer_bytes"]
     assert real["collectives"] == simulated["collectives"]
     assert real["phases"]["forward"] == simulated["phases"]["forward"]
-    assert real["phases"]["optimizer"] == simulated["phases"]["optimizer"]
+    # gloo lets go of a collective's buffer on its own thread, after the caller's wait has returned: on a loaded run
+    # the last reduce-scatter's buffer (the root's: wte, wpe and ln_f, 139,776 bytes at world 2) was still alive
+    # during the optimizer step, as a temporary. Every other part must match, and temporaries up to that buffer.
+    last_reduce_scatter = [c for c in simulated["collectives"] if c[1] == "reduce_scatter"][-1][2]
+    real_optimizer, simulated_optimizer = dict(real["phases"]["optimizer"]), dict(simulated["phases"]["optimizer"])
+    lag = real_optimizer.pop("temporaries") - simulated_optimizer.pop("temporaries")
+    assert real_optimizer == simulated_optimizer
+    assert lag in (0, last_reduce_scatter), lag
     # gloo runs each reduce-scatter on its own thread, so which gradients, temporaries and buffers exist at the
     # instant the backward peaks depends on the machine's load (seen: one layer's sharded gradient, 99968
     # bytes, present in the real run and not yet in the simulation). What rank 0 holds regardless must match.
