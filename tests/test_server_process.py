@@ -62,8 +62,7 @@ def served(env: dict | None = None, new_session: bool = False):
         [sys.executable, "-m", "graphviz_core.ui.serve", "--server.port", str(port), "--server.address", "127.0.0.1",
          "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
         cwd=ROOT, env={**os.environ, "GRAPHVIZ_CORE_DEVICE": "cpu", "PYTHONFAULTHANDLER": "1", **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, start_new_session=new_session,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=new_session,
     )
     url = f"http://127.0.0.1:{port}"
     try:
