@@ -71,6 +71,11 @@ def test_the_parallel_pages_sidebar_shows_every_chosen_value_whole(page, streaml
     # The strategy box read "FSDP (shard every lay" inside an expander at 1280x800.
     page.goto(f"{streamlit_url}/parallel")
     page.locator('[data-testid="stMetricLabel"]').first.wait_for(timeout=120_000)
+    # the page's own form under the config form: drawn once its run is over (a fresh-clone run read the sidebar
+    # before it was, every config field there and no Strategy box yet)
+    page.locator('[data-testid="stSidebar"]').get_by_role("combobox", name="Strategy", exact=True).wait_for(
+        timeout=60_000)
+    idle(page)
     values = page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stSidebar\"] input')].map(e => e.value)")
     assert "FSDP" in values, values
     assert page.evaluate(CLIPPED_INPUTS) == []
