@@ -196,3 +196,24 @@ def test_the_cpu_ring_gives_the_one_device_loss_and_gradients_over_real_gloo_ran
     assert loss == pytest.approx(one_loss.item(), rel=1e-5)
     for name, grad in one_grads.items():
         torch.testing.assert_close(torch.from_numpy(grads[name]), grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_ring_stays_installed_until_the_last_rank_leaves():
+    """A pipeline simulation's rank threads enter and leave context parallel each on its own, and the ring's tables
+    and torch's SDPA patch are process-wide: the first rank to leave took them away from a rank still mid-step (two
+    fresh-clone runs read PP 2 x CP 2's stage 0 without the ring). Two users, the first in leaving first: the ring's
+    handlers and torch's held-back dispatcher disable stay until the second leaves; then torch's own are back."""
+    from torch.distributed.tensor.experimental._context_parallel import _attention as cp_attention
+
+    from graphviz_core.parallel.context import _BACKWARD, _FORWARD, cpu_ring_attention
+
+    torchs_disable = cp_attention._disable_context_parallel_dispatcher_impl
+    first, second = cpu_ring_attention(), cpu_ring_attention()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # one rank done; the other still mid-step
+    assert _FORWARD in cp_attention.custom_ops and _BACKWARD in cp_attention.custom_ops
+    assert cp_attention._disable_context_parallel_dispatcher_impl is not torchs_disable  # its exit must not unpatch
+    second.__exit__(None, None, None)
+    assert _FORWARD not in cp_attention.custom_ops and _BACKWARD not in cp_attention.custom_ops
+    assert cp_attention._disable_context_parallel_dispatcher_impl is torchs_disable
