@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import captured, choose
+from tests.conftest import captured, choose, idle
 
 pytestmark = pytest.mark.browser
 
@@ -30,7 +30,11 @@ def drawn_frame(page, nodes: int, text: str, timeout_ms: int = 60_000):
 
 
 def download(page, row: str, label: str, binary: bool = False) -> str | bytes:
-    """Click `label` in the "view" or "whole" row of download buttons; the file's text (or bytes)."""
+    """Click `label` in the "view" or "whole" row of download buttons; the file's text (or bytes).
+
+    Only once the app is idle: a button clicked while a rerun redraws the row asks for the file the run before
+    registered, which that rerun has dropped, and no download comes (a CI run waited 90 s for one)."""
+    idle(page)
     with page.expect_download(timeout=90_000) as info:
         page.locator(f".st-key-downloads-{row}").get_by_role("button", name=label, exact=True).click()
     path = Path(info.value.path())

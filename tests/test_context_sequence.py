@@ -217,3 +217,40 @@ def test_the_ring_stays_installed_until_the_last_rank_leaves():
     second.__exit__(None, None, None)
     assert _FORWARD not in cp_attention.custom_ops and _BACKWARD not in cp_attention.custom_ops
     assert cp_attention._disable_context_parallel_dispatcher_impl is torchs_disable
+
+
+def test_a_dry_run_in_another_thread_and_the_ring_take_turns():
+    """A meta dry run puts its own function in F.scaled_dot_product_attention while it runs (the fused kernel a real
+    device would pick), under the name `sdpa`; torch's context_parallel, entered meanwhile, wrapped that function and
+    set the wrapper under its name, F.sdpa, leaving F.scaled_dot_product_attention alone: the whole step ran plain
+    attention on each rank's 16 tokens with no key/value exchange (the fresh-clone runs whose PP 2 x CP 2 stage 0 read
+    146,176 B without the ring's copies), and F.sdpa stayed behind. Now the step waits for the dry run to finish."""
+    import threading
+    import time
+
+    import torch.nn.functional as F
+
+    from graphviz_core.capture.meta_kernels import fused_attention_on_meta
+    from graphviz_core.parallel import context
+
+    entered, waited = threading.Event(), []
+
+    def dry_run():
+        with fused_attention_on_meta(cuda=False):
+            entered.set()
+            deadline = time.monotonic() + 5  # long enough for the simulation below to reach its context-parallel step
+            while time.monotonic() < deadline and context._users == 0:
+                time.sleep(0.01)
+            waited.append(context._users)  # 0: the step has not started its ring while the dry run's function is in
+            time.sleep(0.5)  # (before the fix the step was under way: give it time to enter torch's context_parallel)
+
+    thread = threading.Thread(target=dry_run)
+    thread.start()
+    assert entered.wait(timeout=30)
+    result = simulate_parallel(LLAMA, ParallelConfig("fsdp", 4, cp=2), single_device=False, layer_report=False)
+    thread.join(timeout=60)
+    assert waited == [0]
+    # The ring ran (test_context_parallel_2_holds_one_layer_of_16_tokens_and_exchanges_keys_and_values's forward).
+    forward = _ring_collectives(result, "forward")
+    assert [(c.kind, c.buffer_bytes, c.traffic_bytes) for c in forward] == [("all_gather", 16_384, 8_192)] * 2
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention and not hasattr(F, "sdpa")

@@ -53,8 +53,8 @@ from graphviz_core.capture.instruments.saved import SavedTensors
 from graphviz_core.capture.instruments.timing import NodeTiming
 from graphviz_core.capture.meta_kernels import (
     GROUPED_MM,
-    META_SDPA_LOCK,
     NORM_STATISTICS,
+    SDPA_SWAP_LOCK,
     fused_attention_on_meta,
     grouped_mm_on_meta,
     statistics_in_fp32,
@@ -133,8 +133,8 @@ def _capture(config: ModelConfig, progress: Progress | None, ticket: Ticket | No
     meta_kernels = contextlib.nullcontext()
     if device == "meta":
         meta_kernels = fused_attention_on_meta(resolve_device("auto") == "cuda")
-        if META_SDPA_LOCK.locked():  # the page's line said "waiting for its turn", as if queued behind real runs
-            say("waiting for the dry run before it (dry runs in one process take turns)")
+        if SDPA_SWAP_LOCK.locked():  # the page's line said "waiting for its turn", as if queued behind real runs
+            say("waiting for the dry run or context-parallel simulation before it (in one process they take turns)")
     compiled = _compiled_regions(config, device, say, ticket, source) if config.compile else None
     where = _source_gpu(source) if device == "cuda" and source is not None else device  # "cuda": admission places it
     with admit(config, where, ticket) as admitted, _exclusive(compiled):  # waits its turn; reserves the bytes

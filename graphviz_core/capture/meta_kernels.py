@@ -46,8 +46,14 @@ def statistics_in_fp32(out: tuple, x: torch.Tensor) -> tuple:
     return (output, *(s.to(torch.float32) if s.dtype in HALF else s for s in stats))
 
 
-# One meta forward at a time may swap F.scaled_dot_product_attention (see _fused_attention_on_meta).
-META_SDPA_LOCK = threading.Lock()
+# F.scaled_dot_product_attention is one attribute for the whole process, and two things replace it for a while: a meta
+# dry run (fused_attention_on_meta, below) and context parallel's ring (torch's context_parallel, entered by
+# graphviz_core.parallel.context). Each puts back what it found, which is only right when they do not overlap: a dry
+# run that started inside a context-parallel simulation and ended after it put torch's ring wrapper back for good
+# (with the simulation's mesh), and every later context-parallel simulation then skipped torch's own patch (it sees
+# its wrapper already there) and ran without the ring. So they take turns: whoever replaces the attribute holds this
+# lock until it is put back (context parallel holds it from its first rank in to its last rank out).
+SDPA_SWAP_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -79,7 +85,7 @@ def fused_attention_on_meta(cuda: bool) -> Iterator[None]:
             return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
         return aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, dropout_p, is_causal, scale=scale)[0]
 
-    with META_SDPA_LOCK:
+    with SDPA_SWAP_LOCK:
         F.scaled_dot_product_attention = sdpa
         try:
             yield

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 
 import torch
 
+from graphviz_core.capture.meta_kernels import SDPA_SWAP_LOCK
+
 aten = torch.ops.aten
 SEQ_DIM = 2  # (batch, heads, sequence, head dim): torch's ring attention hard-codes it too
 _FORWARD = aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -103,7 +105,9 @@ def _backward_strategy(op_schema):
 # Both the tables below and torch's own SDPA patch (context_parallel's enable / disable of its dispatcher) are
 # process-wide, while a pipeline simulation runs each rank as a thread that enters and leaves context parallel on its
 # own: one rank leaving restored plain attention under another still mid-step (a fresh-clone run's PP 2 x CP 2
-# simulation reported stage 0 without the ring). The first rank in installs them, the last one out removes them.
+# simulation reported stage 0 without the ring). The first rank in installs them, the last one out removes them; from
+# the first in to the last out they hold the process's SDPA swap lock, so a meta dry run in another thread (which
+# replaces F.scaled_dot_product_attention too) never starts or ends in the middle (capture.meta_kernels).
 _USERS_LOCK = threading.Lock()
 _users = 0
 _installed: contextlib.ExitStack | None = None
@@ -115,8 +119,13 @@ def _install_ring() -> contextlib.ExitStack:
     from torch.distributed.tensor.experimental._context_parallel._sharding_rules import _op_strategy_context
 
     stack = contextlib.ExitStack()
-    stack.enter_context(_op_strategy_context(_FORWARD, _forward_strategy, RuntimeSchemaInfo(3)))
-    stack.enter_context(_op_strategy_context(_BACKWARD, _backward_strategy, None))
+    SDPA_SWAP_LOCK.acquire()  # released by the last user out, maybe another thread: a Lock allows that
+    stack.callback(SDPA_SWAP_LOCK.release)  # runs last
+    with contextlib.ExitStack() as failed:  # put back whatever was done if the rest fails
+        failed.callback(stack.close)
+        stack.enter_context(_op_strategy_context(_FORWARD, _forward_strategy, RuntimeSchemaInfo(3)))
+        stack.enter_context(_op_strategy_context(_BACKWARD, _backward_strategy, None))
+        failed.pop_all()
     cp_attention.custom_ops[_FORWARD] = _handler
     cp_attention.custom_ops[_BACKWARD] = _handler
     stack.callback(cp_attention.custom_ops.pop, _BACKWARD, None)
