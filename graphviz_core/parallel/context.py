@@ -20,7 +20,6 @@ same Shard(2) placements, routed through torch's own `_templated_ring_attention`
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 
 import torch
@@ -102,60 +101,27 @@ def _backward_strategy(op_schema):
     return expand_to_full_mesh_op_strategy(mesh, op_schema, strategies, input_index=3)
 
 
-# Both the tables below and torch's own SDPA patch (context_parallel's enable / disable of its dispatcher) are
-# process-wide, while a pipeline simulation runs each rank as a thread that enters and leaves context parallel on its
-# own: one rank leaving restored plain attention under another still mid-step (a fresh-clone run's PP 2 x CP 2
-# simulation reported stage 0 without the ring). The first rank in installs them, the last one out removes them; from
-# the first in to the last out they hold the process's SDPA swap lock, so a meta dry run in another thread (which
-# replaces F.scaled_dot_product_attention too) never starts or ends in the middle (capture.meta_kernels).
-_USERS_LOCK = threading.Lock()
-_users = 0
-_installed: contextlib.ExitStack | None = None
+@contextlib.contextmanager
+def cpu_ring_attention() -> Iterator[None]:
+    """Route the CPU flash-attention kernel (forward and backward) through torch's ring attention while context
+    parallel is on; restored on exit. Enter before torch's `context_parallel`, which reads the table on entry.
 
-
-def _install_ring() -> contextlib.ExitStack:
+    Holds the process's SDPA swap lock throughout: torch's context_parallel replaces F.scaled_dot_product_attention,
+    and so does a meta dry run in another thread (capture.meta_kernels); the two take turns."""
     from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
     from torch.distributed.tensor.experimental._context_parallel import _attention as cp_attention
     from torch.distributed.tensor.experimental._context_parallel._sharding_rules import _op_strategy_context
 
-    stack = contextlib.ExitStack()
-    SDPA_SWAP_LOCK.acquire()  # released by the last user out, maybe another thread: a Lock allows that
-    stack.callback(SDPA_SWAP_LOCK.release)  # runs last
-    with contextlib.ExitStack() as failed:  # put back whatever was done if the rest fails
-        failed.callback(stack.close)
+    with SDPA_SWAP_LOCK, contextlib.ExitStack() as stack:
         stack.enter_context(_op_strategy_context(_FORWARD, _forward_strategy, RuntimeSchemaInfo(3)))
         stack.enter_context(_op_strategy_context(_BACKWARD, _backward_strategy, None))
-        failed.pop_all()
-    cp_attention.custom_ops[_FORWARD] = _handler
-    cp_attention.custom_ops[_BACKWARD] = _handler
-    stack.callback(cp_attention.custom_ops.pop, _BACKWARD, None)
-    stack.callback(cp_attention.custom_ops.pop, _FORWARD, None)
-    # torch's context_parallel enables its dispatcher on entry and disables it on exit: only the last leaver's counts
-    disable = cp_attention._disable_context_parallel_dispatcher_impl
-    cp_attention._disable_context_parallel_dispatcher_impl = lambda: None
-    stack.callback(setattr, cp_attention, "_disable_context_parallel_dispatcher_impl", disable)
-    stack.callback(disable)  # runs first: the patch goes, then the real disable is put back
-    return stack
-
-
-@contextlib.contextmanager
-def cpu_ring_attention() -> Iterator[None]:
-    """Route the CPU flash-attention kernel (forward and backward) through torch's ring attention while context
-    parallel is on; restored once the last thread using it leaves. Enter before torch's `context_parallel`, which
-    reads the table on entry."""
-    global _users, _installed
-    with _USERS_LOCK:
-        if _users == 0:
-            _installed = _install_ring()
-        _users += 1
-    try:
-        yield
-    finally:
-        with _USERS_LOCK:
-            _users -= 1
-            if _users == 0:
-                _installed.close()
-                _installed = None
+        cp_attention.custom_ops[_FORWARD] = _handler
+        cp_attention.custom_ops[_BACKWARD] = _handler
+        try:
+            yield
+        finally:
+            cp_attention.custom_ops.pop(_FORWARD, None)
+            cp_attention.custom_ops.pop(_BACKWARD, None)
 
 
 @contextlib.contextmanager
