@@ -54,11 +54,12 @@ def _cpu_unless_asked(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def streamlit_url():
-    """`streamlit run app.py` on a free localhost port, for the whole session."""
+def streamlit_url(tmp_path_factory):
+    """`streamlit run app.py` on a free localhost port, for the whole session; its stderr in server.log under
+    pytest's temporary folder (kept after the run: /tmp/pytest-of-<user>/pytest-<n>/app*/)."""
     from graphviz_core.ui.live import serve_app
 
-    with serve_app({"GRAPHVIZ_CORE_DEVICE": "cpu"}) as url:
+    with serve_app({"GRAPHVIZ_CORE_DEVICE": "cpu"}, log=tmp_path_factory.mktemp("app") / "server.log") as url:
         yield url
 
 

@@ -234,3 +234,15 @@ def test_a_dry_run_in_another_thread_and_the_ring_take_turns():
     forward = _ring_collectives(result, "forward")
     assert [(c.kind, c.buffer_bytes, c.traffic_bytes) for c in forward] == [("all_gather", 16_384, 8_192)] * 2
     assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention and not hasattr(F, "sdpa")
+
+
+def test_a_step_whose_attention_skipped_the_ring_is_an_error_not_figures():
+    """Figures from a context-parallel step whose attention ran plain would be wrong everywhere (no ring output copy,
+    no key/value exchange) yet look plausible: the step says so instead. Here the step calls no attention at all."""
+    from graphviz_core.parallel.context import sequence_sharded
+    from graphviz_core.parallel.simulate import fake_world, simulation_lock
+
+    tokens = torch.arange(32).expand(2, 32).contiguous()
+    with simulation_lock(), fake_world(ParallelConfig("fsdp", 2, cp=2)) as meshes:
+        with pytest.raises(RuntimeError, match="did not run as torch's ring"), sequence_sharded(meshes["cp"], [tokens]):
+            assert tokens.shape == (2, 16)  # this rank's two chunks of 8 tokens

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -58,20 +59,25 @@ def served(env: dict | None = None, new_session: bool = False):
     """The app as `make serve` starts it, on a free localhost port: (process, URL); stopped afterwards (SIGTERM, then
     SIGKILL if it has not exited within a minute)."""
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "graphviz_core.ui.serve", "--server.port", str(port), "--server.address", "127.0.0.1",
-         "--server.headless", "true", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-        cwd=ROOT, env={**os.environ, "GRAPHVIZ_CORE_DEVICE": "cpu", "PYTHONFAULTHANDLER": "1", **(env or {})},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=new_session,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc)
-        yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            exited(proc, "SIGTERM")
+    with tempfile.TemporaryDirectory(prefix="graphviz-core-served-") as folder:
+        log = Path(folder) / "server.log"  # a file, not a pipe: an unread pipe blocks the server once 64 KiB are in it
+        with open(log, "wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "graphviz_core.ui.serve", "--server.port", str(port), "--server.address",
+                 "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
+                 "--server.fileWatcherType", "none"],
+                cwd=ROOT, env={**os.environ, "GRAPHVIZ_CORE_DEVICE": "cpu", "PYTHONFAULTHANDLER": "1", **(env or {})},
+                stdout=subprocess.DEVNULL, stderr=err, start_new_session=new_session,
+            )
+        proc.log = log
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(url, proc, log=log)
+            yield proc, url
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                exited(proc, "SIGTERM")
 
 
 def exited(proc: subprocess.Popen, signal_name: str, within_s: float = 60) -> int:
@@ -83,7 +89,7 @@ def exited(proc: subprocess.Popen, signal_name: str, within_s: float = 60) -> in
         os.kill(proc.pid, signal.SIGABRT)
         proc.wait(30)
         pytest.fail(f"the server had not exited {within_s:.0f} s after {signal_name}; its threads then:\n"
-                    + proc.stderr.read().decode(errors="replace")[-8000:])
+                    + proc.log.read_text(errors="replace")[-8000:])
 
 
 def _foreign_websocket(url: str) -> str:
@@ -223,7 +229,7 @@ def test_the_server_stops_cleanly_with_its_workers(browser, how):
         else:
             proc.send_signal(signal.SIGTERM)
         code = exited(proc, how)
-        stderr = proc.stderr.read().decode(errors="replace")
+        stderr = proc.log.read_text(errors="replace")
     assert code == 0, stderr[-3000:]
     # ... and a quiet log: no worker ran the app script again (Streamlit's bare-mode warnings, one screen per worker)
     for sign in ("terminate called", "Aborted", "core dumped", "Traceback", "KeyboardInterrupt", "ScriptRunContext"):

@@ -20,9 +20,11 @@ same Shard(2) placements, routed through torch's own `_templated_ring_attention`
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 
 from graphviz_core.capture.meta_kernels import SDPA_SWAP_LOCK
 
@@ -66,10 +68,14 @@ def _ring_backward(
     )
 
 
+_RING_RUNS = threading.local()  # per thread: how many attention kernels ran as the ring
+
+
 def _handler(op_call, args, kwargs):
     """torch's `_sdpa_handler`, for the CPU kernel: propagate the Shard(2) placements, run the ring on local shards."""
     from torch.distributed.tensor import DTensor
 
+    _RING_RUNS.count = getattr(_RING_RUNS, "count", 0) + 1
     dispatcher = DTensor._op_dispatcher
     op_info = dispatcher.unwrap_to_op_info(op_call, args, kwargs)
     dispatcher.sharding_propagator.propagate(op_info)
@@ -130,11 +136,22 @@ def sequence_sharded(cp_mesh, buffers: list[torch.Tensor]) -> Iterator[None]:
     place and SDPA runs as ring attention until exit. The buffers are not restored (the step is over by then)."""
     from torch.distributed.tensor.experimental import context_parallel
 
+    before = getattr(_RING_RUNS, "count", 0)
     with (
         cpu_ring_attention(),
         context_parallel(cp_mesh, buffers=buffers, buffer_seq_dims=[1] * len(buffers), no_restore_buffers=set(buffers)),
     ):
+        patched = F.scaled_dot_product_attention
         yield
+        if getattr(_RING_RUNS, "count", 0) == before:  # every figure of the step would be the plain attention's
+            raise RuntimeError(
+                "context parallel: the step's attention did not run as torch's ring, so its figures are not context "
+                f"parallel's (F.scaled_dot_product_attention: {_name(patched)} on entry, {_name(F.scaled_dot_product_attention)} "
+                f"now, in thread {threading.current_thread().name})")
+
+
+def _name(function) -> str:
+    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"
 
 
 def kv_exchange_bytes(batch: int, seq: int, kv_width: int, element_bytes: int, cp: int) -> dict[str, int]:

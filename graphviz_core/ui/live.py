@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -24,9 +25,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120, poll_s: float = 0.02) -> None:
-    """Return once `url` answers Streamlit's health check; RuntimeError (with the end of its stderr, when piped) if
-    the server exits or `timeout_s` passes."""
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120, poll_s: float = 0.02,
+                 log: Path | None = None) -> None:
+    """Return once `url` answers Streamlit's health check; RuntimeError (with the end of its stderr: the file `log`,
+    or the pipe) if the server exits or `timeout_s` passes."""
     deadline = time.perf_counter() + timeout_s
     while True:
         try:
@@ -35,32 +37,44 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120, poll_
                     return
         except OSError:
             if proc.poll() is not None or time.perf_counter() > deadline:
-                tail = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+                if log is not None:
+                    tail = log.read_text(errors="replace")[-2000:]
+                else:
+                    tail = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
                 raise RuntimeError("streamlit did not start: " + tail) from None
             time.sleep(poll_s)
 
 
 @contextlib.contextmanager
-def serve_app(env: dict | None = None, timeout_s: float = 90) -> Iterator[str]:
-    """Start the app on 127.0.0.1:<free port>, wait until healthy, yield its URL, stop it afterwards."""
+def serve_app(env: dict | None = None, timeout_s: float = 90, log: Path | None = None) -> Iterator[str]:
+    """Start the app on 127.0.0.1:<free port>, wait until healthy, yield its URL, stop it afterwards.
+
+    Its stderr goes to the file `log` (by default one in a temporary folder, removed afterwards), never to a pipe: a
+    pipe that nobody reads holds 64 KiB, and then the server's next write to stderr blocks whichever thread makes it
+    (in a full test run a download's thread stopped there, and the click never gave a file)."""
     port = free_port()
-    proc = subprocess.Popen(
-        # as `make run` starts it (graphviz_core.ui.serve: `streamlit run app.py` plus imports in the background)
-        [sys.executable, "-m", "graphviz_core.ui.serve", "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
-         "--server.fileWatcherType", "none"],
-        cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, timeout_s)
-        yield url
-    finally:
-        proc.terminate()
+    with contextlib.ExitStack() as stack:
+        if log is None:
+            log = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="graphviz-core-app-"))) / "server.log"
+        with open(log, "wb") as err:
+            proc = subprocess.Popen(
+                # as `make run` starts it (graphviz_core.ui.serve: `streamlit run app.py` plus imports in the background)
+                [sys.executable, "-m", "graphviz_core.ui.serve", "--server.port", str(port),
+                 "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
+                 "--server.fileWatcherType", "none"],
+                cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=err,
+            )
+        url = f"http://127.0.0.1:{port}"
         try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            wait_healthy(url, proc, timeout_s, log=log)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def graph_frame(page, expected_nodes: int | None = None, timeout_s: float = 60):
