@@ -463,3 +463,38 @@ def test_a_dry_run_behind_another_in_this_process_says_what_it_waits_for(holder)
             "waiting for the dry run or context-parallel simulation before it (in one process they take turns)"]
     worker.join(timeout=60)
     assert phases[-1] == "annotating the graph"
+
+
+def test_two_dry_runs_at_once_leave_torchs_attention_in_place():
+    """Two dry runs in one process, the second waiting for the first's turn with F.scaled_dot_product_attention: the
+    waiting one read the function before its turn (the first's), put it back on leaving, and the first's stayed for
+    good (later context-parallel steps then ran without their ring). Once both are done, torch's own is back."""
+    import threading
+
+    import torch.nn.functional as F
+
+    from graphviz_core.capture.meta_kernels import SDPA_SWAP_LOCK, fused_attention_on_meta
+
+    torchs = F.scaled_dot_product_attention
+    first_in, first_out = threading.Event(), threading.Event()
+
+    def first():
+        with fused_attention_on_meta(cuda=False):
+            first_in.set()
+            first_out.wait(timeout=30)
+
+    def second():
+        with fused_attention_on_meta(cuda=False):
+            pass
+
+    a = threading.Thread(target=first)
+    a.start()
+    assert first_in.wait(timeout=30)
+    b = threading.Thread(target=second)
+    b.start()
+    b.join(timeout=0.5)
+    assert b.is_alive() and SDPA_SWAP_LOCK.locked()  # the second waits for its turn
+    first_out.set()
+    a.join(timeout=30)
+    b.join(timeout=30)
+    assert F.scaled_dot_product_attention is torchs

@@ -202,8 +202,9 @@ def test_a_dry_run_in_another_thread_and_the_ring_take_turns():
     """A meta dry run puts its own function in F.scaled_dot_product_attention while it runs (the fused kernel a real
     device would pick), under the name `sdpa`; torch's context_parallel, entered meanwhile, wrapped that function and
     set the wrapper under its name, F.sdpa, leaving F.scaled_dot_product_attention alone: the whole step ran plain
-    attention on each rank's 16 tokens with no key/value exchange (the fresh-clone runs whose PP 2 x CP 2 stage 0 read
-    146,176 B without the ring's copies), and F.sdpa stayed behind. Now the step waits for the dry run to finish."""
+    attention on each rank's 16 tokens with no key/value exchange, and F.sdpa stayed behind. Now the step waits for the
+    dry run to finish. (The fresh-clone failures, PP 2 x CP 2 stage 0 at 146,176 B without the ring's copies, had the
+    same effect from a dry run's function left in place for good: test_capture's two dry runs at once.)"""
     import threading
     import time
 

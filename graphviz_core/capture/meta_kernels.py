@@ -65,8 +65,8 @@ def fused_attention_on_meta(cuda: bool) -> Iterator[None]:
     through the same module global, so swapping it covers both; calls on other devices (other threads'
     captures) go to the original untouched.
     """
-    original = F.scaled_dot_product_attention
     aten = torch.ops.aten
+    original = None  # what F.scaled_dot_product_attention was when this run's turn came (read under the lock)
 
     def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         if q.device.type != "meta":
@@ -86,6 +86,11 @@ def fused_attention_on_meta(cuda: bool) -> Iterator[None]:
         return aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, dropout_p, is_causal, scale=scale)[0]
 
     with SDPA_SWAP_LOCK:
+        # Read only once it is this run's turn: read before, a dry run waiting behind another read the other's
+        # function, set it back on leaving, and it stayed for good. Every later context-parallel step then wrapped
+        # that function instead of torch's (under its name, F.sdpa) and ran without its ring (fresh-clone runs:
+        # "F.scaled_dot_product_attention: ...fused_attention_on_meta.<locals>.sdpa on entry").
+        original = F.scaled_dot_product_attention
         F.scaled_dot_product_attention = sdpa
         try:
             yield

@@ -49,9 +49,9 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120, poll_
 def serve_app(env: dict | None = None, timeout_s: float = 90, log: Path | None = None) -> Iterator[str]:
     """Start the app on 127.0.0.1:<free port>, wait until healthy, yield its URL, stop it afterwards.
 
-    Its stderr goes to the file `log` (by default one in a temporary folder, removed afterwards), never to a pipe: a
-    pipe that nobody reads holds 64 KiB, and then the server's next write to stderr blocks whichever thread makes it
-    (in a full test run a download's thread stopped there, and the click never gave a file)."""
+    Its stderr goes to the file `log` (by default one in a temporary folder, removed afterwards), to be read when
+    something failed; never to a pipe, which nobody reads while the server runs (past 64 KiB the server's next write
+    to stderr would block)."""
     port = free_port()
     with contextlib.ExitStack() as stack:
         if log is None:
