@@ -32,11 +32,20 @@ def drawn_frame(page, nodes: int, text: str, timeout_ms: int = 60_000):
 def download(page, row: str, label: str, binary: bool = False) -> str | bytes:
     """Click `label` in the "view" or "whole" row of download buttons; the file's text (or bytes).
 
-    Only once the app is idle: a button clicked while a rerun redraws the row asks for the file the run before
-    registered, which that rerun has dropped, and no download comes (a CI run waited 90 s for one)."""
-    idle(page)
-    with page.expect_download(timeout=90_000) as info:
-        page.locator(f".st-key-downloads-{row}").get_by_role("button", name=label, exact=True).click()
+    Once the app has been idle a second. Streamlit gives each button's file a new id on every rerun and drops the old
+    one when the run ends, so a click that reaches the server after a rerun it had not yet drawn gets nothing (a CI
+    run's server log: "Deferred file ... not found", and no download in 90 s); as a person would, click again."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(3):
+        idle(page, settle_ms=1_000)
+        try:
+            with page.expect_download(timeout=30_000) as info:
+                page.locator(f".st-key-downloads-{row}").get_by_role("button", name=label, exact=True).click()
+            break
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
     path = Path(info.value.path())
     return path.read_bytes() if binary else path.read_text()
 
