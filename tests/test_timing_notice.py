@@ -97,7 +97,7 @@ def test_the_first_capture_on_the_real_server_shares_nothing_with_the_page_that_
             stdout=subprocess.DEVNULL, stderr=err)
         try:
             url = f"http://127.0.0.1:{port}"
-            wait_healthy(url, proc)
+            wait_healthy(url, proc, log=log)
             page.goto(url)
             page.get_by_text("Loss ").first.wait_for(timeout=120_000)
             page.goto("about:blank")

@@ -48,11 +48,10 @@ def statistics_in_fp32(out: tuple, x: torch.Tensor) -> tuple:
 
 # F.scaled_dot_product_attention is one attribute for the whole process, and two things replace it for a while: a meta
 # dry run (fused_attention_on_meta, below) and context parallel's ring (torch's context_parallel, entered by
-# graphviz_core.parallel.context). Each puts back what it found, which is only right when they do not overlap: a dry
-# run that started inside a context-parallel simulation and ended after it put torch's ring wrapper back for good
-# (with the simulation's mesh), and every later context-parallel simulation then skipped torch's own patch (it sees
-# its wrapper already there) and ran without the ring. So they take turns: whoever replaces the attribute holds this
-# lock until it is put back (context parallel holds it from its first rank in to its last rank out).
+# graphviz_core.parallel.context). Each puts back what it found, which is only right when they do not overlap: torch's
+# context_parallel, entered during a dry run, wraps the dry run's function and sets the wrapper under that function's
+# name (F.sdpa), so the step runs plain attention, without its ring. So they take turns: whoever replaces the
+# attribute holds this lock until it is put back.
 SDPA_SWAP_LOCK = threading.Lock()
 
 

@@ -27,8 +27,8 @@ def free_port() -> int:
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120, poll_s: float = 0.02,
                  log: Path | None = None) -> None:
-    """Return once `url` answers Streamlit's health check; RuntimeError (with the end of its stderr: the file `log`,
-    or the pipe) if the server exits or `timeout_s` passes."""
+    """Return once `url` answers Streamlit's health check; RuntimeError (with the end of the server's stderr when it
+    goes to the file `log`) if the server exits or `timeout_s` passes."""
     deadline = time.perf_counter() + timeout_s
     while True:
         try:
@@ -37,10 +37,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120, poll_
                     return
         except OSError:
             if proc.poll() is not None or time.perf_counter() > deadline:
-                if log is not None:
-                    tail = log.read_text(errors="replace")[-2000:]
-                else:
-                    tail = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+                tail = log.read_text(errors="replace")[-2000:] if log is not None else ""
                 raise RuntimeError("streamlit did not start: " + tail) from None
             time.sleep(poll_s)
 
@@ -69,12 +66,17 @@ def serve_app(env: dict | None = None, timeout_s: float = 90, log: Path | None =
             wait_healthy(url, proc, timeout_s, log=log)
             yield url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen, within_s: float = 20) -> None:
+    """SIGTERM, and SIGKILL if the server has not exited `within_s` later."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=within_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def graph_frame(page, expected_nodes: int | None = None, timeout_s: float = 60):
