@@ -5,7 +5,7 @@ sentence in the form's labels, never the CLI's flags (page errors fail the test)
 import pytest
 
 from graphviz_core.ui.live import graph_frame
-from tests.conftest import LAPTOP, both_sizes, captured, choose
+from tests.conftest import LAPTOP, both_sizes, captured, choose, idle
 
 pytestmark = pytest.mark.browser
 
@@ -85,9 +85,11 @@ def test_an_unknown_lora_target_keeps_the_previous_result(page, streamlit_url, t
 def test_compare_keeps_the_previous_pair_when_b_is_refused_once_built(page, streamlit_url, tmp_path):
     page.goto(f"{streamlit_url}/compare")
     page.get_by_text("What changed, and why").wait_for(timeout=120_000)
+    idle(page, timeout_ms=120_000)  # the first pair drawn and its run over (a click during it was lost on a loaded run)
     form_b = page.locator('[data-testid="stExpander"]').filter(has_text="Config B:")
     form_b.get_by_text("Config B:").click()
     form_b.get_by_role("textbox", name="Freeze parameters (glob)").fill("nothing_here")
+    idle(page)
     form_b.get_by_role("button", name="Use as B").click()
     # said above the comparison (B's form may be shut), in the form's words; the last pair's comparison stays
     notice = page.locator('[data-testid="stAlert"]').filter(has_text="Config B not used:")
