@@ -127,17 +127,19 @@ def both_sizes(page, path, full_page: bool = False) -> None:
         page.wait_for_timeout(800)
 
 
+NO_RUN = "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"  # Streamlit's "Running..." widget gone
+
+
 def idle(page, timeout_ms: int = 60_000, settle_ms: int = 0) -> None:
-    """Wait until the app has no script run in progress (Streamlit's "Running..." status widget gone); with
-    `settle_ms`, until it has stayed so that long (a run can follow the one that just ended: the address bar's sync)."""
+    """Wait until the app has no script run in progress; with `settle_ms`, until it has stayed so that long (a run
+    can follow the one that just ended: the address bar's sync)."""
     deadline = time.monotonic() + timeout_ms / 1000
     while True:
-        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')",
-                               timeout=max(1, int((deadline - time.monotonic()) * 1000)))
+        page.wait_for_function(NO_RUN, timeout=max(1, int((deadline - time.monotonic()) * 1000)))
         if not settle_ms:
             return
         page.wait_for_timeout(settle_ms)
-        if page.evaluate("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"):
+        if page.evaluate(NO_RUN):
             return
 
 
