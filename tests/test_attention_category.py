@@ -1,4 +1,4 @@
-"""Every op of a spelled-out attention core is `attention` (DESIGN.md's categories): q·kᵀ, scale, mask, softmax,
+"""Every op of a spelled-out attention core is `attention` (graph/categories.py): q·kᵀ, scale, mask, softmax,
 dropout and ·v, for every family whose attention can run op by op (`manual` for the built-in models, `eager` for the
 transformers families); the projections stay `matmul`, views `shape`, rotary `position`."""
 

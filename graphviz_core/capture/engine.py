@@ -7,7 +7,7 @@ the instruments (graphviz_core.capture.instruments), each one observer of the ru
 2. forward module hooks around every call, saved-tensor hooks, one dispatch mode for every aten op
 3. walk    every node reachable from the loss gets a deterministic id (op name and pre-order index)
 4. backward node hooks before and after each node's backward
-5. build   the networkx graph in DESIGN.md's schema, each instrument annotating its fields, then the summaries
+5. build   the networkx graph of graph/schema.py's records, each instrument annotating its fields, then the summaries
 
 A caller asks only for the instruments it needs (`instruments=`): the graph alone (nodes, edges, categories,
 modules) runs no dispatch mode and no node hooks.
@@ -486,7 +486,7 @@ class _Phases:
         return {"optimizer": state, "autocast": autocast, "notes": tuple(notes)}
 
     def graph(self, model) -> tuple[nx.DiGraph, GraphSummary, int]:
-        """The graph in DESIGN.md's schema: every key on every node, each instrument filling its own."""
+        """The graph of graph/schema.py's records: every key on every node, each instrument filling its own."""
         run, tracker = self.run, self.run.modules
         param_names = {p: name for name, p in model.named_parameters()}
         frozen = [p for p in param_names if not p.requires_grad]  # no AccumulateGrad node: autograd leaves them out

@@ -11,7 +11,7 @@ class (graphviz_core.capture.instruments). The engine (graphviz_core.capture.eng
     after_forward(run)               the graph is walked: run.nodes, run.ids, run.ops are set
     node_pre / node_post             around every autograd node's backward
     after_backward(run)              the backward has finished
-    annotate(node_id, record)        fill this instrument's per-node attributes (DESIGN.md's schema)
+    annotate(node_id, record)        fill this instrument's per-node attributes (graph/schema.py's NodeRecord)
     finish(run, graph)               the annotated graph exists; summaries may read it
     release()                        drop every reference to tensors, modules and nodes
 

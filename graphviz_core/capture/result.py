@@ -133,7 +133,7 @@ class AutocastSummary:
 
 @dataclass(frozen=True)
 class Capture:
-    """One captured backward pass: the graph (DESIGN.md's schema) plus summaries."""
+    """One captured backward pass: the graph (graph/schema.py's records) plus summaries."""
 
     config: ModelConfig
     device: str

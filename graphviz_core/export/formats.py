@@ -1,4 +1,4 @@
-"""Writes a Capture, or a view of its graph, in the formats DESIGN.md promises: JSON (the contract),
+"""Writes a Capture, or a view of its graph: JSON (the contract; its graph in graph/schema.py's records),
 GraphML, DOT, SVG, and PNG (a rendered page photographed by headless Chromium).
 
 HTML lives in `graphviz_core.export.render`, which is allowed to use pyvis.
@@ -20,8 +20,8 @@ import networkx as nx
 
 from graphviz_core.analysis.training_step import memory_details
 from graphviz_core.capture.result import Capture
+from graphviz_core.graph.schema import SCHEMA_VERSION
 
-SCHEMA_VERSION = 1
 FORMATS = ("json", "html", "graphml", "dot", "svg")
 MODULE_COLOUR = "#f4f1ea"  # a collapsed module (graph.collapse_modules), as in the interactive view
 HIGHLIGHT_COLOUR = "#e6007e"  # a search match's border, as in the interactive view
@@ -64,7 +64,8 @@ def _finite(value: object) -> object:
 
 
 def capture_to_dict(capture: Capture, graph: nx.DiGraph | None = None, view: Mapping | None = None) -> dict:
-    """The `graph --format json` object (DESIGN.md): schema, config, device, summaries and the graph.
+    """The `graph --format json` object (docs/cli.md): schema version (graph/schema.py), config, device, summaries
+    and the graph.
 
     `graph` replaces the capture's graph with a view of it (shape ops hidden, modules collapsed...); the
     summaries still describe the whole capture, and `view` (what was applied) is written beside them with the

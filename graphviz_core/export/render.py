@@ -1,4 +1,4 @@
-"""Turns a graph (DESIGN.md's schema, or a view of it) into one self-contained, offline HTML page.
+"""Turns a graph (graph/schema.py's records, or a view of it) into one self-contained, offline HTML page.
 
 pyvis builds the network (nodes, edges, options) and supplies its bundled vis-network script; the page
 comes from our own Jinja2 template (`assets/graph_view.html.j2`) with autoescaping on. No URL outside the

@@ -1,5 +1,5 @@
 """Maps an autograd node (its normalised op name, and the type of the module that created it) to one of
-DESIGN.md's fixed categories."""
+the fixed categories below (graph/schema.py's `category`)."""
 
 from __future__ import annotations
 
@@ -254,7 +254,7 @@ _ROTARY = ("ApplyRotary",)  # graphviz_core.models.hf runs transformers' apply_r
 # Attention modules: CoreAttention (the built-in models), LlamaAttention, MistralAttention, Qwen2Attention,
 # MixtralAttention, Gemma3Attention, GPT2Attention, BertSelfAttention, ViTSelfAttention. What is computed directly in
 # one (not in its Linear, Conv1D, norm or rotary children) is the attention core: spelled out (`manual`, `eager`),
-# q·kᵀ, scale, mask, softmax, dropout and ·v are all `attention` (DESIGN.md), the op that would otherwise read as a
+# q·kᵀ, scale, mask, softmax, dropout and ·v are all `attention` (this module's rule), the op that would otherwise read as a
 # matmul, an elementwise op or a normalisation; its views and reshapes stay `shape`, dtype copies `conversion`.
 _ATTENTION_SUFFIXES = ("Attention",)
 # nn.MultiheadAttention computes its packed in-projection itself (a matmul that stays one) and runs its core as one

@@ -1,4 +1,4 @@
-"""Views over a captured graph (DESIGN.md's schema): hide categories, collapse modules, focus on one.
+"""Views over a captured graph (graph/schema.py's records): hide categories, collapse modules, focus on one.
 
 Pure functions from a DiGraph to a new DiGraph; the capture's graph is never modified. The graph view
 applies them, so changing a view never re-runs the backward pass.

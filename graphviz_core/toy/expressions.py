@@ -680,7 +680,7 @@ def _one_sided(f, x: float, fx: float, name: str, epsilon: float) -> FiniteDiffe
                                  f"down to 1e-13), so there is no finite difference to check autograd against.")
 
 
-# ---- the trace as a graph (DESIGN.md's schema), for the shared renderer ----------------------------------
+# ---- the trace as a graph (graph/schema.py's records), for the shared renderer ----------------------------------
 
 
 # The toy graph's categories, from the schema's names: an expression has no residual stream, loss or modules.

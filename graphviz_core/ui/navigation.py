@@ -1,6 +1,6 @@
 """Keeps every page behind app.py's st.navigation, even when a page URL is the first request.
 
-Because this project's pages live in `pages/` beside app.py (DESIGN.md's layout), Streamlit starts each
+Because this project's pages live in `pages/` beside app.py, Streamlit starts each
 process in its legacy multipage mode: until some session has run app.py's `st.navigation`, a request for
 `/toy_expressions` runs the page file on its own — no page config, the legacy sidebar list. A page that
 finds itself run that way switches the process to app.py's navigation and reruns itself through it (the
