@@ -27,17 +27,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from graphviz_core.capture.autocast import AUTOCAST_DTYPES
 from graphviz_core.capture.gc_pause import no_cyclic_gc
+from graphviz_core.capture.instruments.optimizer import make_optimizer
 from graphviz_core.config import ModelConfig
 from graphviz_core.models.registry import build_model, compute_loss
 from graphviz_core.models.teaching import TORCH_DTYPES
 from graphviz_core.parallel.collectives import CollectiveRecorder
 from graphviz_core.parallel.settings import FSDP_STRATEGIES, ParallelConfig, check_parallel
 from graphviz_core.parallel.simulate import (
-    PHASES,
     Expectation,
     PerRank,
-    PhaseMemory,
     _buffers,
     _downsample,
     _FrozenSkipped,
@@ -49,12 +49,17 @@ from graphviz_core.parallel.simulate import (
     _to_empty_keeping_ties,
     _warm_optimizer_state,
     apply_parallelism,
+    autocast_region,
     empty_sharding_caches,
     fake_world,
     forget_sharding_decisions,
+    optimizer_step,
+    phase_memories,
+    scaled_for_backward,
     simulate_parallel,
     simulate_workload,
     simulation_lock,
+    step_notes,
     workload_of,
 )
 
@@ -339,10 +344,11 @@ class DecoderStage(nn.Module):
     """One stage of a Hugging Face causal decoder: the token embedding on the first stage, a slice of the layers, the
     final norm and the head on the last; between stages the hidden states (microbatch, seq, hidden) travel."""
 
-    def __init__(self, model: nn.Module, first: bool) -> None:
+    def __init__(self, model: nn.Module, first: bool, autocast: str = "none") -> None:
         super().__init__()
         self.model = model
         self.first = first
+        self.autocast = autocast  # bfloat16 / float16: the forward under torch.autocast (config.autocast)
         # Context or sequence parallel: the positions of the tokens this rank holds, (batch, tokens), rows alike. Under
         # context parallel they are this rank's two chunks (torch's load balancing); under sequence parallel a stage's
         # hidden states arrive on s/t tokens while attention (and its rotary table) runs on the whole sequence.
@@ -352,7 +358,8 @@ class DecoderStage(nn.Module):
         given = {"input_ids": x} if self.first else {"inputs_embeds": x}
         if self.positions is not None:
             given["position_ids"] = self.positions
-        return self.model(**given, use_cache=False).logits  # last stage: (mb, s, V); the others: (mb, s, h)
+        with autocast_region(self.autocast):
+            return self.model(**given, use_cache=False).logits  # last stage: (mb, s, V); the others: (mb, s, h)
 
 
 def build_stage(config: ModelConfig, bounds: tuple[int, int], first: bool, last: bool) -> DecoderStage:
@@ -370,7 +377,7 @@ def build_stage(config: ModelConfig, bounds: tuple[int, int], first: bool, last:
     if not last:
         inner.norm = nn.Identity()
         model.lm_head = nn.Identity()  # `logits` are then the hidden states this stage passes on
-    return DecoderStage(model, first)
+    return DecoderStage(model, first, config.autocast)
 
 
 @dataclass
@@ -406,16 +413,27 @@ def _schedule(parallel: ParallelConfig, stages: list, loss_fn):
     return Static(stages[0], parallel.microbatches, loss_fn=loss_fn)
 
 
+def _loss(config: ModelConfig, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The last stage's loss, under the config's autocast as the forward was (float16: scaled, as a GradScaler does)."""
+    with autocast_region(config.autocast):
+        loss = compute_loss(config, _Logits(out), targets)
+    return scaled_for_backward(loss, config.autocast)
+
+
 def _stage_shapes(config: ModelConfig, parallel: ParallelConfig, first: bool, last: bool) -> tuple:
     """Example input and output of a stage for one microbatch (made inside fake mode)."""
     mb = config.batch // parallel.microbatches
     compute = torch.bfloat16 if parallel.mixed_precision != "none" else TORCH_DTYPES[config.dtype]
+    # Under autocast the head's matmul gives logits in the autocast dtype; the residual stream between stages stays
+    # in the weights' dtype (a float32 residual plus a 16-bit branch is float32).
+    logits = AUTOCAST_DTYPES.get(config.autocast, compute)
     seq = config.seq // parallel.cp  # context parallel: this rank's s/C tokens, on every stage
     # Sequence parallel: between stages each tensor-parallel rank holds (and passes on) s/t of them.
     hidden = (mb, seq // parallel.tp if parallel.sequence_parallel else seq, config.hidden)  # (mb, s, h)
     # A received activation needs its gradient: backward sends it to the previous stage.
     inputs = torch.zeros(mb, seq, dtype=torch.long) if first else torch.zeros(hidden, dtype=compute).requires_grad_()
-    outputs = torch.zeros((mb, seq, config.vocab) if last else hidden, dtype=compute).requires_grad_()
+    outputs = torch.zeros((mb, seq, config.vocab) if last else hidden, dtype=logits if last else compute)
+    outputs.requires_grad_()
     return inputs, outputs
 
 
@@ -440,14 +458,14 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
         for module in modules:
             _to_empty_keeping_ties(module)
         holder.train()
-        optimizer = torch.optim.AdamW(holder.parameters(), lr=1e-4)
+        optimizer = make_optimizer(config.optimizer, list(holder.parameters()))
         _warm_optimizer_state(holder, optimizer)
         stages = []
         for s, module in zip(stage_ids, modules, strict=True):
             example_in, example_out = _stage_shapes(config, parallel, s == 0, s == last_stage)
             stages.append(PipelineStage(module, s, parallel.stages, torch.device("cpu"), input_args=(example_in,),
                                         output_args=(example_out,), group=meshes["pp"].get_group()))
-        schedule = _schedule(parallel, stages, lambda out, targets: compute_loss(config, _Logits(out), targets))
+        schedule = _schedule(parallel, stages, functools.partial(_loss, config))
         tokens = torch.zeros(config.batch, config.seq, dtype=torch.long)  # (b, s): inputs and targets alike
         tracker = _pipeline_tracker(modules, holder, optimizer, parallel)
         recorder = CollectiveRecorder(_group_names(meshes))
@@ -466,10 +484,12 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
             schedule.step(*args, target=tokens if last_stage in stage_ids else None, return_outputs=False)
             recorder.phase = peaks.phase = "optimizer"
             log.stop()
-            optimizer.step()
+            updated = optimizer_step(optimizer)
             peaks.observe()
             snapshot = next(iter(tracker.get_tracker_snapshot("current").values()))
         per_rank = _rank_figures(config, parallel, mesh_sizes, holder, peaks, recorder, snapshot, started)
+        per_rank = dataclasses.replace(per_rank, optimizer=config.optimizer, autocast=config.autocast,
+                                       notes=step_notes(config.optimizer, config.autocast, updated))
         order = compute_actions(schedule)
         reports = [
             _stage_report(config, parallel, s, rank, bounds[s], module, optimizer, log, order[rank], per_rank)
@@ -672,11 +692,7 @@ def _stage_report(config, parallel, stage, rank, bounds, module, optimizer, log,
 
 def _rank_figures(config, parallel, mesh_sizes, holder, peaks, recorder, snapshot, started) -> PerRank:
     """One pipeline rank's step as a PerRank: its phases, collectives (sends and receives included) and peak."""
-    phases = tuple(
-        PhaseMemory(phase, peaks.peaks[phase][0], _parts(peaks.peaks[phase][1]), _buffers(peaks.peaks[phase][1]))
-        for phase in PHASES
-        if phase in peaks.peaks
-    )
+    phases = phase_memories(peaks)
     end, end_buffers = _parts(snapshot), _buffers(snapshot)
     resharded = {}
     for module in holder:

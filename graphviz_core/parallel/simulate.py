@@ -29,10 +29,11 @@ from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 from torch.utils.weak import WeakIdKeyDictionary
 
-from graphviz_core.analysis.training_step import optimizer_state_bytes
+from graphviz_core.analysis.training_step import OPTIMIZER_STATES, STEP_COUNTERS, optimizer_state_bytes
 from graphviz_core.capture import step_gate
 from graphviz_core.capture.flop_formulas import op_info
 from graphviz_core.capture.gc_pause import no_cyclic_gc
+from graphviz_core.capture.instruments.optimizer import OPTIMIZER_NAMES, make_optimizer
 from graphviz_core.capture.meta_kernels import GROUPED_MM, grouped_mm_on_meta
 from graphviz_core.config import ModelConfig
 from graphviz_core.models.registry import build_model, compute_loss, make_batch
@@ -162,6 +163,9 @@ class PerRank:
     # Context / sequence parallel: one layer's activations measured, counted and beside Korthikanti et al.
     # (graphviz_core.parallel.layer_activations.LayerActivations); None otherwise.
     layer_activations: object | None = field(default=None, repr=False)
+    optimizer: str = "adamw"  # the torch.optim optimizer the step ran (config.optimizer)
+    autocast: str = "none"  # the dtype torch.autocast ran the forward and loss in on every rank (config.autocast)
+    notes: tuple[str, ...] = ()  # what the simulation did differently from a real step, in sentences
 
     def collective_bytes(self, phase: str | None = None) -> int:
         """Bytes this rank sends in the step (or one phase), ring algorithm."""
@@ -191,7 +195,10 @@ class PerRank:
         """The CLI's `per_rank` JSON object."""
         out = {
             "rank": self.rank,
-            "ranks_symmetric": True,  # every rank runs the same program on equal shards
+            "ranks_symmetric": True,
+            "optimizer": self.optimizer,
+            "autocast": self.autocast,
+            "notes": list(self.notes),  # every rank runs the same program on equal shards
             "parallel": self.parallel.to_dict(),
             "mesh": dict(self.mesh),
             "parameter_count": self.parameter_count,
@@ -252,6 +259,8 @@ class Workload:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     dtype: torch.dtype
     forward: Callable[[nn.Module, torch.Tensor], torch.Tensor] = lambda model, x: model(x)
+    optimizer: str = "adamw"  # the torch.optim optimizer the step runs (graphviz_core.config.OPTIMIZERS)
+    autocast: str = "none"  # bfloat16 / float16: forward and loss under torch.autocast, as the capture runs them
 
 
 def workload_of(config: ModelConfig) -> Workload:
@@ -270,13 +279,39 @@ def workload_of(config: ModelConfig) -> Workload:
             torch.zeros(shapes.targets.shape, dtype=shapes.targets.dtype),
         )
 
-    return Workload(build, inputs, lambda out, targets: compute_loss(config, out, targets), TORCH_DTYPES[config.dtype])
+    return Workload(build, inputs, lambda out, targets: compute_loss(config, out, targets), TORCH_DTYPES[config.dtype],
+                    optimizer=config.optimizer, autocast=config.autocast)
+
+
+@contextlib.contextmanager
+def autocast_region(autocast: str) -> Iterator[None]:
+    """Around a forward and its loss: torch.autocast in `autocast` (none: nothing), as training and the capture
+    (graphviz_core.capture.autocast) run them. The simulation's fake tensors say they live on the CPU, so CPU
+    autocast's op lists decide what is cast, as in a capture on this machine; its cache of weight copies lives
+    until the region ends, with the forward."""
+    if autocast == "none":
+        yield
+        return
+    from graphviz_core.capture.autocast import AUTOCAST_DTYPES
+
+    with torch.autocast("cpu", dtype=AUTOCAST_DTYPES[autocast]):
+        yield
+
+
+def scaled_for_backward(loss: torch.Tensor, autocast: str) -> torch.Tensor:
+    """float16 autocast: the loss multiplied by a GradScaler's scale before backward, as training does. The scaler's
+    unscale and finite check (a value read, which fake tensors cannot give) are not run: they divide the gradients
+    in place and allocate one flag, so the bytes are the same; the step then runs as a plain optimizer step."""
+    if autocast != "float16":
+        return loss
+    return torch.amp.GradScaler(loss.device.type).scale(loss)
 
 
 def simulate_parallel(
     config: ModelConfig, parallel: ParallelConfig, single_device: bool = True, layer_report: bool = True
 ) -> PerRank:
-    """Rank 0's memory and collectives for one training step (AdamW) of `config` laid out as `parallel`.
+    """Rank 0's memory and collectives for one training step of `config` laid out as `parallel`: the config's
+    optimizer (config.optimizer) stepped, its forward and loss under the config's autocast.
 
     `single_device` also simulates strategy none for comparison; `layer_report`, under context or sequence
     parallelism, measures one layer's activations on 1- and 2-layer copies (parallel.layer_activations). Raises
@@ -787,7 +822,7 @@ def measure_step(
     fake: bool = True,
     on_allocations: Callable | None = None,
 ) -> PerRank:
-    """One AdamW training step of `workload` on this rank, tracked: fake tensors (the simulation) or, with
+    """One training step of `workload` (its optimizer, its autocast) on this rank, tracked: fake tensors (the simulation) or, with
     fake=False, real ones over a real process group (tests/test_parallel.py's gloo cross-check). `on_allocations`,
     if given, receives the step's storage allocations and frees in order (parallel.allocation_trace's Trace)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -807,7 +842,7 @@ def measure_step(
         if not fake:
             _fill_small(model)
         model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        optimizer = make_optimizer(workload.optimizer, list(model.parameters()))
         _warm_optimizer_state(model, optimizer)
         inputs, targets = workload.inputs()
         step, forward = _context_parallel_step(workload, parallel, meshes, inputs, targets)
@@ -828,9 +863,11 @@ def measure_step(
         # would move frees (and the optimizer step's peak) between runs (torchtitan's estimator does the same).
         with step, recorder, tracker, allocations, peaks, no_cyclic_gc(collect_first=True):
             peaks.observe()
-            out = forward(model, inputs)
-            loss = workload.loss(out, targets)
+            with autocast_region(workload.autocast):
+                out = forward(model, inputs)
+                loss = workload.loss(out, targets)
             del out
+            loss = scaled_for_backward(loss, workload.autocast)
             # What backward will read: every activation still alive once the loss exists (ids and targets included).
             forward_end = _parts(next(iter(tracker.get_tracker_snapshot("current").values())))["activations"]
             nodes_by_category = _nodes_by_category(loss)
@@ -839,17 +876,13 @@ def measure_step(
             del loss
             recorder.phase = peaks.phase = "optimizer"
             allocations.mark("optimizer")  # where torch.optim would create its state on a first step
-            optimizer.step()
+            updated = optimizer_step(optimizer)
             peaks.observe()
             snapshot = next(iter(tracker.get_tracker_snapshot("current").values()))
             end, end_buffers = _parts(snapshot), _buffers(snapshot)
             allocations.deliver(model, on_allocations)
-    phases = tuple(
-        PhaseMemory(phase, peaks.peaks[phase][0], _parts(peaks.peaks[phase][1]), _buffers(peaks.peaks[phase][1]))
-        for phase in PHASES
-        if phase in peaks.peaks
-    )
-    expected = _expectation(parallel, whole_bytes, sharded_tp_bytes, *trained)
+    phases = phase_memories(peaks)
+    expected = _expectation(parallel, whole_bytes, sharded_tp_bytes, *trained, optimizer=workload.optimizer)
     mesh_sizes = {}
     for key, mesh in meshes.items():
         if key != "root" or parallel.cp > 1:  # context parallel: data, context (and tensor) ranks, then their union
@@ -876,7 +909,34 @@ def measure_step(
         flops_by_phase=dict(peaks.flops_by_phase),
         segment_peaks=dict(peaks.segment_peaks),
         forward_end_activation_bytes=forward_end,
+        optimizer=workload.optimizer,
+        autocast=workload.autocast,
+        notes=step_notes(workload.optimizer, workload.autocast, updated),
     )
+
+
+def phase_memories(peaks: _PhasePeaks) -> tuple[PhaseMemory, ...]:
+    """Each phase's peak, part by part, as the step's observer kept it."""
+    return tuple(
+        PhaseMemory(phase, peaks.peaks[phase][0], _parts(peaks.peaks[phase][1]), _buffers(peaks.peaks[phase][1]))
+        for phase in PHASES
+        if phase in peaks.peaks
+    )
+
+
+def step_notes(optimizer: str, autocast: str, updated: bool = True) -> tuple[str, ...]:
+    """What a simulated step did differently from a real one, in sentences (PerRank.notes)."""
+    notes = []
+    if autocast != "none":
+        notes.append(f"Every rank ran its forward and loss under torch.autocast({autocast}) with CPU autocast's lists "
+                     "of ops to cast (the simulation's tensors are CPU tensors), as the single-device capture does on "
+                     "this machine; CUDA's lists differ for a few ops.")
+    if autocast == "float16":
+        notes.append("float16: the loss was scaled by a GradScaler before backward; its unscale and finite check (a "
+                     "value read) were not run, they divide the gradients in place and add one flag.")
+    if not updated:
+        notes.append(UPDATE_STOPPED.format(name=OPTIMIZER_NAMES[optimizer]))
+    return tuple(notes)
 
 
 def _tp_split_bytes(model: nn.Module, trained_only: bool = False) -> int:
@@ -988,34 +1048,64 @@ def _nodes_by_category(loss: torch.Tensor) -> dict[str, int]:
 
 
 def _warm_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """AdamW creates its two moments at the first step; a steady-state step (the second and later) starts
-    with them alive. One untracked step on zero gradients creates them, as torchtitan's estimator gets by
-    measuring its second iteration."""
+    """An optimizer creates its state (AdamW's two moments, SGD's momentum) at the first step; a steady-state step
+    (the second and later) starts with it alive. One untracked step on zero gradients creates it, as torchtitan's
+    estimator gets by measuring its second iteration."""
     for p in model.parameters():
         if p.requires_grad:  # frozen ones (LoRA's base weights, --freeze) get no gradient and no state
             p.grad = torch.zeros_like(p)
-    optimizer.step()
+    optimizer_step(optimizer)
     optimizer.zero_grad(set_to_none=True)
 
 
+# Said in the figures' notes when the optimizer's update reads a value, which fake tensors do not have.
+UPDATE_STOPPED = ("{name}'s update reads a value (Adafactor: the parameter's norm, .item()), which the simulation's "
+                  "fake tensors do not have: its state is the one torch.optim built (_init_group, the shapes and dtypes "
+                  "a real step gives), and the update's own temporaries are left out of the optimizer phase.")
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer) -> bool:
+    """One step; False where the update stopped at a value read on fake tensors (its state was built before it)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    try:
+        optimizer.step()
+        return True
+    except DataDependentOutputException:
+        return False
+
+
 def _expectation(
-    parallel: ParallelConfig, whole_bytes: int, tp_bytes: int, trained_bytes: int, trained_tp_bytes: int, tensors: int
+    parallel: ParallelConfig,
+    whole_bytes: int,
+    tp_bytes: int,
+    trained_bytes: int,
+    trained_tp_bytes: int,
+    tensors: int,
+    optimizer: str = "adamw",
 ) -> Expectation:
     """Per-rank bytes if every sharded tensor split exactly evenly: the textbook division (no padding). Gradients
-    and AdamW state follow the parameters that get gradients (`trained_*`), split the same way."""
+    and the optimizer's state follow the parameters that get gradients (`trained_*`), split the same way."""
     params, formula = _per_rank(parallel, whole_bytes, tp_bytes)
     trained, _ = _per_rank(parallel, trained_bytes, trained_tp_bytes)
     frozen = trained_bytes != whole_bytes
-    # torch's AdamW keeps two moments shaped and typed like each (sharded) parameter, plus a float32 scalar
-    # `step` per parameter tensor: the training step's rule (optimizer_state_bytes). Gradients match the
-    # parameters they belong to; frozen ones (LoRA's base weights, --freeze) have neither.
+    # torch's Adam / AdamW keep two moments shaped and typed like each (sharded) parameter, plus a float32 scalar
+    # `step` per parameter tensor; SGD with momentum one buffer, SGD none: the training step's rule
+    # (optimizer_state_bytes, which counts Adafactor's step counts only). Gradients match the parameters they belong
+    # to; frozen ones (LoRA's base weights, --freeze) have neither.
     grads = "gradients = the trained parameters, split alike" if frozen else "gradients = parameters"
+    copies = OPTIMIZER_STATES[optimizer]
+    terms = [f"{copies} x {'those' if frozen else 'parameters'}"] if copies else []
+    if STEP_COUNTERS[optimizer]:
+        terms.append(f"a 4-byte step for each of {tensors} {'trained ' if frozen else ''}tensors")
+    state = " + ".join(terms) or "nothing"
+    if optimizer == "adafactor":
+        state += " (its row and column factors left out: a lower bound)"
     return Expectation(
         params,
         trained,
-        optimizer_state_bytes("adamw", trained, tensors),
-        formula + f"; {grads}; AdamW state = 2 x {'those' if frozen else 'parameters'} + a 4-byte step for each of "
-        f"{tensors} {'trained ' if frozen else ''}tensors",
+        optimizer_state_bytes(optimizer, trained, tensors),
+        formula + f"; {grads}; {OPTIMIZER_NAMES[optimizer]} state = {state}",
     )
 
 

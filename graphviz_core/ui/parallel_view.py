@@ -10,6 +10,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from graphviz_core.capture.instruments.optimizer import OPTIMIZER_NAMES
 from graphviz_core.config import ModelConfig
 from graphviz_core.parallel.collectives import GPUS_PER_NODE, INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
 from graphviz_core.parallel.pipeline import simulate_layout
@@ -55,7 +56,7 @@ PART_LABELS = {
     "gathered_parameters": "all-gathered parameters (live during compute)",
     "gradients": "gradients held by this rank",
     "unsharded_gradients": "unsharded gradients (before reduce-scatter)",
-    "optimizer": "optimizer state (AdamW; in the step, with its temporaries)",
+    "optimizer": "optimizer state ({optimizer}; in the step, with its temporaries)",
     "activations": "activations (saved for backward) and inputs",
     "temporaries": "temporaries (backward's gradients of activations)",
     "communication_buffers": "all-gather and reduce-scatter buffers",
@@ -284,10 +285,15 @@ def show_per_rank(result: PerRank) -> None:
     shown = ("Rank 0 shown: it holds the first pipeline stage; the stages differ (embedding first, head last), "
              "each is under Pipeline stages." if result.pipeline else
              "Rank 0 shown: every rank runs the same program on equal parts, so the ranks are symmetric.")
+    cast = (f" Forward and loss under torch.autocast({result.autocast}) on every rank, the weights in "
+            f"{result.config.dtype if result.config is not None else 'their dtype'}." if result.autocast != "none" else "")
     st.caption(
-        f"{STRATEGY_LABELS[parallel.strategy]} over {parallel.world_size} ranks (mesh: {mesh}). {shown} One AdamW "
-        f"step in steady state (optimizer state already allocated); simulated in {format_seconds(result.simulate_s)}."
+        f"{STRATEGY_LABELS[parallel.strategy]} over {parallel.world_size} ranks (mesh: {mesh}). {shown} One "
+        f"{OPTIMIZER_NAMES[result.optimizer]} step in steady state (optimizer state already allocated).{cast} "
+        f"Simulated in {format_seconds(result.simulate_s)}."
     )
+    for note in result.notes:
+        st.caption(escape_markdown(note))
     if parallel.strategy in FSDP_STRATEGIES and (reshard := result.reshard_summary()):
         layers = "reshard after forward" if reshard["layers"] is True else "stay gathered after forward"
         st.caption(
@@ -340,6 +346,7 @@ def show_per_rank(result: PerRank) -> None:
     st.subheader("What is live at each phase's peak")
     phase_rows = []
     for part, label in PART_LABELS.items():
+        label = label.format(optimizer=OPTIMIZER_NAMES[result.optimizer])
         values = {p.phase: p.parts_bytes[part] for p in result.phases}
         if any(values.values()):
             phase_rows.append({"": label, **{phase.capitalize(): format_bytes(v) for phase, v in values.items()}})
@@ -347,7 +354,7 @@ def show_per_rank(result: PerRank) -> None:
     st.dataframe(pd.DataFrame(phase_rows), hide_index=True, width="stretch")
     peak_phase = max(result.phases, key=lambda p: p.peak_bytes)
     persistent = result.parameter_bytes + result.optimizer_bytes
-    gap = {PART_LABELS[k]: v for k, v in peak_phase.parts_bytes.items() if k not in ("parameters", "optimizer") and v}
+    gap = {PART_LABELS[k].format(optimizer=OPTIMIZER_NAMES[result.optimizer]): v for k, v in peak_phase.parts_bytes.items() if k not in ("parameters", "optimizer") and v}
     st.markdown(
         f"The step peaks in **{peak_phase.phase}** at {format_bytes(peak_phase.peak_bytes)}: "
         f"{format_bytes(persistent)} of this rank's parameters and optimizer state, which live all step, plus "
