@@ -317,3 +317,67 @@ def test_a_dispatch_mode_flag_left_set_by_other_threads_does_not_make_the_step_c
     capture = capture_module(model, x, loss, name="two halves", compile=True)
     assert capture.compiled["recompiled_during_step"] == 0
     assert capture.summary.by_op["CompiledFunctionBackward"] == 2  # the graph break's two regions
+
+
+@functools.lru_cache(maxsize=1)
+def llama_tiny_json() -> dict:
+    """`graph --preset llama-tiny --compile --format json`, as a user gets it."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "compiled.json")
+        assert main(["graph", "--preset", "llama-tiny", "--device", "cpu", "--compile", "-o", out]) == 0
+        with open(out) as f:
+            return json.load(f)
+
+
+def test_a_compiled_steps_forward_flops_are_filed_under_the_modules_that_ran_them():
+    """Module hooks do not run inside compiled code; the FX graph's nn_module_stack names each op's module. Before,
+    every forward FLOP of a compiled llama sat under "" ("(loss and glue)"): forward_by_module was {'': 14,825,056}."""
+    out = llama_tiny_json()
+    by_module = out["flops"]["forward_by_module"]
+    assert "" not in by_module and sum(by_module.values()) == out["flops"]["forward"]
+    eager = capture_backward(resolve_config("llama-tiny", device="cpu"), instruments={"flops"}).flops.forward_by_module
+    # Each module eager counts, compiled counts the same: the same matmuls, norms and rotary ops, module by module.
+    assert {m: by_module.get(m) for m in eager} == eager
+    # The one addition: inductor decomposes SiLU into x / (1 + exp(-x)), whose add and div count one FLOP per
+    # element each (eager's fused silu has no formula): 2 x batch 2 x seq 32 x intermediate 128 = 16,384 per layer.
+    extra = {m: f for m, f in by_module.items() if m not in eager}
+    assert extra == {f"model.layers.{i}.mlp.act_fn": 2 * 2 * 32 * 128 for i in range(2)}
+    assert out["flops"]["forward_by_module_op"]["model.layers.0.mlp.act_fn"] == {"aten.add": 2 * 32 * 128, "aten.div": 2 * 32 * 128}
+
+
+def test_a_compiled_nodes_saved_bytes_and_backward_flops_split_by_module():
+    out = llama_tiny_json()
+    (node,) = compiled_nodes(out)
+    rows = node["compiled"]["by_module"]
+    # the split adds up to the node's own figures
+    assert sum(r["saved_bytes"] for r in rows) == node["saved_bytes"] > 0
+    assert sum(r["flops"] for r in rows) == node["flops"] > 0
+    # in the order the forward ran the modules: the embedding, each layer in turn, the final norm, the head
+    modules = [r["module"] for r in rows]
+    assert modules.index("model.embed_tokens") < modules.index("model.layers.0.self_attn.q_proj") \
+        < modules.index("model.layers.1.self_attn.q_proj") < modules.index("model.norm") < modules.index("lm_head")
+    row = {r["module"]: r for r in rows}
+    # the head's backward: dx = dy·Wᵀ and dW = dyᵀ·x, two matmuls of b·s = 64 rows, hidden 64, vocab 512:
+    # 2 x (2·64·64·512) = 8,388,608; it saves its input x (64 x 64 float32 = 16,384 B)
+    assert row["lm_head"]["flops"] == 2 * 2 * 64 * 64 * 512 and row["lm_head"]["saved_bytes"] == 64 * 64 * 4
+    # what stays outside every module: the loss's glue, a few hundred bytes, not the whole model any more
+    assert row[""]["saved_bytes"] < 1024
+
+
+def test_compare_eager_vs_compiled_files_each_layer_on_both_sides_in_forward_order(tmp_path):
+    out = tmp_path / "compare.json"
+    assert main(["compare", "--preset", "llama-tiny", "--device", "cpu", "-o", str(out), "--vs", "--compile"]) == 0
+    per_layer = json.loads(out.read_text())["per_layer"]
+    layers = [p["layer"] for p in per_layer]
+    order = ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm", "lm_head", "(loss and glue)"]
+    assert [name for name in layers if name in order] == order  # before: lm_head first, the loss last
+    row = {p["layer"]: p for p in per_layer}
+    for name in ("model.layers.0", "model.layers.1", "lm_head"):
+        assert row[name]["b_saved_bytes"] > 0 and row[name]["b_flop"] > 0  # before: 0, all under the loss and glue
+    # the head does the same work either way: forward x·Wᵀ (2·64·64·512) + its two backward matmuls
+    assert row["lm_head"]["a_flop"] == row["lm_head"]["b_flop"] == 3 * 2 * 64 * 64 * 512
+    glue = row["(loss and glue)"]
+    assert glue["b_saved_bytes"] - glue["a_saved_bytes"] < 1024 and glue["b_flop"] < 2 * glue["a_flop"]

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
-from graphviz_core.analysis.flop_analysis import LOSS_AND_GLUE, layer_of, layers_in_forward_order
+from graphviz_core.analysis.flop_analysis import LOSS_AND_GLUE, layer_of, layers_in_forward_order, node_parts
 from graphviz_core.capture.result import Capture
 
 Key = tuple[str, str, int]
@@ -120,10 +120,11 @@ def _tally(capture: Capture) -> _Tally:
         keys[(module, op, seen[pair])] = node
         seen[pair] += 1
         modules[module] += 1
-        row = layers[layer_of(module)]
-        row[0] += d["saved_bytes"]
-        row[1] += d["flops"]
-        row[2] += 1
+        layers[layer_of(module)][2] += 1
+        for part, _, saved_bytes, flops in node_parts(node, d):  # a compiled region's node: by module
+            row = layers[layer_of(part)]
+            row[0] += saved_bytes
+            row[1] += flops
     ops: Counter[str] = Counter()
     for (_, op), n in seen.items():
         ops[op] += n

@@ -123,15 +123,31 @@ def layer_of(module: str) -> str:
     return ".".join(parts[:2])
 
 
+def node_parts(node: str, data: dict) -> list[tuple[str, float, int, int]]:
+    """(module, place, saved bytes, backward FLOPs) of one node of the graph, one tuple per module it holds work of.
+
+    An eager node is one module's. A compiled region's node (`CompiledFunctionBackward`) holds the saved tensors and
+    the backward of every module in its region: it comes split by module, in the order the forward ran them
+    (graphviz_core.capture.compiled's `by_module`). `place` orders them as node numbers do (numbered from the loss:
+    the later in the forward, the smaller): the node's number plus a fraction below 1 that falls along the forward."""
+    number = int(node.rpartition(":")[2])
+    split = (data.get("compiled") or {}).get("by_module")
+    if not split:
+        return [(data["module"], number, data["saved_bytes"], data["flops"])]
+    count = len(split)
+    return [(row["module"], number + (count - 1 - i) / count, row["saved_bytes"], row["flops"])
+            for i, row in enumerate(split)]
+
+
 def layers_in_forward_order(capture: Capture) -> list[str]:
     """Every layer of the graph in the order the forward ran them (embeddings, layers 0..N-1, final norm, head),
     the loss and glue last. Node ids are numbered from the loss, so a layer's smallest number is where backward
     first reaches it: the later a layer ran in the forward, the sooner backward reaches it."""
-    first: dict[str, int] = {}
+    first: dict[str, float] = {}
     for node, data in capture.graph.nodes(data=True):
-        layer = layer_of(data["module"])
-        number = int(node.rpartition(":")[2])
-        first[layer] = min(first.get(layer, number), number)
+        for module, place, _, _ in node_parts(node, data):
+            layer = layer_of(module)
+            first[layer] = min(first.get(layer, place), place)
     return sorted(first, key=lambda name: (name == LOSS_AND_GLUE, -first[name], _natural(name)))
 
 
@@ -149,11 +165,12 @@ def flops_per_layer(capture: Capture) -> list[LayerFlops]:
         forward[layer_of(module)] += flops
     backward: Counter[str] = Counter()
     # Node ids are numbered from the loss (pre-order), so the largest number of a layer is nearest the input.
-    depth: dict[str, int] = {}
+    depth: dict[str, float] = {}
     for node, data in capture.graph.nodes(data=True):
-        layer = layer_of(data["module"])
-        backward[layer] += data["flops"]
-        depth[layer] = max(depth.get(layer, -1), int(node.rpartition(":")[2]))
+        for module, place, _, flops in node_parts(node, data):
+            layer = layer_of(module)
+            backward[layer] += flops
+            depth[layer] = max(depth.get(layer, -1), place)
     sums = "(gradient sums between nodes)"
     if capture.flops.backward_unattributed:
         backward[sums] += capture.flops.backward_unattributed

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from graphviz_core.analysis.flop_analysis import layer_of, layers_in_forward_order
+from graphviz_core.analysis.flop_analysis import layer_of, layers_in_forward_order, node_parts
 from graphviz_core.capture.result import Capture
 
 
@@ -24,9 +24,9 @@ def saved_bytes_by_layer(capture: Capture) -> dict[str, int]:
     """Saved bytes per layer (the FLOPs tab's grouping, `flop_analysis.layer_of`), in forward order: embeddings,
     layers 0..N-1, final norm, head, then what is outside every module (loss and glue)."""
     totals: Counter[str] = Counter()
-    for _, data in capture.graph.nodes(data=True):
-        if data["saved_bytes"]:
-            totals[layer_of(data["module"])] += data["saved_bytes"]
+    for node, data in capture.graph.nodes(data=True):
+        for module, _, saved_bytes, _ in node_parts(node, data):  # a compiled region's node: by module
+            totals[layer_of(module)] += saved_bytes
     return {layer: totals[layer] for layer in layers_in_forward_order(capture) if totals[layer]}
 
 

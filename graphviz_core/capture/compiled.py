@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -131,9 +132,9 @@ class CompiledRegions(Instrument):
 
         def compiler(graph: torch.fx.GraphModule, example_inputs) -> Callable:
             region = self.regions[-1] if side == "forward" else self._region_of_backward(graph)
-            run = make_boxed_func(graph.forward)
             if region is None:  # a backward no region here is waiting for: run it, open nothing
-                return run
+                return make_boxed_func(graph.forward)
+            run = make_boxed_func(_ModuleNaming(graph, self).run)
             if side == "forward":
                 region.forward = fx_graph(graph, region.parameter_inputs)
                 region.forward_names = {n.name for n in graph.graph.nodes if n.op == "call_function"}
@@ -199,9 +200,12 @@ class CompiledRegions(Instrument):
         another thread's dispatch mode can cause by flipping dynamo's process-wide guard flag, adds equal copies:
         counted apart, and each node's region renumbered in the order the regions ran)."""
         regions = []
+        flops = run.instrument("flops")
         for number, node_id in enumerate(sorted(self.region_of, key=self.region_of.get)):
             opened_region = graph.nodes[node_id]["compiled"]
             opened_region["region"] = number
+            opened_region["by_module"] = _by_module(self.regions[self.region_of[node_id]], graph.nodes[node_id],
+                                                    getattr(flops, "by_node_module", {}).get(node_id, {}))
             regions.append({"node": node_id, **{k: v for k, v in opened_region.items() if k not in ("nodes", "edges")}})
         compiled = self.regions[:self.compiled_regions]
         breaks = [{"reason": r.reason.splitlines()[0] if r.reason else "", "where": r.where, "explanation": r.reason}
@@ -230,6 +234,78 @@ class CompiledRegions(Instrument):
     def release(self) -> None:
         self.regions = []
         self.region_of = {}
+
+
+class _ModuleNaming(torch.fx.Interpreter):
+    """Runs a partitioned FX graph node by node (the aten calls its generated code makes, in the same order, each
+    value dropped after its last use as there), with the module that node came from on the run's module stack while
+    it runs. Module hooks do not run inside compiled code, so without this every forward FLOP of a compiled step was
+    counted under no module ("(loss and glue)"); the FX graph keeps each node's module (`nn_module_stack`, and
+    `fwd_nn_module_stack` on backward nodes: the forward node whose gradient they compute)."""
+
+    def __init__(self, graph: torch.fx.GraphModule, instrument: CompiledRegions) -> None:
+        super().__init__(graph)
+        self.instrument = instrument
+        self.module_of = {node: module_of(node) for node in graph.graph.nodes}
+
+    def run_node(self, node: torch.fx.Node):
+        run = getattr(self.instrument, "run", None)
+        module = self.module_of.get(node)
+        if run is None or run.modules is None or run.phase not in ("forward", "backward") or module is None:
+            return super().run_node(node)
+        stack = run.modules.stack
+        stack.append(module)
+        try:
+            return super().run_node(node)
+        finally:
+            stack.pop()
+
+
+_ROOT = re.compile(r"^L(\[[^\]]*\])+\.?")  # dynamo's name for the compiled module itself: L['self'], L['args'][0]
+_INDEX = re.compile(r"\[(?:'([^']*)'|(\d+))\]")  # layers[0] / ['name'] -> .0 / .name
+
+
+def module_of(node: torch.fx.Node) -> str | None:
+    """The module path (as `named_modules` spells it, "" for the compiled module itself) of the innermost module whose
+    forward made `node`, from the FX node's metadata; None where it has none (placeholders, the output)."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
+    if not stack:
+        return None
+    value = list(stack.values())[-1]
+    path = value[0] if isinstance(value, tuple) else str(value)
+    path = _ROOT.sub("", path)
+    return _INDEX.sub(lambda m: "." + (m.group(1) if m.group(1) is not None else m.group(2)), path).strip(".")
+
+
+def _by_module(region: _Region, node: dict, flops_by_module: dict[str, int]) -> list[dict]:
+    """A compiled node's saved bytes and backward FLOPs split by the module each came from, in the order the forward
+    ran the modules: a saved tensor goes to the module whose forward op made it (storages counted once, parameters
+    apart, as the node's own total), a backward op's FLOPs to the module of the forward op it differentiates. What no
+    module made (the loss's glue, a difference between the FX graph's saved set and what the hooks saw at run time)
+    stays with the node's own module."""
+    order = [n["module"] for n in (*(region.forward or {}).get("nodes", []), *(region.backward or {}).get("nodes", []))]
+    saved = dict(_saved_by_module((region.backward or {}).get("nodes", [])))
+    modules = [m for m in dict.fromkeys(order) if m is not None and (saved.get(m) or flops_by_module.get(m))]
+    rows = {m: {"module": m, "saved_bytes": saved.get(m, 0), "flops": flops_by_module.get(m, 0)} for m in modules}
+    own = rows.setdefault(node["module"], {"module": node["module"], "saved_bytes": 0, "flops": 0})
+    own["saved_bytes"] += node["saved_bytes"] - sum(r["saved_bytes"] for r in rows.values())
+    own["flops"] += node["flops"] - sum(r["flops"] for r in rows.values())
+    return [r for r in rows.values() if r["saved_bytes"] or r["flops"]]
+
+
+def _saved_by_module(nodes: list[dict]) -> dict[str | None, int]:
+    """The backward graph's saved tensors' bytes by the module that made each (storages once, parameters apart)."""
+    by_module: dict[str | None, int] = {}
+    seen: set = set()
+    for tensor in nodes:
+        if tensor["role"] != "saved" or tensor["shape"] is None or tensor["parameter"]:
+            continue
+        key = tensor["storage"] if tensor["storage"] is not None else ("node", tensor["name"])
+        if key in seen:
+            continue
+        seen.add(key)
+        by_module[tensor["module"]] = by_module.get(tensor["module"], 0) + tensor["storage_bytes"]
+    return by_module
 
 
 def _tensor_facts(value) -> dict:
@@ -282,7 +358,7 @@ def fx_graph(graph: torch.fx.GraphModule, parameter_inputs: set[int], forward_na
         nodes.append({"name": node.name, "kind": node.op, "op": op, "target": str(node.target), **facts,
                       "inputs": [a.name for a in node.all_input_nodes], "role": role,
                       "parameter": primal and int(node.name.removeprefix("primals_")) - 1 in parameter_inputs,
-                      "storage": _storage_id(value)})
+                      "storage": _storage_id(value), "module": module_of(node)})
     output = graph.graph.output_node() if hasattr(graph.graph, "output_node") else list(graph.graph.nodes)[-1]
     return {"nodes": nodes, "output_names": [a.name for a in output.all_input_nodes]}
 

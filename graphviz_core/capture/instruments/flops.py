@@ -22,6 +22,9 @@ class FlopCounter(Instrument):
         self.forward = 0
         self.by_node: Counter[str] = Counter()
         self.recompute_by_node: Counter[str] = Counter()
+        # node id -> module -> FLOPs, where a node's backward names its modules: only a compiled region's does (its FX
+        # graph runs node by node with each node's module on the stack; graphviz_core.capture.compiled)
+        self.by_node_module: dict[str, Counter[str]] = {}
         self.unattributed = 0
         self.forward_by_module_op: Counter[tuple[str, str]] = Counter()  # (innermost module, aten op)
         self.by_op: dict[str, Counter[str]] = {"forward": Counter(), "backward": Counter()}
@@ -52,6 +55,8 @@ class FlopCounter(Instrument):
                 self.sums_after[run.last_finished] += flops
         else:
             self.by_node[run.current] += flops
+            if run.modules.stack:
+                self.by_node_module.setdefault(run.current, Counter())[run.modules.stack[-1]] += flops
             if run.modules.recompute_depth:  # > 0 while checkpointing re-runs a forward inside backward
                 self.recompute_by_node[run.current] += flops
 
