@@ -10,6 +10,7 @@ initialises CUDA)::
     loss = loss_fn(model, batch)                           # the forward, exactly as the capture runs it
     capture = gc.capture_backward(config)                  # one instrumented forward + backward: a Capture
     capture = gc.capture_module(my_module, inputs, my_loss)  # your own nn.Module
+    with gc.record("runs/exp1", steps=100) as rec: ...     # your own training loop, step after step
 
 See docs/api.md.
 """
@@ -19,10 +20,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["build", "capture_backward", "capture_module", "family_of", "resolve_config"]
+__all__ = ["build", "capture_backward", "capture_module", "family_of", "record", "resolve_config"]
 
 if TYPE_CHECKING:
     from graphviz_core.capture.engine import capture_backward
+    from graphviz_core.capture.recorder import record
     from graphviz_core.capture.user import capture_module
     from graphviz_core.config import resolve_config
     from graphviz_core.models.registry import family_of
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "capture_backward": "graphviz_core.capture.engine",
     "capture_module": "graphviz_core.capture.user",
+    "record": "graphviz_core.capture.recorder",
     "resolve_config": "graphviz_core.config",
     "family_of": "graphviz_core.models.registry",
 }

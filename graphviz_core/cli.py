@@ -536,6 +536,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["record"], ["recording"]):  # a user's training loop recorded, and read (graphviz_core.cli_record)
+        from graphviz_core.cli_record import main as record_main
+
+        return record_main(argv)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -136,7 +136,8 @@ class NodeRecord:
             raise ValueError(f"{node_id}'s attributes are a {type(data).__name__}, not an object.")
         missing = [k for k in cls.keys() if k not in data]
         if missing:
-            raise ValueError(f"{node_id} lacks the key(s) {', '.join(missing)} that every node carries.")
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            raise ValueError(f"{node_id} lacks the key(s) {', '.join(missing[:3])}{more} that every node carries.")
         for f in dataclasses.fields(cls):
             problem = _type_problem(data[f.name], f.metadata["json"])
             if problem:

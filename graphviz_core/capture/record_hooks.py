@@ -1,0 +1,317 @@
+"""The recorder's instruments on a user's loop (graphviz_core.capture.recorder runs them):
+
+- `ModuleCalls`: process-wide module forward hooks; which module's forward created each autograd node (autograd's
+  sequence numbers, as capture.instruments.modules reads them) and each parameter's fully qualified name;
+- `BackwardProbe`: one backward call: the walk from its roots, the graph's identity (its ops and edges), a pre and a
+  post hook on every node (gradient-out L2 norm, max |value|, non-finite count, wall time), and for a graph not seen
+  before its structure in graph/schema.py's records, with saved bytes (read from each node's raw saved fields, never
+  unpacked) and backward FLOPs (one dispatch mode during that first backward only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from graphviz_core.capture.flop_formulas import op_info
+from graphviz_core.capture.walk import next_sequence_nr
+from graphviz_core.graph.categories import category_in_module, normalise_op
+from graphviz_core.graph.schema import NodeRecord
+
+MAX_OPEN_CALLS = 1_000_000  # module calls kept between two backwards (a forward with no backward keeps none past this)
+
+
+class ModuleCalls:
+    """Global module forward hooks while the recorder runs: the range of autograd sequence numbers each module call
+    gave out, innermost found by painting outermost first (capture.instruments.modules does the same)."""
+
+    def __init__(self, model: torch.nn.Module | None) -> None:
+        self.model = model
+        self.paths: dict[int, tuple[str, str]] = {}  # id(module) -> (path, type name)
+        self.param_names: dict[int, str] = {}  # id(parameter) -> fully qualified name
+        self.roots: list = []  # weak references to the outermost modules seen (the model, a loss module)
+        if model is not None:
+            self._adopt(model)
+        self.open: list[int] = []
+        self.calls: list[tuple[int, int, int, str]] = []
+        self.handles: list = []
+
+    def _adopt(self, root: torch.nn.Module) -> None:
+        self.roots.append(weakref.ref(root))
+        for path, module in root.named_modules(remove_duplicate=False):
+            self.paths.setdefault(id(module), (path, type(module).__name__))
+        for name, param in root.named_parameters(remove_duplicate=False):
+            self.param_names.setdefault(id(param), name)
+
+    def install(self) -> None:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        self.handles = [register_module_forward_pre_hook(self.pre), register_module_forward_hook(self.post,
+                                                                                                 always_call=True)]
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def pre(self, module, args) -> None:
+        if not torch.is_grad_enabled():
+            self.open.append(-1)
+            return
+        if not self.open and self.model is None and id(module) not in self.paths:
+            self._adopt(module)  # an outermost module not seen before: the user's model (or its loss module)
+        self.open.append(next_sequence_nr())
+
+    def post(self, module, args, output) -> None:
+        if not self.open:
+            return
+        start = self.open.pop()
+        known = self.paths.get(id(module))
+        if start < 0 or known is None or len(self.calls) >= MAX_OPEN_CALLS:
+            return
+        self.calls.append((len(self.open), start, next_sequence_nr(), known[0]))
+
+    def labels(self, nodes: list) -> list[tuple[str, str]]:
+        """(module path, module type name) of each node ("" where no module of the model created it)."""
+        types = {path: kind for path, kind in self.paths.values()}
+        if not self.calls:
+            return [("", "")] * len(nodes)
+        base = min(c[1] for c in self.calls)
+        size = max(c[2] for c in self.calls) - base
+        owner: list[str | None] = [None] * max(size, 0)
+        for _depth, start, end, path in sorted(self.calls, key=lambda c: c[0]):
+            owner[start - base:end - base] = [path] * (end - start)
+        out = []
+        for node in nodes:
+            index = node._sequence_nr() - base
+            path = owner[index] if 0 <= index < size else None
+            out.append(("", "") if path is None else (path, types.get(path, "")))
+        return out
+
+    def clear(self) -> None:
+        self.calls = []
+
+
+def walk(roots: list) -> tuple[list, list[str], list[tuple[int, int]]]:
+    """Every node reachable from the roots' grad_fn, in pre-order; their op names; the edges as index pairs."""
+    order, index, stack = [], {}, [r for r in reversed(roots) if r is not None]
+    while stack:
+        node = stack.pop()
+        if node in index:
+            continue
+        index[node] = len(order)
+        order.append(node)
+        stack.extend(reversed([n for n, _ in node.next_functions if n is not None]))
+    edges = [(index[node], index[child]) for node in order for child, _ in node.next_functions if child is not None]
+    return order, [normalise_op(n.name()) for n in order], edges
+
+
+def graph_id(ops: list[str], edges: list[tuple[int, int]]) -> str:
+    digest = hashlib.blake2b(digest_size=10)
+    digest.update("\n".join(ops).encode())
+    digest.update(repr(edges).encode())
+    return digest.hexdigest()
+
+
+def _saved_of(node, parameter_storages: set[int]) -> list[dict]:
+    """The tensors saved for `node`'s backward, read from its raw saved fields: a tensor packed by a saved-tensor hook
+    (checkpointing) is left out, never unpacked (that would run the recomputation, or spend checkpoint's one unpack)."""
+    out = []
+    for name in dir(node):
+        if not name.startswith("_raw_saved_"):
+            continue
+        try:
+            raw = getattr(node, name)
+        except RuntimeError:  # freed, or undefined for this node
+            continue
+        for item in raw if isinstance(raw, (list, tuple)) else (raw,):
+            data = getattr(item, "data", None)
+            if isinstance(data, torch.Tensor):
+                storage = data.untyped_storage()
+                key = storage.data_ptr()
+                out.append({"shape": list(data.shape), "dtype": str(data.dtype).removeprefix("torch."),
+                            "bytes": storage.nbytes(), "key": key, "parameter": key in parameter_storages})
+    return out
+
+
+class _Flops(TorchDispatchMode):
+    """FLOPs of each node's backward (the project's formulas, capture.flop_formulas), on a new graph's first backward."""
+
+    def __init__(self, probe: BackwardProbe) -> None:
+        super().__init__()
+        self.probe = probe
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula, _ = op_info(func)
+        current = self.probe.current
+        if formula is not None and current is not None:
+            self.probe.flops[current] += int(formula(*args, out_val=out, **kwargs))
+        return out
+
+
+class BackwardProbe:
+    """One backward: hooks on every node of the walked graph; `figures()` after it ran."""
+
+    def __init__(self, roots: list, modules: ModuleCalls, new_graphs: set[str], cuda: bool) -> None:
+        self.nodes, self.ops, edges = walk([getattr(r, "grad_fn", None) for r in roots])
+        self.edges = edges
+        self.id = graph_id(self.ops, edges)
+        self.new = self.id not in new_graphs
+        self.modules = modules
+        self.cuda = cuda
+        count = len(self.nodes)
+        self.started = [0.0] * count
+        self.elapsed: list = [None] * count
+        self.norms: list = [None] * count  # per node: [(l2, max_abs, nonfinite)] tensors, read after the backward
+        self.flops = [0] * count
+        self.current: int | None = None
+        self.leaf = [op == "AccumulateGrad" for op in self.ops]
+        self.seen: dict[int, tuple] = {}
+        self.structure = self._structure() if self.new else None
+        self.handles = []
+        for i, node in enumerate(self.nodes):
+            self.handles.append(node.register_prehook(self._pre(i)))
+            self.handles.append(node.register_hook(self._post(i)))
+
+    def _structure(self) -> dict:
+        """The graph's node-link JSON in graph/schema.py's records (bytes saved counted once per storage, at its
+        first save in pre-order, parameters excluded); FLOPs are filled after the backward."""
+        labels = self.modules.labels(self.nodes)
+        names = self.modules.param_names
+        counted: set[int] = set()
+        parameters = [n.variable for n, op in zip(self.nodes, self.ops, strict=True) if op == "AccumulateGrad"]
+        for ref in self.modules.roots:  # frozen parameters too (no AccumulateGrad node)
+            root = ref()
+            parameters += list(root.parameters()) if root is not None else []
+        storages = {p.untyped_storage().data_ptr() for p in parameters}
+        records = []
+        for i, node in enumerate(self.nodes):
+            op = self.ops[i]
+            module, kind = labels[i]
+            param = None
+            if op == "AccumulateGrad":
+                variable = node.variable
+                name = names.get(id(variable), "")
+                param = {"name": name, "shape": list(variable.shape)}
+                module = name.rpartition(".")[0]
+            saved = []
+            saved_bytes = 0
+            for item in _saved_of(node, storages):
+                key = item.pop("key")
+                item["counted"] = not item["parameter"] and key not in counted
+                if item["counted"]:
+                    counted.add(key)
+                    saved_bytes += item["bytes"]
+                saved.append(item)
+            record = NodeRecord(op=op, category=category_in_module(op, kind), module=module, saved_bytes=saved_bytes,
+                                param=param, saved=saved).to_dict()
+            records.append({"id": f"{op}:{i}", **record})
+        return {"directed": True, "multigraph": False, "graph": {}, "nodes": records,
+                "links": [{"source": records[a]["id"], "target": records[b]["id"]} for a, b in self.edges]}
+
+    def flop_mode(self):
+        return _Flops(self)
+
+    def _clock(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _pre(self, i: int):
+        def hook(grad_outputs):
+            self.current = i
+            self.started[i] = self._clock()
+
+        return hook
+
+    def _post(self, i: int):
+        def hook(grad_inputs, grad_outputs):
+            end = self._clock()
+            self.elapsed[i] = (self.started[i], end)
+            self.current = None
+            with torch._C._DisableTorchDispatch():
+                self.norms[i] = [self._figures(g) for g in (grad_outputs if self.leaf[i] else grad_inputs)
+                                 if g is not None]
+
+        return hook
+
+    def _figures(self, g: torch.Tensor) -> tuple:
+        """(L2, max |value|, non-finite count) of one gradient, each a 0-dim tensor, read once per tensor object.
+        On the CPU the count is taken only where max |value| is not finite (it is 0 otherwise)."""
+        seen = self.seen.get(id(g))
+        if seen is not None and seen[0]() is g:
+            return seen[1]
+        key = g
+        if g.is_sparse:
+            g = g.coalesce().values()
+        if g.numel() == 0:
+            zero = torch.zeros((), device=g.device)
+            return zero, zero, 0
+        l2 = torch.linalg.vector_norm(g, dtype=torch.float32)
+        top = torch.linalg.vector_norm(g, ord=math.inf, dtype=torch.float32)
+        if self.cuda:
+            bad = torch.logical_not(torch.isfinite(g)).sum()
+        else:
+            bad = 0 if math.isfinite(top.item()) else int(torch.logical_not(torch.isfinite(g)).sum())
+        figures = (l2, top, bad)
+        self.seen[id(key)] = (weakref.ref(key), figures)
+        return figures
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def figures(self, scale: float) -> tuple[dict, float | None]:
+        """The NODES columns of this backward (gradients divided by the GradScaler's `scale`) and the L2 norm of the
+        gradient that reached the parameters (the AccumulateGrad nodes': this micro-batch's contribution)."""
+        flat = [f for parts in self.norms if parts for f in parts]
+        values = torch.stack([torch.stack([f[0], f[1]]) for f in flat]).tolist() if flat else []
+        counts = [int(f[2]) for f in flat]
+        grad_norm, max_abs, nonfinite, times = [], [], [], []
+        at = 0
+        into_parameters = None
+        for i, parts in enumerate(self.norms):
+            if not parts:
+                grad_norm.append(None)
+                max_abs.append(None)
+                nonfinite.append(None if parts is None else 0)
+            else:
+                mine = values[at:at + len(parts)]
+                grad_norm.append(math.sqrt(sum(v[0] ** 2 for v in mine)) / scale)
+                max_abs.append(max(v[1] for v in mine) / scale if all(v[1] == v[1] for v in mine) else math.nan)
+                nonfinite.append(sum(counts[at:at + len(parts)]))
+                if self.leaf[i]:
+                    into_parameters = (into_parameters or 0.0) + grad_norm[-1] ** 2
+                at += len(parts)
+            span = self.elapsed[i]
+            if span is None:
+                times.append(None)
+            elif self.cuda:
+                times.append(span[0].elapsed_time(span[1]) / 1000.0)
+            else:
+                times.append(span[1] - span[0])
+        if self.structure is not None:
+            for record, flops in zip(self.structure["nodes"], self.flops, strict=True):
+                record["flops"] = flops
+        columns = {"grad_norm": grad_norm, "max_abs": max_abs, "nonfinite": nonfinite, "time_s": times}
+        return columns, (math.sqrt(into_parameters) if into_parameters is not None else None)
+
+    def release(self) -> None:
+        self.remove()
+        self.nodes = []
+        self.norms = []
+        self.seen.clear()

@@ -1,0 +1,85 @@
+"""Writes a recording as the run goes (the format: graphviz_core.graph.recording, docs/recording.md).
+
+Every step is one record batch appended to each of three Arrow IPC streams per rank, the steps stream last, each
+written straight to the file (no buffer of ours): a run killed with SIGKILL leaves every completed step readable.
+JSON files (the manifest, each distinct graph, the rank's status) are written to a temporary name and renamed, so
+they are whole or absent. No pickle: Arrow and JSON only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from pathlib import Path
+
+from graphviz_core.graph.recording import FORMAT, FORMAT_VERSION, GRAPHS, MANIFEST, STATUS, arrow_schemas
+from graphviz_core.graph.schema import SCHEMA_VERSION
+
+
+def _write_json(path: Path, data: dict) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(data, allow_nan=False, separators=(",", ":")), encoding="utf-8")
+    os.replace(temporary, path)
+
+
+class RecordingWriter:
+    """One recording folder; `rank` streams opened at the first step (a DDP script initialises its process group
+    after the recorder starts)."""
+
+    def __init__(self, path: str | os.PathLike, steps_limit: int | None) -> None:
+        import torch
+
+        self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise ValueError(f"{self.path} is a file; give record() a folder to write the recording in.")
+        if (self.path / MANIFEST).exists() and not os.environ.get("RANK"):
+            raise ValueError(f"{self.path} already holds a recording; choose a new folder (nothing is overwritten).")
+        (self.path / GRAPHS).mkdir(parents=True, exist_ok=True)
+        self.manifest = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "schema": SCHEMA_VERSION,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "steps_limit": steps_limit,
+        }
+        if not (self.path / MANIFEST).exists():
+            _write_json(self.path / MANIFEST, self.manifest)
+        self.graphs: set[str] = {p.stem for p in (self.path / GRAPHS).glob("*.json")}
+        self.rank: int | None = None
+        self.streams: dict = {}
+        self.steps = 0
+
+    def open_rank(self, rank: int) -> None:
+        import pyarrow as pa
+
+        self.rank = rank
+        folder = self.path / f"rank-{rank}"
+        folder.mkdir(exist_ok=True)
+        self.folder = folder
+        for name, schema in arrow_schemas().items():
+            sink = pa.OSFile(str(folder / f"{name}.arrows"), "wb")
+            self.streams[name] = (sink, pa.ipc.new_stream(sink, schema))
+
+    def write_graph(self, graph_id: str, node_link: dict) -> None:
+        if graph_id in self.graphs:
+            return
+        _write_json(self.path / GRAPHS / f"{graph_id}.json", node_link)
+        self.graphs.add(graph_id)
+
+    def write_step(self, step: dict, parameters: dict, nodes: dict) -> None:
+        """One complete step: its parameters' rows, its nodes' rows, then its steps row (a step is complete when
+        that row is in the file)."""
+        import pyarrow as pa
+
+        schemas = arrow_schemas()
+        for name, columns in (("parameters", parameters), ("nodes", nodes), ("steps", {k: [v] for k, v in step.items()})):
+            batch = pa.record_batch([pa.array(columns[f.name], type=f.type) for f in schemas[name]], schema=schemas[name])
+            self.streams[name][1].write_batch(batch)
+        self.steps += 1
+
+    def close(self, complete: bool) -> None:
+        for sink, writer in self.streams.values():
+            writer.close()
+            sink.close()
+        self.streams = {}
+        if self.rank is not None:
+            _write_json(self.folder / STATUS, {"complete": complete, "steps": self.steps})

@@ -1,0 +1,343 @@
+"""`graphviz_core.record(path, steps=...)`: record a user's own training loop, step after step (docs/recording.md).
+
+    with graphviz_core.record("runs/exp1", steps=100) as rec:
+        for batch in loader:
+            loss = model(batch).loss; loss.backward(); opt.step(); opt.zero_grad()
+
+What it hooks, all removed when the block ends:
+
+- torch.optim's global optimizer step hooks: before a step, each parameter's gradient and weight norms (one
+  `torch._foreach_norm` per device and dtype) and a copy of the weights; after it, the update norms; then the step
+  is written. `rec.step()` closes a step where a loop has no torch.optim optimizer.
+- `torch.autograd.backward` (which `Tensor.backward` calls) and `torch.autograd.grad`: each backward's graph is
+  walked from its roots and every node gets a pre and a post hook (capture.record_hooks); a graph seen for the first
+  time is stored once with its saved bytes and FLOPs.
+- global module forward hooks (capture.record_hooks.ModuleCalls): which module created each node, parameter names.
+- `torch.amp.GradScaler.scale` and `.step`: gradient figures divided by the scale the backward ran with; a step the
+  scaler skipped (inf/NaN found) is written with `skipped` true.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Iterator
+
+import torch
+
+from graphviz_core.capture.record_hooks import BackwardProbe, ModuleCalls
+from graphviz_core.capture.record_writer import RecordingWriter
+
+_ACTIVE = threading.Lock()  # one recording per process: the hooks it installs are process-wide
+
+
+class Recorder:
+    """The object `record()` yields. `step()` closes a step by hand; `steps_written` counts the steps written."""
+
+    def __init__(self, path, steps: int | None, model: torch.nn.Module | None, nodes: bool) -> None:
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise ValueError(f"steps must be a whole number of optimizer steps, 1 or more (or None for all); got "
+                             f"{steps!r}.")
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise ValueError(f"model must be the torch.nn.Module being trained; got a {type(model).__name__}.")
+        self.writer = RecordingWriter(path, steps)
+        self.limit = steps
+        self.nodes = nodes
+        self.modules = ModuleCalls(model)
+        self.active = True
+        self.steps_written = 0
+        self.started = time.perf_counter()
+        self._reset_step()
+        self.before: dict[int, torch.Tensor] = {}  # id(param) -> its weights before the optimizer's step
+        self.pre_figures: dict | None = None
+        self.optimizer_stepped = False
+        self.scaler_scales: dict[int, tuple] = {}  # id(scaled loss) -> (weakref, the scale tensor then)
+        self.handles: list = []
+        self.originals: dict = {}
+
+    # ---- installing and removing ------------------------------------------------------------------------------
+    def install(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self.handles = [register_optimizer_step_pre_hook(self._before_step),
+                        register_optimizer_step_post_hook(self._after_step)]
+        if self.nodes:
+            self.modules.install()
+        scaler = torch.amp.grad_scaler.GradScaler
+        self.originals = {(torch.autograd, "backward"): torch.autograd.backward,
+                          (torch.autograd, "grad"): torch.autograd.grad,
+                          (scaler, "scale"): scaler.scale, (scaler, "step"): scaler.step}
+        torch.autograd.backward = self._wrap_backward(self.originals[(torch.autograd, "backward")])
+        torch.autograd.grad = self._wrap_backward(self.originals[(torch.autograd, "grad")])
+        scaler.scale = self._wrap_scale(self.originals[(scaler, "scale")])
+        scaler.step = self._wrap_scaler_step(self.originals[(scaler, "step")])
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        self.modules.remove()
+        for (owner, name), original in self.originals.items():
+            setattr(owner, name, original)
+        self.originals = {}
+        self.before.clear()
+
+    # ---- steps --------------------------------------------------------------------------------------------------
+    def _reset_step(self) -> None:
+        self.backwards: list[dict] = []  # per backward: graph id, node columns, loss, gradient into the parameters
+        self.scale: float | None = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats()
+
+    def step(self) -> None:
+        """Close a step by hand (a loop without a torch.optim optimizer): the backwards since the last step, and the
+        gradient and weight norms of the model's parameters (no update figures: nothing stepped). After an optimizer
+        step, which closes the step itself, this does nothing."""
+        if not self.active or not self.backwards:
+            return
+        params = [p for p in self._known_parameters() if p.grad is not None]
+        figures = self._norms(params)
+        self._write(params, figures, None, skipped=False, lrs=[])
+
+    def _known_parameters(self) -> list:
+        seen, out = set(), []
+        for ref in self.modules.roots:
+            root = ref()
+            for p in (root.parameters() if root is not None else ()):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    @staticmethod
+    def _optimizer_params(optimizer) -> list[tuple[torch.Tensor, float | None]]:
+        out = []
+        for group in optimizer.param_groups:
+            lr = group.get("lr")
+            lr = float(lr) if lr is not None else None
+            out += [(p, lr) for p in group["params"] if p.grad is not None]
+        return out
+
+    @staticmethod
+    def _norms(tensors: list, grads: bool = True) -> list[float]:
+        """L2 norms of the tensors' gradients (or of the tensors), one _foreach_norm per device and dtype, read in one
+        transfer; float32 accumulation (a float16 norm overflows at 65,504)."""
+        if not tensors:
+            return []
+        items = [p.grad if grads else p.detach() for p in tensors]
+        groups: dict = {}
+        for i, t in enumerate(items):
+            groups.setdefault((t.device, t.dtype), []).append(i)
+        out = [0.0] * len(items)
+        with torch.no_grad():
+            for indices in groups.values():
+                group = [items[i] for i in indices]
+                if group[0].is_sparse:
+                    norms = [torch.linalg.vector_norm(t.coalesce().values(), dtype=torch.float32) for t in group]
+                else:
+                    norms = torch._foreach_norm(group, 2, dtype=torch.float32)
+                for i, value in zip(indices, torch.stack(list(norms)).tolist(), strict=True):
+                    out[i] = value
+        return out
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        if not self.active:
+            return
+        pairs = self._optimizer_params(optimizer)
+        params = [p for p, _ in pairs]
+        self.pre_figures = {"params": params, "lrs": [lr for _, lr in pairs], "grad": self._norms(params),
+                            "weight": self._norms(params, grads=False)}
+        with torch.no_grad():
+            for p in params:
+                buffer = self.before.get(id(p))
+                if buffer is None or buffer.shape != p.shape or buffer.dtype != p.dtype:
+                    buffer = self.before[id(p)] = torch.empty_like(p, memory_format=torch.preserve_format)
+                buffer.copy_(p.detach())
+
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        if not self.active or self.pre_figures is None:
+            return
+        self.optimizer_stepped = True
+        figures, self.pre_figures = self.pre_figures, None
+        params = figures["params"]
+        with torch.no_grad():
+            deltas = [p.detach() - self.before[id(p)] for p in params]
+        updates = self._norms(deltas, grads=False)
+        del deltas
+        self._write(params, (figures["grad"], figures["weight"]), updates, skipped=False, lrs=figures["lrs"],
+                    optimizer=optimizer)
+
+    def _skipped(self, optimizer) -> None:
+        """The GradScaler found inf or NaN and did not call the optimizer's step: a step all the same, marked so."""
+        pairs = self._optimizer_params(optimizer)
+        params = [p for p, _ in pairs]
+        self._write(params, (self._norms(params), self._norms(params, grads=False)), [0.0] * len(params),
+                    skipped=True, lrs=[lr for _, lr in pairs], optimizer=optimizer)
+
+    def _write(self, params, figures, updates, *, skipped: bool, lrs: list, optimizer=None) -> None:
+        if isinstance(figures, list):  # step(): gradient norms only, weights read here
+            figures = (figures, self._norms(params, grads=False))
+        grads, weights = figures
+        if self.writer.rank is None:
+            rank = torch.distributed.get_rank() if torch.distributed.is_available() and \
+                torch.distributed.is_initialized() else 0
+            self.writer.open_rank(rank)
+        names = self.modules.param_names
+        index = self.steps_written
+        ratios = [None if updates is None or not w else updates[i] / w for i, w in enumerate(weights)]
+        parameters = {
+            "step": [index] * len(params),
+            "name": [names.get(id(p), f"parameter.{i}") for i, p in enumerate(params)],
+            "grad_norm": grads, "weight_norm": weights,
+            "update_norm": updates if updates is not None else [None] * len(params),
+            "update_ratio": ratios,
+            "lr": lrs if lrs else [None] * len(params),
+        }
+        columns = {"grad_norm": [], "max_abs": [], "nonfinite": [], "time_s": []}
+        walked = [b for b in self.backwards if b["graph"] is not None]
+        for backward in walked:
+            for key in columns:
+                columns[key] += backward["columns"][key]
+        losses = [b["loss"] for b in self.backwards]
+        finite = [v for v in losses if v is not None]
+        peak, source = self._peak(params, optimizer)
+        total = math.sqrt(sum(g * g for g in grads)) if grads else None
+        now = time.perf_counter()
+        step = {
+            "step": index, "loss": sum(finite) if finite and len(finite) == len(losses) else None,
+            "skipped": skipped, "scale": self.scale, "peak_bytes": peak, "peak_source": source,
+            "lr": lrs[0] if lrs else None, "lrs": sorted(set(lrs), key=lrs.index) if lrs else [],
+            "time_s": now - self.started,
+            "backward_graphs": [b["graph"] for b in walked],
+            "backward_nodes": [len(b["columns"]["grad_norm"]) for b in walked],
+            "micro_losses": [math.nan if v is None else v for v in losses],
+            "micro_grad_norms": [math.nan if b["into"] is None else b["into"] for b in self.backwards],
+            "grad_norm": total,
+        }
+        self.writer.write_step(step, parameters, columns)
+        self.started = now
+        self.steps_written += 1
+        self._reset_step()
+        if self.limit is not None and self.steps_written >= self.limit:
+            self.active = False  # the loop runs on unrecorded; the hooks return at once until the block ends
+            self.modules.remove()
+
+    def _peak(self, params, optimizer) -> tuple[int | None, str]:
+        if params and params[0].is_cuda:
+            return torch.cuda.max_memory_allocated(params[0].device), "cuda allocator"
+        parameter_bytes = sum(p.numel() * p.element_size() for p in params)
+        state = 0
+        if optimizer is not None:
+            for entry in optimizer.state.values():
+                state += sum(t.numel() * t.element_size() for t in entry.values() if isinstance(t, torch.Tensor))
+        saved = max((b["saved_bytes"] for b in self.backwards), default=0)
+        return 2 * parameter_bytes + state + saved, "estimate"
+
+    # ---- the wrapped torch functions ------------------------------------------------------------------------------
+    def _wrap_backward(self, original):
+        recorder = self
+
+        def recorded(tensors, *args, **kwargs):
+            if not recorder.active or threading.current_thread() is not recorder.thread:
+                return original(tensors, *args, **kwargs)
+            roots = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
+            return recorder._backward(original, roots, tensors, args, kwargs)
+
+        recorded.__wrapped__ = original
+        recorded.__doc__ = original.__doc__
+        return recorded
+
+    def _backward(self, original, roots, tensors, args, kwargs):
+        scale_tensor = None
+        for root in roots:
+            found = self.scaler_scales.get(id(root))
+            if found is not None and found[0]() is root:
+                scale_tensor = found[1]
+        loss = roots[0].detach() if len(roots) == 1 and isinstance(roots[0], torch.Tensor) and \
+            roots[0].numel() == 1 else None
+        if not self.nodes:
+            result = original(tensors, *args, **kwargs)
+            scale = float(scale_tensor) if scale_tensor is not None else 1.0
+            self.backwards.append({"graph": None, "loss": None if loss is None else float(loss) / scale,
+                                   "into": None, "saved_bytes": 0})
+            return result
+        cuda = any(isinstance(r, torch.Tensor) and r.is_cuda for r in roots)
+        probe = BackwardProbe(roots, self.modules, self.writer.graphs, cuda)
+        try:
+            with probe.flop_mode() if probe.new else contextlib.nullcontext():
+                result = original(tensors, *args, **kwargs)
+        finally:
+            probe.remove()
+            self.modules.clear()
+        if cuda:
+            torch.cuda.synchronize()
+        scale = float(scale_tensor) if scale_tensor is not None else 1.0
+        self.scale = scale if scale_tensor is not None else self.scale
+        columns, into = probe.figures(scale)
+        if probe.new:
+            self.writer.write_graph(probe.id, probe.structure)
+            self.saved_bytes_of[probe.id] = sum(n["saved_bytes"] for n in probe.structure["nodes"])
+        value = None if loss is None else float(loss) / scale
+        self.backwards.append({"graph": probe.id, "columns": columns, "loss": value, "into": into,
+                               "saved_bytes": self.saved_bytes_of.get(probe.id, 0)})
+        probe.release()
+        return result
+
+    def _wrap_scale(self, original):
+        recorder = self
+
+        def scale(scaler, outputs):
+            scaled = original(scaler, outputs)
+            if recorder.active and isinstance(scaled, torch.Tensor) and getattr(scaler, "_scale", None) is not None:
+                import weakref
+
+                recorder.scaler_scales = {id(scaled): (weakref.ref(scaled), scaler._scale.detach().clone())}
+            return scaled
+
+        return scale
+
+    def _wrap_scaler_step(self, original):
+        recorder = self
+
+        def step(scaler, optimizer, *args, **kwargs):
+            recorder.optimizer_stepped = False
+            result = original(scaler, optimizer, *args, **kwargs)
+            if recorder.active and not recorder.optimizer_stepped and getattr(scaler, "_enabled", True):
+                recorder._skipped(optimizer)
+            return result
+
+        return step
+
+
+@contextlib.contextmanager
+def record(path, *, steps: int | None = None, model: torch.nn.Module | None = None, check_forward: bool = False,
+           nodes: bool = True) -> Iterator[Recorder]:
+    """Record the training loop run inside the block into the folder `path` (docs/recording.md).
+
+    `steps`: stop recording after that many optimizer steps (the loop runs on). `model`: the module being trained
+    (parameter and module names come from it; without it, from the outermost module the forward calls).
+    `nodes=False` records the per-step and per-parameter figures only (no per-node hooks: the cheapest mode).
+    `check_forward` (the forward non-finite check of the debugging issue) is refused until it is built.
+    """
+    if check_forward:
+        raise ValueError("check_forward is not available in this version yet; record without it (the backward's "
+                         "per-node non-finite counts are recorded all the same).")
+    if not _ACTIVE.acquire(blocking=False):
+        raise ValueError("a recording is already running in this process; record one loop at a time.")
+    recorder = None
+    try:
+        recorder = Recorder(path, steps, model, nodes)
+        recorder.thread = threading.current_thread()
+        recorder.saved_bytes_of = {}
+        recorder.install()
+        clean = False
+        try:
+            yield recorder
+            clean = True
+        finally:
+            recorder.remove()
+            recorder.writer.close(complete=clean)
+    finally:
+        _ACTIVE.release()

@@ -1,0 +1,130 @@
+"""`graphviz-core record` and `graphviz-core recording`: a user's training script recorded unchanged, and a
+recording printed as JSON (docs/recording.md). graphviz_core.cli hands these two subcommands here.
+
+    graphviz-core record --steps N -o PATH SCRIPT [SCRIPT_ARGS...]   everything after SCRIPT is the script's
+    graphviz-core recording PATH --format json [-o FILE]
+
+Bad input (a missing script, a bad --steps, a folder that already holds a recording, a recording that cannot be read)
+is one sentence on stderr and exit 2. The script runs as `python SCRIPT ARGS` would (as `python -m cProfile` runs
+it): its own exit code is returned, and an exception it raises prints its traceback (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Sequence
+
+EXIT_BAD_INPUT = 2
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _Refused(f"{self.prog}: {message} (see --help)")
+
+
+def _parser(command: str) -> argparse.ArgumentParser:
+    if command == "record":
+        parser = _Parser(prog="graphviz-core record",
+                         description="Run a training script unchanged and record its backward passes and optimizer "
+                                     "steps into a folder (docs/recording.md).")
+        parser.add_argument("--steps", type=int, default=None,
+                            help="record this many optimizer steps, then let the script run on unrecorded "
+                                 "(default: every step)")
+        parser.add_argument("-o", "--output", required=True, help="the folder to write the recording in (new)")
+        parser.add_argument("--parameters-only", action="store_true",
+                            help="record the per-step and per-parameter figures only, no per-node figures (cheaper)")
+        parser.add_argument("script", help="the Python script to run")
+        parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+        return parser
+    parser = _Parser(prog="graphviz-core recording", description="Print a recording (docs/recording.md).")
+    parser.add_argument("path", help="the recording's folder")
+    parser.add_argument("--format", choices=("json",), default="json", help="output format (json)")
+    parser.add_argument("-o", "--output", help="file to write (default: stdout)")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """`argv` starts with `record` or `recording`."""
+    command, rest = argv[0], list(argv[1:])
+    try:
+        args = _parser(command).parse_args(rest)
+        if command == "record":
+            return _record(args)
+        return _recording(args)
+    except (_Refused, ValueError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        sys.stderr.write((message if message.startswith("graphviz-core") else f"graphviz-core: {message}") + "\n")
+        return EXIT_BAD_INPUT
+
+
+def _record(args: argparse.Namespace) -> int:
+    script = args.script
+    if not os.path.isfile(script):
+        raise ValueError(f"{script} is not a file; give the path of the Python script to run.")
+    if args.steps is not None and args.steps < 1:
+        raise ValueError(f"--steps {args.steps} records nothing; give 1 or more (or leave it out for every step).")
+    script_args = args.args[1:] if args.args[:1] == ["--"] else args.args  # `SCRIPT -- ARGS` works too
+    from graphviz_core.capture.recorder import record
+
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [script, *script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        with record(args.output, steps=args.steps, nodes=not args.parameters_only):
+            try:
+                runpy.run_path(script, run_name="__main__")
+            except SystemExit as exit_:
+                code = exit_.code
+                if code not in (None, 0):
+                    raise _ScriptExit(code) from None
+    except _ScriptExit as exit_:
+        code = exit_.code
+        return code if isinstance(code, int) else 1
+    except Exception:  # the script's own error: its traceback, as python would print it
+        if isinstance(sys.exc_info()[1], ValueError) and not _from_script(sys.exc_info()[2], script):
+            raise
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return 0
+
+
+class _ScriptExit(Exception):
+    def __init__(self, code) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _from_script(tb, script: str) -> bool:
+    """Whether the traceback passes through the user's script (else it is the recorder's own refusal)."""
+    target = os.path.abspath(script)
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename) == target:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _recording(args: argparse.Namespace) -> int:
+    from graphviz_core.graph.recording import open_recording
+
+    text = json.dumps(open_recording(args.path).to_dict(), indent=1, allow_nan=False)
+    if args.output:
+        try:
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+        except OSError as exc:
+            raise ValueError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    else:
+        sys.stdout.write(text + "\n")
+    return 0

@@ -1,0 +1,155 @@
+"""The recording format (graph/recording.py, docs/recording.md): written as the run goes, so a SIGKILLed run opens
+with every completed step and says it is incomplete; a truncated, corrupted or hostile folder gets one sentence from
+the reader and from the CLI (exit 2), never a traceback and never code run; `record SCRIPT` runs a script unchanged."""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from graphviz_core.graph.recording import RecordingError, arrow_schemas, open_recording
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TRAIN = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    kill_at = int(os.environ.get("KILL_AT", "-1"))
+    for i in range(int(sys.argv[1])):
+        loss = ((model(torch.randn(4, 8)) - 1) ** 2).mean()
+        loss.backward()
+        if i == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # mid-step: after its backward, before its optimizer step
+        opt.step(); opt.zero_grad()
+    print("trained", sys.argv[1:])
+""")
+
+
+def cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "graphviz_core", *args], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory):
+    path = tmp_path_factory.mktemp("script") / "train.py"
+    path.write_text(TRAIN)
+    return path
+
+
+@pytest.fixture(scope="module")
+def recorded(script, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rec") / "run"
+    done = cli("record", "--steps", "4", "-o", str(out), str(script), "6", "--its-own-flag")
+    assert done.returncode == 0, done.stderr
+    assert "trained ['6', '--its-own-flag']" in done.stdout  # the script ran unchanged, with its own arguments
+    return out
+
+
+def test_record_runs_a_script_unchanged_and_recording_prints_the_contract(recorded):
+    done = cli("recording", str(recorded), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["format_version"] == 1 and data["complete"] is True and data["ranks"] == [0]
+    assert [s["step"] for s in data["steps"]] == [0, 1, 2, 3]  # --steps 4 of the script's 6
+    for step in data["steps"]:
+        assert {"step", "loss", "skipped", "peak_bytes", "lr", "parameters"} <= set(step)
+        assert step["lr"] == 0.1 and step["skipped"] is False and step["peak_bytes"] > 0
+        # no model given: the names come from the outermost module the forward called (the Sequential)
+        assert set(step["parameters"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+        for figures in step["parameters"].values():
+            assert set(figures) == {"grad_norm", "weight_norm", "update_norm", "update_ratio"}
+
+
+def test_a_sigkilled_run_opens_with_every_completed_step(script, tmp_path):
+    out = tmp_path / "killed"
+    done = cli("record", "-o", str(out), str(script), "10", env={"KILL_AT": "5"})
+    assert done.returncode == -9
+    recording = open_recording(out)
+    assert recording.complete is False
+    assert [s.step for s in recording.steps()] == [0, 1, 2, 3, 4]  # step 5 died between its backward and its step
+    assert recording.step_graph(4).number_of_nodes() > 0
+    shown = cli("recording", str(out))
+    assert shown.returncode == 0 and json.loads(shown.stdout)["complete"] is False
+
+
+def test_a_truncated_stream_keeps_the_steps_before_the_cut(recorded, tmp_path):
+    copy = tmp_path / "cut"
+    subprocess.run(["cp", "-r", str(recorded), str(copy)], check=True)
+    steps_file = copy / "rank-0" / "steps.arrows"
+    data = steps_file.read_bytes()
+    steps_file.write_bytes(data[: len(data) - 200])  # the end-of-stream marker and part of the last batch gone
+    steps = open_recording(copy).steps()
+    assert 0 < len(steps) < 4 and [s.step for s in steps] == list(range(len(steps)))
+
+
+def _hostile(recorded, tmp_path, name):
+    copy = tmp_path / name
+    subprocess.run(["cp", "-r", str(recorded), str(copy)], check=True)
+    return copy
+
+
+def _steps_with_graph(path: Path, graph: str) -> None:
+    schema = arrow_schemas()["steps"]
+    row = {f.name: [None] for f in schema}
+    row.update(step=[0], skipped=[False], backward_graphs=[[graph]], backward_nodes=[[1]])
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_batch(pa.record_batch([pa.array(row[f.name], type=f.type) for f in schema], schema=schema))
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/graphviz_core_pickle_ran",))
+
+
+HOSTILE = {
+    "wrong version": lambda p: (p / "manifest.json").write_text(
+        json.dumps({**json.loads((p / "manifest.json").read_text()), "format_version": 99})),
+    "not a recording": lambda p: (p / "manifest.json").write_text('{"format": "something else"}'),
+    "huge manifest": lambda p: (p / "manifest.json").write_text(" " * (2 << 20) + "{}"),
+    "a pickle renamed": lambda p: (p / "rank-0" / "steps.arrows").write_bytes(pickle.dumps(_Boom())),
+    "random bytes": lambda p: (p / "rank-0" / "steps.arrows").write_bytes(os.urandom(4096)),
+    "a path in a field": lambda p: _steps_with_graph(p / "rank-0" / "steps.arrows", "../../../../etc/passwd"),
+    "a graph that lies": lambda p: [f.write_text('{"nodes": [{"id": "x", "op": 3}], "links": []}')
+                                    for f in (p / "graphs").glob("*.json")],
+    "a symlinked stream": lambda p: ((p / "rank-0" / "nodes.arrows").unlink(),
+                                     (p / "rank-0" / "nodes.arrows").symlink_to("/etc/passwd")),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_a_hostile_recording_gets_one_sentence(recorded, tmp_path, kind):
+    path = _hostile(recorded, tmp_path, kind.replace(" ", "-"))
+    HOSTILE[kind](path)
+    if os.path.exists("/tmp/graphviz_core_pickle_ran"):
+        os.unlink("/tmp/graphviz_core_pickle_ran")
+    with pytest.raises(RecordingError) as raised:
+        recording = open_recording(path)
+        recording.to_dict()
+        for step in recording.steps():
+            for backward in range(len(step.backward_graphs)):
+                recording.step_graph(step.step, backward=backward)
+    assert "\n" not in str(raised.value) and len(str(raised.value)) < 300
+    done = cli("recording", str(path))
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert not os.path.exists("/tmp/graphviz_core_pickle_ran")  # nothing was unpickled
+
+
+@pytest.mark.parametrize("args", [["record", "-o", "/tmp/x", "/no/such/script.py"],
+                                  ["record", "--steps", "0", "-o", "/tmp/x", "train.py"],
+                                  ["record", "/tmp/script.py"], ["recording"], ["recording", "/no/such/run"],
+                                  ["recording", "pyproject.toml"]])
+def test_bad_input_is_one_line_exit_2(args):
+    done = cli(*args)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
