@@ -84,6 +84,15 @@ def test_pipeline_fields_add_a_tab_of_stages():
     assert list(stages["Layers"]) == ["0–0 + embedding", "1–1 + head"]
     # 1F1B with 2 stages and 2 microbatches: stage 0 runs 2 forwards before its first backward, stage 1 one.
     assert list(stages["Microbatches in flight at peak"]) == [2, 1]
+    # the Communication tab counts stage 0's graph for one microbatch (it said "0 autograd nodes" before)
+    captions = [c.value for c in at.caption]
+    assert any("Rank 0's backward graph for one microbatch (stage 0; each microbatch's is alike) has" in c
+               for c in captions)
+    assert not any("has 0 autograd nodes" in c for c in captions)
+    # the order each rank ran: stage 1 runs microbatch 0 first (torch's listing says 1F1), and the note says so
+    order = at.dataframe[-1].value
+    assert list(order["Actions"]) == ["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"]
+    assert any("names 1F1 as action 1 where the runtime ran 1F0" in c for c in captions)
 
 
 def test_context_parallel_adds_a_tab_with_one_layer_measured_and_counted():

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch._C._autograd import _get_sequence_nr
 from torch._guards import active_fake_mode
 from torch.distributed._tools.mod_tracker import ModTracker
 from torch.distributed.tensor import DTensor
@@ -130,6 +131,11 @@ class CollectiveRecorder(TorchDispatchMode):
         # recomputed graph alive into the optimizer step (llama-tiny TP 2, full checkpointing: 91,136 bytes a layer).
         self._conversion_owner: dict[int, tuple[str, str]] = {}
         self._hooks: list = []
+        # Autograd node sequence number -> the innermost module running when the forward made it. A collective issued
+        # inside a node's backward (context parallel's ring, in the attention node) is the module's that made that
+        # node: in backward ModTracker's set of active modules blurs between layers (it kept the last layer's
+        # attention, so every layer's ring traffic read `layers.2`).
+        self._made_in: dict[int, str] = {}
 
     def __enter__(self) -> CollectiveRecorder:
         self._fake_mode_on_entry = active_fake_mode()
@@ -145,6 +151,7 @@ class CollectiveRecorder(TorchDispatchMode):
             handle.remove()
         self._hooks.clear()
         self._conversion_owner.clear()
+        self._made_in.clear()
 
     def name_input_conversions(self, block: torch.nn.Module, path: str) -> None:
         """Remember which block each input-conversion node belongs to. Tensor parallelism converts a block's input
@@ -194,6 +201,9 @@ class CollectiveRecorder(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         # DTensor's sharding propagation runs ops under a nested fake mode; those are not this rank's work.
         if active_fake_mode() is self._fake_mode_on_entry:
+            if self.phase == "forward":
+                # autograd made this op's node (if any) before dispatching to here: the last number handed out
+                self._made_in.setdefault(_get_sequence_nr() - 1, self._innermost())
             packet = func.overloadpacket
             if packet in _C10D:
                 kind, group_arg = _C10D[packet]
@@ -202,6 +212,12 @@ class CollectiveRecorder(TorchDispatchMode):
                 kind, group_arg = _FUNCTIONAL[packet]
                 self._record(kind, args, group_arg, functional=True)
         return out
+
+    def _innermost(self) -> str:
+        """The innermost module running, by its path from the model ("" = top level)."""
+        parents = [p for p in self.modules.parents if p != "Global"]
+        # ModTracker names modules by dotted path from the root class; the innermost is the deepest.
+        return max(parents, key=lambda p: (p.count("."), len(p)), default="").partition(".")[2]
 
     def _record(self, kind: str, args: tuple, group_arg: int, functional: bool) -> None:
         group = _process_group(args[group_arg])
@@ -237,12 +253,10 @@ class CollectiveRecorder(TorchDispatchMode):
             parameters_of = self._fsdp_targets[-1] if self._fsdp_targets else module
         elif node is not None and self._conversion_owner.get(id(node), ("",))[0] == type(node).__name__:
             module, parameters_of = self._conversion_owner[id(node)][1], None
+        elif self.phase != "forward" and node is not None and node._sequence_nr() in self._made_in:
+            module, parameters_of = self._made_in[node._sequence_nr()], None
         else:
-            parents = [p for p in self.modules.parents if p != "Global"]
-            # ModTracker names modules by dotted path from the root class; the innermost is the deepest.
-            innermost = max(parents, key=lambda p: (p.count("."), len(p)), default="")
-            module = innermost.partition(".")[2]
-            parameters_of = None
+            module, parameters_of = self._innermost(), None
         self.collectives.append(
             Collective(
                 kind=kind,

@@ -42,6 +42,7 @@ from graphviz_core.parallel.simulate import (
     _downsample,
     _FrozenSkipped,
     _group_names,
+    _nodes_by_category,
     _parts,
     _PhasePeaks,
     _resharded_after_forward,
@@ -104,9 +105,12 @@ class PipelineReport:
     microbatches: int
     microbatch_size: int
     per_stage: tuple[StageReport, ...]
-    order: dict[int, tuple[str, ...]]  # pipeline rank -> its compute actions as torch writes them ("0F3", "2B0")
+    # pipeline rank -> its forwards and backwards in the order its runtime ran them, written as torch writes actions
+    # ("0F3": stage 0, forward, microbatch 3; "2B0")
+    order: dict[int, tuple[str, ...]]
     bubble_fraction: float  # idle share of the ranks' time in the schedule, actions timed by their measured FLOPs
     ranks: tuple[PerRank, ...] = field(repr=False)  # pipeline rank r's figures (its phases, collectives)
+    order_note: str = ""  # where torch's own listing of the actions (schedule.pipeline_order) differs from `order`
 
     @property
     def send_bytes(self) -> int:
@@ -132,6 +136,7 @@ class PipelineReport:
             "recv_bytes": sum(s.recv_bytes for s in self.per_stage),
             "peak_bytes": self.peak_bytes,
             "order": {str(rank): list(actions) for rank, actions in self.order.items()},
+            "order_note": self.order_note,
         }
 
 
@@ -195,7 +200,10 @@ def simulate_pipeline(config: ModelConfig, parallel: ParallelConfig, ranks: Iter
     with simulation_lock():
         empty_sharding_caches()  # each rank's thread starts from none, whichever thread ids it is given
         runs = one_thread_each({rank: functools.partial(run, rank) for rank in ranks})
-    order = next(iter(runs.values())).order
+    listed = next(iter(runs.values())).listed
+    # The ranks simulated: the order their runtime ran; any other (the planner simulates a few): torch's listing with
+    # each stage's microbatches numbered in turn, as every schedule here runs them.
+    order = {rank: runs[rank].executed if rank in runs else in_turn(actions) for rank, actions in listed.items()}
     per_stage = []
     for rank in ranks:
         per_stage.extend(runs[rank].stages)
@@ -212,6 +220,7 @@ def simulate_pipeline(config: ModelConfig, parallel: ParallelConfig, ranks: Iter
         order=order,
         bubble_fraction=bubble,
         ranks=tuple(runs[r].per_rank for r in ranks),
+        order_note=listing_note(parallel.schedule, listed, order),
     )
 
 
@@ -262,6 +271,37 @@ def compute_actions(schedule) -> dict[int, tuple[str, ...]]:
         kept = [a for a in actions if a is not None and a.computation_type.value in ("F", "B", "I")]
         order[rank] = tuple(str(a) for a in kept)
     return order
+
+
+def in_turn(actions: Iterable[str]) -> tuple[str, ...]:
+    """`actions` with each stage's forwards (and backwards) numbered 0, 1, 2... in the order they come: how the
+    runtime runs them, whatever microbatch a listing names."""
+    seen: dict[tuple[int, str], int] = {}
+    out = []
+    for action in actions:
+        stage, kind = _parse(action)
+        micro = seen.get((stage, kind), 0)
+        seen[stage, kind] = micro + 1
+        out.append(f"{stage}{kind}{micro}")
+    return tuple(out)
+
+
+def listing_note(schedule: str, listed: dict[int, tuple[str, ...]], order: dict[int, tuple[str, ...]]) -> str:
+    """One sentence naming the ranks whose actions torch's schedule object lists differently from how they ran (""
+    when none does). torch's Schedule1F1B._get_pipeline_order numbers the last rank's forwards from 1 (1F1 ... 1F4 for
+    microbatches 0-3); its runtime (Schedule1F1B._step_microbatches) runs F0 ... F3."""
+    differ = [rank for rank in order if tuple(listed.get(rank, ())) != tuple(order[rank])]
+    if not differ:
+        return ""
+    rank = differ[0]
+    ran, named = order[rank], listed[rank]
+    at = next((i for i, (a, b) in enumerate(zip(named, ran, strict=False)) if a != b), min(len(named), len(ran)))
+    said = f"names {named[at]} as action {at + 1}" if at < len(named) else f"lists {len(named)} actions"
+    which = f"rank {rank}: it" if len(differ) == 1 else f"ranks {', '.join(map(str, differ))}: for rank {rank} it"
+    return (f"The order shown is the one each rank's runtime ran. torch's own listing of the {schedule} schedule "
+            f"(schedule.pipeline_order) differs for {which} {said} where the runtime ran "
+            f"{ran[at] if at < len(ran) else 'nothing more'}. Its microbatch numbers are off there; every stage still "
+            "ran each microbatch's forward and backward once.")
 
 
 def _parse(action: str) -> tuple[int, str]:
@@ -384,7 +424,8 @@ def build_stage(config: ModelConfig, bounds: tuple[int, int], first: bool, last:
 class _RankRun:
     stages: list[StageReport]
     per_rank: PerRank
-    order: dict[int, tuple[str, ...]]
+    listed: dict[int, tuple[str, ...]]  # every pipeline rank's actions as torch's schedule object lists them
+    executed: tuple[str, ...]  # this rank's actions as its runtime ran them
 
 
 class _Logits:
@@ -488,14 +529,19 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
             peaks.observe()
             snapshot = next(iter(tracker.get_tracker_snapshot("current").values()))
         per_rank = _rank_figures(config, parallel, mesh_sizes, holder, peaks, recorder, snapshot, started)
+        nodes: dict[str, int] = {}  # one microbatch's backward graph on each of the rank's stages, summed
+        for counts in log.graph_nodes.values():
+            for category, count in counts.items():
+                nodes[category] = nodes.get(category, 0) + count
         per_rank = dataclasses.replace(per_rank, optimizer=config.optimizer, autocast=config.autocast,
-                                       notes=step_notes(config.optimizer, config.autocast, updated))
-        order = compute_actions(schedule)
+                                       notes=step_notes(config.optimizer, config.autocast, updated),
+                                       backward_nodes_by_category=dict(sorted(nodes.items())))
+        executed = tuple(log.executed)
         reports = [
-            _stage_report(config, parallel, s, rank, bounds[s], module, optimizer, log, order[rank], per_rank)
+            _stage_report(config, parallel, s, rank, bounds[s], module, optimizer, log, executed, per_rank)
             for s, module in zip(stage_ids, modules, strict=True)
         ]
-    return _RankRun(reports, per_rank, order)
+    return _RankRun(reports, per_rank, compute_actions(schedule), executed)
 
 
 def _sequence_split(parallel: ParallelConfig, meshes: dict, tokens: torch.Tensor):
@@ -599,6 +645,8 @@ class _ActionLog:
         self.pending: int | None = None  # stage whose first forward ended; measured when the next action begins
         self.sent: dict[int, int] = {}
         self.received: dict[int, int] = {}
+        self.executed: list[str] = []  # this rank's forwards and backwards as the runtime ran them ("1F0", "1B0")
+        self.graph_nodes: dict[int, dict[str, int]] = {}  # stage -> its first microbatch's backward graph, by category
         for stage in stages:
             self._wrap(stage)
 
@@ -630,6 +678,9 @@ class _ActionLog:
                 if first:
                     self.activations_before[index] = self._activations()
                 before = peaks.flops
+                micro = args[0] if args else kwargs.get("fwd_chunk_id" if kind == "F" else "bwd_chunk_id")
+                split = kind == "B" and not kwargs.get("full_backward", True)  # the input half of a split backward
+                self.executed.append(f"{index}{'I' if split else kind}{micro}")
                 if kind == "F":  # held from the moment its forward starts until its backward has ended
                     peaks.held[index] = peaks.held.get(index, 0) + 1
                 out = method(*args, **kwargs)
@@ -638,6 +689,8 @@ class _ActionLog:
                     peaks.held[index] -= 1
                 if first:
                     self.pending = index
+                    outputs = out if isinstance(out, (tuple, list)) else (out,)
+                    self.graph_nodes[index] = _nodes_by_category(*(t for t in outputs if isinstance(t, torch.Tensor)))
                 return out
 
             return run

@@ -1036,14 +1036,16 @@ def _this_thread_only(module_tracker) -> None:
         setattr(module_tracker, name, guarded)
 
 
-def _nodes_by_category(loss: torch.Tensor) -> dict[str, int]:
-    """Rank 0's backward graph, node count per category (the graph explorer's categories)."""
+def _nodes_by_category(*roots: torch.Tensor) -> dict[str, int]:
+    """The backward graph behind `roots` (rank 0's loss; a pipeline stage's output), node count per category (the
+    graph explorer's categories), each node once."""
     from collections import Counter
 
     from graphviz_core.capture.walk import autograd_nodes
     from graphviz_core.graph.categories import category_of, normalise_op
 
-    counts = Counter(category_of(normalise_op(node.name())) for node in autograd_nodes(loss.grad_fn))
+    nodes = {node: None for root in roots if root.grad_fn is not None for node in autograd_nodes(root.grad_fn)}
+    counts = Counter(category_of(normalise_op(node.name())) for node in nodes)
     return dict(sorted(counts.items()))
 
 

@@ -420,9 +420,17 @@ def show_collectives(result: PerRank) -> None:
     hooks = {"fsdp": "FSDP's", "hsdp": "HSDP's", "fsdp+tp": "FSDP's",
              "ddp": "DDP's (torch's replicate, built on FSDP2's hooks)"}.get(strategy)
     hook_word = " (replicate hook)" if strategy == "ddp" else " (FSDP hook)"
+    if result.pipeline is not None:
+        stages = [s.stage for s in result.pipeline.per_stage if s.rank == 0]
+        whose = (f"Rank 0's backward graph for one microbatch (stage{'s' * (len(stages) > 1)} "
+                 f"{', '.join(map(str, stages))}; each microbatch's is alike)")
+        sends = (" The sends and receives between stages are issued by torch's PipelineStage outside the graph, "
+                 "between one microbatch's forward or backward and the next.")
+    else:
+        whose, sends = "Rank 0's backward graph", ""
     st.caption(
-        f"Rank 0's backward graph has {graph_nodes:,} autograd nodes, {communication_nodes:,} of them in the "
-        f"communication category{' (' + where[0] + ')' if where else ''}."
+        f"{whose} has {graph_nodes:,} autograd nodes, {communication_nodes:,} of them in the "
+        f"communication category{' (' + where[0] + ')' if where else ''}.{sends}"
         + (f" {hooks} collectives run in hooks, outside the graph: the table names the module whose hook issued "
            "each one." if hooks else "")
     )
@@ -513,7 +521,10 @@ def show_pipeline(result: PerRank) -> None:
         ).properties(height=200)
     )
     with st.expander("The schedule's order of actions, rank by rank"):
-        st.caption("`2F5`: stage 2 runs microbatch 5's forward; `B`: its backward. As torch's schedule lists them.")
+        st.caption("`2F5`: stage 2 runs microbatch 5's forward; `B`: its backward (microbatches count from 0). In "
+                   "the order each rank's runtime ran them.")
+        if pipeline.order_note:
+            st.caption(pipeline.order_note)
         st.dataframe(
             pd.DataFrame([{"Rank": rank, "Actions": " ".join(actions)} for rank, actions in pipeline.order.items()]),
             hide_index=True,
