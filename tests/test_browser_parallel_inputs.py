@@ -35,7 +35,7 @@ def test_out_of_range_numbers_and_refused_layouts_keep_the_last_result(page, str
         _simulate(page)
         text = _alert(page, f"(got {shown})")
         assert "World size (GPUs) must be a whole number from 1 to 4,096" in text, text
-        assert "The result shown is still that of the previous layout (FSDP over 8 ranks)" in text, text
+        assert "The result shown is still that of the last layout run (gpt2, FSDP over 8 ranks)" in text, text
         assert not world.evaluate(CUT), f"{typed} is cut off in the World size box"
         if typed == "1000000":
             world.scroll_into_view_if_needed()
@@ -47,7 +47,7 @@ def test_out_of_range_numbers_and_refused_layouts_keep_the_last_result(page, str
     page.get_by_role("spinbutton", name="Context parallel (cp)").fill("2")
     _simulate(page)
     text = _alert(page, "context and sequence parallel split a Llama-style decoder")
-    assert "The result shown is still that of the previous config (gpt2, FSDP over 8 ranks)" in text, text
+    assert "The result shown is still that of the last layout run (gpt2, FSDP over 8 ranks)" in text, text
     page.get_by_text("Rank 0 next to one device").wait_for(timeout=10_000)
     assert page.locator('[data-testid="stMetricValue"]').first.inner_text() == per_rank
     both_sizes(page, tmp_path / "refused", full_page=True)

@@ -143,3 +143,37 @@ def test_the_help_texts_do_not_repeat_and_name_the_page_button():
     assert "FSDP × TP (2-D): FSDP x tensor parallel (2-D mesh)" in strategy, strategy  # a short name that differs
     assert "then Run" not in at.selectbox(key="config.preset").help  # the button here is "Use this model"
     assert next(b for b in at.button if b.label == "Use this model")
+
+
+def _simulate(at, **fields):
+    for name, value in fields.items():
+        widget = at.selectbox(key=f"parallel.{name}") if name == "strategy" else at.number_input(key=f"parallel.{name}")
+        widget.set_value(value)
+    next(b for b in at.button if b.label == "Simulate ranks").click().run()
+    assert not at.exception
+
+
+def test_refusals_come_one_at_a_time_name_what_is_shown_and_leave_the_link():
+    """Issue 33 item 11. Before: a refused TP 3 (4 heads) rewrote the URL to strategy=tp&tp=3; the next refusal said
+    the result shown was "tensor parallel over 3 ranks" (never run) and the TP 3 box stayed beside it; pp 4 on
+    world 4 said FSDP "needs at least 2 ranks"."""
+    at = AppTest.from_file(PAGE, default_timeout=300).run()
+    shown = "The result shown is still that of the last layout run (gpt2, FSDP over 8 ranks)."
+    _simulate(at, strategy="tp", world_size=3, tp=3)  # valid as a layout; gpt2-tiny's 4 heads refuse it
+    assert [e.value.replace("\\", "") for e in at.error] == [
+        "Not run: 4 attention heads are not divisible by TP degree 3; each rank needs whole heads. " + shown]
+    assert "strategy" not in at.query_params and "tp" not in at.query_params  # the link still names FSDP 8
+    _simulate(at, strategy="fsdp+tp", world_size=6, tp=4)  # refused by the form itself
+    main_area = [e.value.replace("\\", "") for e in at.main.error]
+    assert main_area == ["Not run: world size 6 is not divisible by TP degree 4; the 2-D mesh is (world / TP) x TP. "
+                         + shown]
+    _simulate(at, strategy="fsdp", world_size=4, tp=1, pp=4, microbatches=4)
+    main_area = [e.value.replace("\\", "") for e in at.main.error]
+    assert len(main_area) == 1 and main_area[0].endswith(shown)
+    assert "world size 4 over 4 stages leaves one rank per stage" in main_area[0]
+    assert 'pick "one device" for one rank per stage' in main_area[0]
+    assert at.metric[0].value == "65.9 KiB"  # FSDP 8's eighth of gpt2-tiny, still
+    assert dict(at.query_params) == {"preset": "gpt2-tiny"}
+    _simulate(at, strategy="ddp", world_size=2, pp=1, microbatches=1)  # a layout that runs: the link follows it
+    assert not at.error
+    assert at.query_params["strategy"] == "ddp" and at.query_params["world_size"] == "2"

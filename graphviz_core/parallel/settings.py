@@ -79,6 +79,10 @@ class ParallelConfig:
                 )
             raise ValueError(f"strategy 'none' runs on one device; set world size 1 (got {world}) or pick a strategy.")
         if strategy != "none" and world < 2:
+            if self.pp > 1:
+                raise ValueError(f"strategy {strategy!r} needs at least 2 ranks in each pipeline stage; world size "
+                                 f"{self.world_size} over {self.pp} stages leaves one rank per stage, so raise the world "
+                                 f"size to {2 * self.pp} or more, or pick 'none' for one rank per stage.")
             raise ValueError(f"strategy {strategy!r} needs at least 2 ranks; raise the world size.")
         if strategy not in ("tp", "fsdp+tp") and tp != 1:
             raise ValueError(

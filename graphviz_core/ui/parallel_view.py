@@ -189,18 +189,34 @@ def parallel_form(key: str = "parallel") -> ParallelConfig:
             st.session_state.pop(f"{key}.error", None)
         except ValueError as exc:
             st.session_state[f"{key}.error"] = in_user_words(str(exc))
-    applied = st.session_state[f"{key}.applied"]
+            # the result on screen stays, and only this refusal is said: a layout refused before (by the model) is
+            # not tried again behind it
+            if (shown := st.session_state.get(f"{key}.shown")) is not None:
+                st.session_state[f"{key}.applied"] = shown.parallel
     if f"{key}.error" in st.session_state:
         st.sidebar.error(escape_markdown(st.session_state[f"{key}.error"]))
         # and at the top of the main area: the button is below the fold and the result there would read as new
-        shown = f"{STRATEGY_SHORT[applied.strategy]} over {applied.world_size} ranks"
-        st.error(escape_markdown(
-            f"Not run: {st.session_state[f'{key}.error']} The result shown is still that of the previous layout "
-            f"({shown})."
-        ))
+        st.error(escape_markdown(f"Not run: {st.session_state[f'{key}.error']}{still_shown(key)}"))
     show_notices(key)
-    _sync_url(applied)
-    return applied
+    return st.session_state[f"{key}.applied"]
+
+
+def layout_words(parallel: ParallelConfig) -> str:
+    """A layout as the page names it: "FSDP over 8 ranks", "FSDP over 8 ranks, 2 pipeline stages"."""
+    extras = [f"{parallel.pp} pipeline stages"] if parallel.pp > 1 else []
+    extras += [f"context parallel {parallel.cp}"] if parallel.cp > 1 else []
+    extras += ["sequence parallel"] if parallel.sequence_parallel else []
+    return ", ".join([f"{STRATEGY_SHORT[parallel.strategy]} over {parallel.world_size} ranks", *extras])
+
+
+def still_shown(key: str) -> str:
+    """The sentence after a refusal naming the result really on screen (the last one simulated in this tab), or ""
+    before any."""
+    shown = st.session_state.get(f"{key}.shown")
+    if shown is None:
+        return ""
+    model = f"{shown.config.model}, " if shown.config is not None else ""
+    return f" The result shown is still that of the last layout run ({model}{layout_words(shown.parallel)})."
 
 
 def _pipeline_fields(key: str) -> None:
@@ -264,16 +280,16 @@ def get_per_rank(config: ModelConfig, parallel: ParallelConfig, key: str = "para
                 result = simulate_layout(config, parallel)
         except ValueError as exc:
             shown = st.session_state.get(f"{key}.shown")
-            kept = (f" The result shown is still that of the previous config ({shown.config.model}, "
-                    f"{STRATEGY_SHORT[shown.parallel.strategy]} over {shown.parallel.world_size} ranks)."
-                    if shown is not None and shown.config is not None else "")
-            st.error(escape_markdown(f"Not run: {in_user_words(str(exc))}{kept}"))
+            st.error(escape_markdown(f"Not run: {in_user_words(str(exc))}{still_shown(key)}"))
+            if shown is not None:  # the link names what is on screen, not the layout refused
+                _sync_url(shown.parallel)
             return shown
         with store["lock"]:
             store["results"][wanted] = result
             while len(store["results"]) > MAX_CACHED:
                 store["results"].popitem(last=False)
     st.session_state[f"{key}.shown"] = result
+    _sync_url(result.parallel)
     return result
 
 
