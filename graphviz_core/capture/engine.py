@@ -28,7 +28,7 @@ import networkx as nx
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from graphviz_core.capture import step_gate
+from graphviz_core.capture import plain_names, step_gate
 from graphviz_core.capture.admission import CaptureCancelled, Ticket, admit
 from graphviz_core.capture.autocast import (
     autocast_context,
@@ -257,13 +257,18 @@ class _Phases:
         self.source = source
         self.all = list(run.instruments.values())  # the module tracker first
         run.modules = run.instruments["modules"]
+        self.reshape_views = plain_names.ReshapeViews()  # the forward's views the mode may have renamed
+        self.plain_ops: list[str] | None = None  # each node's name in a run with no mode (real devices)
+        self.renamed_note = ""
 
     def hooked(self, hook: str) -> list[Instrument]:
         return [i for i in self.all if overrides(i, hook)]
 
-    def op_mode(self) -> contextlib.AbstractContextManager:
+    def op_mode(self, forward: bool = False) -> contextlib.AbstractContextManager:
         observers = [i.on_op for i in self.hooked("on_op")]
         if observers or self.run.device == "meta":
+            if forward:
+                observers.append(self.reshape_views.observe)
             kind = _CompiledOpObserver if self.run.instrument("compiled") is not None else _OpObserver
             return kind(observers, self.run.device == "meta")
         return contextlib.nullcontext()
@@ -274,6 +279,7 @@ class _Phases:
         model, inputs, loss_of = self.build()
         run.model = model
         run.param_storages = {storage_key(p)[0] for p in model.parameters()}
+        self.plain_ops = self.plain_names(model, inputs, loss_of)
         call, handles = self.compiled_call(model, inputs, loss_of)
         for instrument in self.all:
             instrument.start(run)
@@ -294,7 +300,7 @@ class _Phases:
             for instrument in self.all:
                 for context in instrument.forward_contexts(run):
                     forward.enter_context(context)
-            forward.enter_context(self.op_mode())
+            forward.enter_context(self.op_mode(forward=True))
             forward.enter_context(autocast_context(run))
             output = call(*inputs)
             loss = loss_of(output)
@@ -388,14 +394,38 @@ class _Phases:
         handles += [m.register_forward_hook(post, with_kwargs=True, always_call=True) for m in model.modules()]
         return handles
 
+    def plain_names(self, model: torch.nn.Module, inputs: tuple, loss_of: Callable) -> list[str] | None:
+        """The names a run without the capture's dispatch mode gives the nodes (graphviz_core.capture.plain_names),
+        where the measured forward runs under one on a real device and outside compiled code."""
+        run = self.run
+        mode_on = bool(self.hooked("on_op"))
+        if not run.real or not mode_on or run.instrument("compiled") is not None or uses_fake_tensors(run):
+            return None
+        return plain_names.plain_op_names(model, inputs, loss_of, autocast_context(run))
+
     def walk(self, loss: torch.Tensor) -> None:
         """Deterministic ids for every node reachable from the loss, then each instrument's after-forward step."""
         run = self.run
         run.nodes = autograd_nodes(loss.grad_fn)
         run.ops = {node: normalise_op(node.name()) for node in run.nodes}
+        self.name_as_a_plain_run()
         run.ids = {node: f"{run.ops[node]}:{i}" for i, node in enumerate(run.nodes)}
         for instrument in self.hooked("after_forward"):
             instrument.after_forward(run)
+
+    def name_as_a_plain_run(self) -> None:
+        """Each node named as the user's own run names it (a dispatch mode turns reshape's ReshapeAliasBackward0 into
+        ViewBackward0); where that run is not known, the graph's notes say how many nodes may differ and why."""
+        run = self.run
+        changes = plain_names.renamed([run.ops[node] for node in run.nodes], self.plain_ops)
+        if changes is not None:
+            for position, name in changes.items():
+                run.ops[run.nodes[position]] = name
+            return
+        numbers = self.reshape_views.sequence_nrs
+        candidates = sum(run.ops[n] == "ViewBackward0" and n._sequence_nr() in numbers for n in run.nodes)
+        if candidates:
+            self.renamed_note = plain_names.note(candidates)
 
     def node_hooks(self) -> list:
         """A pre and a post hook on every node, when some instrument watches nodes: the cancel check and the node
@@ -483,6 +513,8 @@ class _Phases:
                             f"{casts.weight_casts:,} of them 16-bit copies of weights.")
         if state is not None:
             notes.extend(state.notes)
+        if self.renamed_note:
+            notes.append(self.renamed_note)
         return {"optimizer": state, "autocast": autocast, "notes": tuple(notes)}
 
     def graph(self, model) -> tuple[nx.DiGraph, GraphSummary, int]:

@@ -25,7 +25,8 @@ CAST_OP = "ToCopyBackward0"
 # Tensor methods a model calls to convert a tensor itself: the nodes they make stay `conversion`.
 # Autograd nodes of views: their output shares its input's storage.
 VIEWS = frozenset({"TBackward0", "ViewBackward0", "TransposeBackward0", "PermuteBackward0", "ExpandBackward0",
-                   "UnsqueezeBackward0", "SqueezeBackward0", "AliasBackward0", "UnsafeViewBackward0"})
+                   "UnsqueezeBackward0", "SqueezeBackward0", "AliasBackward0", "UnsafeViewBackward0",
+                   "ReshapeAliasBackward0"})
 CONVERSIONS = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as", "_to_copy", "to_dtype"})
 
 
