@@ -462,27 +462,26 @@ def show_collectives(result: PerRank) -> None:
         ),
     ):
         with st.expander(title, expanded=expanded):
-            # st.table wraps: nine columns, where a data grid at 1280 px ran past its right edge (Group and Time)
-            st.table(
-                literal_cells(pd.DataFrame(
-                    [
-                        {
-                            "#": i + 1,
-                            "Collective": KIND_LABELS[c.kind],
-                            "Buffer": format_bytes(c.buffer_bytes),
-                            "Sent by this rank": format_bytes(c.traffic_bytes),
-                            "Triggered by": (c.module or "(top level)")
-                            + (hook_word if c.issued_by == "hook" else ""),
-                            "Parameters of": "—" if c.parameters_of is None else (c.parameters_of or "(top level)"),
-                            "Autograd node (communication)": c.autograd_node or "—",
-                            "Group": f"{c.group} ({c.group_size} ranks, {c.link})",
-                            "Time": _time(c.time_s),
-                        }
-                        for i, c in enumerate(rows)
-                    ]
-                )),
-                hide_index=True,
+            # st.table wraps: nine columns, where a data grid at 1280 px ran past its right edge (Group and Time). The
+            # number is the row's header (the page's tables let their first two cells break inside a word, made for
+            # module paths: as a cell, "10" read "1" over "0"); the module that triggered it comes first.
+            table = pd.DataFrame(
+                [
+                    {
+                        "Triggered by": (c.module or "(top level)") + (hook_word if c.issued_by == "hook" else ""),
+                        "Collective": KIND_LABELS[c.kind],
+                        "Buffer": format_bytes(c.buffer_bytes),
+                        "Sent by this rank": format_bytes(c.traffic_bytes),
+                        "Parameters of": "—" if c.parameters_of is None else (c.parameters_of or "(top level)"),
+                        "Autograd node (communication)": c.autograd_node or "—",
+                        "Group": f"{c.group} ({c.group_size} ranks, {c.link})",
+                        "Time": _time(c.time_s),
+                    }
+                    for c in rows
+                ],
+                index=pd.Index([i + 1 for i in range(len(rows))], name="#"),
             )
+            st.table(literal_cells(table))
 
 
 def _time(seconds: float) -> str:
@@ -505,35 +504,38 @@ def show_pipeline(result: PerRank) -> None:
     st.caption(
         f"{pipeline.schedule} over {pipeline.pp} pipeline ranks, {len(stages)} stages, {pipeline.microbatches} "
         f"microbatches of {pipeline.microbatch_size}. Each rank's stages really ran, one rank after the other, over "
-        "the fake process group; microbatches in flight are read from the schedule's own list of actions."
+        "the fake process group; microbatches in flight are counted from the actions each rank ran, in order."
     )
-    st.dataframe(
-        pd.DataFrame(
-            [
-                {
-                    "Stage": s.stage,
-                    "Rank": s.rank,
-                    "Layers": f"{s.layers[0]}–{s.layers[1] - 1}" + (" + embedding" if s.embedding else "")
-                    + (" + head" if s.head else ""),
-                    "Parameters": format_bytes(s.parameter_bytes),
-                    "Gradients": format_bytes(s.gradient_bytes),
-                    "Optimizer state": format_bytes(s.optimizer_bytes),
-                    "Activations per microbatch": format_bytes(s.activation_bytes_per_microbatch),
-                    "Microbatches in flight at peak": s.microbatches_in_flight_at_peak,
-                    "Peak of its rank": format_bytes(s.peak_bytes),
-                    "Sent": format_bytes(s.send_bytes),
-                    "Received": format_bytes(s.recv_bytes),
-                }
-                for s in stages
-            ]
-        ),
-        hide_index=True,
-        width="stretch",
+    # st.table wraps its headers and cells: eleven columns as a data grid were cut at 1280 px. The stage is the row's
+    # header and the rank the first cell: the page's tables let their first two cells break inside a word (made for
+    # module paths), which broke "embedding" in the layers' cells.
+    table = pd.DataFrame(
+        [
+            {
+                "Rank": s.rank,
+                "Layers": f"{s.layers[0]}–{s.layers[1] - 1}" + (" + embedding" if s.embedding else "")
+                + (" + head" if s.head else ""),
+                "Parameters": format_bytes(s.parameter_bytes),
+                "Gradients": format_bytes(s.gradient_bytes),
+                "Optimizer state": format_bytes(s.optimizer_bytes),
+                "Activations per microbatch": format_bytes(s.activation_bytes_per_microbatch),
+                "Microbatches in flight at peak": s.microbatches_in_flight_at_peak,
+                "Peak of its rank": format_bytes(s.peak_bytes),
+                "Sent": format_bytes(s.send_bytes),
+                "Received": format_bytes(s.recv_bytes),
+            }
+            for s in stages
+        ],
+        index=pd.Index([s.stage for s in stages], name="Stage"),
     )
-    chart = pd.DataFrame([{"stage": str(s.stage), "GiB": s.peak_bytes / 2**30} for s in stages])
+    st.table(literal_cells(table))
+    # the axis in the unit its largest value reads best in (a toy's MiB read "GiB 0.0000-0.0040")
+    unit, divisor = bytes_unit(max(s.peak_bytes for s in stages))
+    chart = pd.DataFrame([{"stage": str(s.stage), unit: s.peak_bytes / divisor} for s in stages])
     show_chart(
         alt.Chart(chart).mark_bar().encode(
-            x=alt.X("stage:N", title="stage", sort=None), y=alt.Y("GiB:Q", title="peak of the stage's rank (GiB)")
+            x=alt.X("stage:N", title="stage", sort=None),
+            y=alt.Y(f"{unit}:Q", title=f"peak of the stage's rank ({unit})"),
         ).properties(height=200)
     )
     with st.expander("The schedule's order of actions, rank by rank"):
