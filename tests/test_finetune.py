@@ -196,6 +196,23 @@ def test_compare_finetuning_side_by_side():
     assert why["weights (bytes)"].startswith("not spared")  # "saved" is the saved-for-backward row's word
 
 
+
+def test_a_freeze_only_comparison_speaks_of_frozen_parameters_not_adapters():
+    """--freeze without LoRA: the tuned side adds no adapter, so neither the title nor any sentence may speak of
+    adapters (it was titled "Full fine-tuning vs LoRA" and said "plus the adapters" four times)."""
+    from graphviz_core.analysis.finetuning import comparison_title, tuned_twin
+
+    config = config_from_preset("llama-tiny", freeze="*embed*")
+    both = compare_finetuning(config)
+    assert not both.adapters and comparison_title(tuned_twin(config)) == "Full fine-tuning vs frozen parameters"
+    assert not [why for *_, why in both.savings() if "adapter" in why]
+    rows = {what: (full, tuned) for what, full, tuned, _ in both.savings()}
+    # the embedding alone is frozen: vocab 512 x hidden 64 = 32,768 scalars fewer get a gradient
+    assert rows["trainable parameters"][0] - rows["trainable parameters"][1] == 512 * 64
+    lora = compare_finetuning(config_from_preset("llama-tiny", finetune="lora"))
+    assert lora.adapters and comparison_title(lora.config) == "Full fine-tuning vs LoRA"
+    assert sum("adapter" in why for *_, why in lora.savings()) == 4
+
 def test_full_fine_tuning_imports_no_peft():
     code = ("import sys\nfrom graphviz_core.capture.engine import capture_backward\n"
             "from graphviz_core.config import config_from_preset\n"

@@ -48,12 +48,20 @@ class FinetuneComparison:
     full: FinetuneSide
     tuned: FinetuneSide
 
+    @property
+    def adapters(self) -> bool:
+        """Whether the tuned side adds LoRA adapters (else it only freezes parameters)."""
+        return self.config.finetune == "lora"
+
     def savings(self) -> list[tuple[str, int, int, str]]:
-        """(what, full, tuned, why) for each figure, what LoRA saves first, what it does not after."""
+        """(what, full, tuned, why) for each figure, what LoRA saves first, what it does not after. Where the tuned
+        side only freezes parameters, no sentence speaks of adapters."""
         f, t = self.full, self.tuned
+        plus = (lambda words: words) if self.adapters else (lambda words: "")
         return [
             ("trainable parameters", f.trainable_parameters, t.trainable_parameters,
-             "scalars that get a gradient: the adapters (and whatever is not frozen)"),
+             "scalars that get a gradient: " + ("the adapters (and whatever is not frozen)" if self.adapters
+                                                else "the parameters not frozen")),
             ("AccumulateGrad nodes", f.trainable_tensors, t.trainable_tensors,
              "one per trainable tensor; a frozen weight gets none"),
             ("gradients (bytes)", f.gradient_bytes, t.gradient_bytes, "for the trainable parameters only"),
@@ -63,16 +71,17 @@ class FinetuneComparison:
              "16-bit training keeps fp32 copies of what it updates" if f.master_weight_bytes or t.master_weight_bytes
              else "none kept: float32 weights are their own master copy (16-bit training keeps fp32 copies)"),
             ("backward FLOPs", f.backward_flops, t.backward_flops,
-             "no weight-gradient GEMM for a frozen weight (2·tokens·in·out each), plus the adapters' small GEMMs"),
+             "no weight-gradient GEMM for a frozen weight (2·tokens·in·out each)" + plus(", plus the adapters' small GEMMs")),
             ("backward matmul FLOPs", f.backward_matmul_flops, t.backward_matmul_flops,
              "where the weight-gradient GEMMs were"),
             ("weights (bytes)", f.parameter_bytes, t.parameter_bytes,
-             "not spared: the frozen weights stay in memory, plus the adapters"),
+             "not spared: the frozen weights stay in memory" + plus(", plus the adapters")),
             ("saved for backward (bytes)", f.saved_bytes, t.saved_bytes,
              "mostly not spared: only a frozen layer's own input copy goes (its weight gradient was its one reader)"),
             ("activation peak (bytes)", f.activation_peak_bytes, t.activation_peak_bytes,
              "most bytes live besides weights and gradients"),
-            ("forward FLOPs", f.forward_flops, t.forward_flops, "not spared: the forward runs every weight, plus the adapters"),
+            ("forward FLOPs", f.forward_flops, t.forward_flops,
+             "not spared: the forward runs every weight" + plus(", plus the adapters")),
             ("step peak (bytes)", f.step_peak_bytes, t.step_peak_bytes,
              "forward + backward peak + master weights + optimizer state"),
         ]
@@ -88,6 +97,11 @@ def tuned_twin(config: ModelConfig) -> ModelConfig:
     if config.finetune == "lora" or config.freeze:
         return config
     return config.replace(finetune="lora")
+
+
+def comparison_title(tuned: ModelConfig) -> str:
+    """The side-by-side's title: LoRA where the tuned side adds adapters, frozen parameters where it only freezes."""
+    return "Full fine-tuning vs LoRA" if tuned.finetune == "lora" else "Full fine-tuning vs frozen parameters"
 
 
 def finetune_label(config: ModelConfig) -> str:

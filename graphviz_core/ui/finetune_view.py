@@ -6,7 +6,13 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from graphviz_core.analysis.finetuning import FinetuneComparison, compare_finetuning, finetune_label, tuned_twin
+from graphviz_core.analysis.finetuning import (
+    FinetuneComparison,
+    compare_finetuning,
+    comparison_title,
+    finetune_label,
+    tuned_twin,
+)
 from graphviz_core.capture.result import Capture
 from graphviz_core.ui.format import escape_markdown, format_bytes, format_flops, literal_cells
 
@@ -36,12 +42,13 @@ def _change(full: int, tuned: int) -> str:
 def show_finetune_comparison(capture: Capture, rows: tuple[str, ...], key: str) -> None:
     """A button that captures full fine-tuning and LoRA (or this run's freezing) on meta and shows `rows`."""
     config = capture.config
-    st.markdown("##### Full fine-tuning vs LoRA")
     try:
         tuned = tuned_twin(config)
     except ValueError as exc:  # a family with no default LoRA targets (ResNet)
+        st.markdown("##### Full fine-tuning vs LoRA")
         st.caption(f"LoRA side by side needs modules to adapt: {exc}")
         return
+    st.markdown(f"##### {comparison_title(tuned)}")
     optimizer = st.session_state.get("memory.optimizer") or config.optimizer
     state_key = f"finetune.{key}::{config}::{optimizer}"
     # a button's label is Markdown: a glob's stars would turn italic
@@ -53,9 +60,9 @@ def show_finetune_comparison(capture: Capture, rows: tuple[str, ...], key: str) 
             st.error(str(exc))
     result: FinetuneComparison | None = st.session_state.get(state_key)
     if result is None:
+        other = "with LoRA's adapters" if tuned.finetune == "lora" else "with this run's frozen parameters"
         st.caption("Captures this config twice on meta (shapes only, quick at any size): every parameter trained, "
-                   "and with LoRA's adapters (or this run's frozen parameters); the table shows what fine-tuning "
-                   "fewer parameters saves and what it does not.")
+                   f"and {other}; the table shows what fine-tuning fewer parameters saves and what it does not.")
         return
     table = [
         {"": what, result.full.label: _cell(what, full), result.tuned.label: _cell(what, tuned),
@@ -67,5 +74,5 @@ def show_finetune_comparison(capture: Capture, rows: tuple[str, ...], key: str) 
         f"{result.full.frozen_parameters:,} → {result.tuned.frozen_parameters:,} frozen parameters. A frozen weight "
         "gets no AccumulateGrad node, no gradient, no optimizer state and no weight-gradient GEMM; the forward still "
         "runs it, its layer still passes a gradient to its input where anything before it trains, and the "
-        "activations the adapters and the other ops need are saved as before."
+        f"activations {'the adapters and ' if result.adapters else ''}the other ops need are saved as before."
     )
