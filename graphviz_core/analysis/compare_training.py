@@ -183,6 +183,24 @@ def finetuning_sentence(c: Comparison, field: str, nodes: str, va, vb) -> str:
 # --- torch.compile --------------------------------------------------------------------------------------------------
 
 
+def compiled_peak_words(capture: Capture) -> str:
+    """Why a compiled step's peak can rise while it saves less for backward, read at its peak ("" when the peak is
+    not at a compiled node, or no timeline was taken)."""
+    from graphviz_core.capture.timeline import KINDS
+
+    timeline = capture.timeline
+    if timeline is None or not capture.compiled or not timeline.peak.label.startswith("CompiledFunctionBackward"):
+        return ""
+    kinds = dict(zip(KINDS, timeline.peak.bytes_by_kind, strict=True))
+    return (
+        f"the peak, {exact_bytes(timeline.peak_bytes)}, is at {timeline.peak.label}: a compiled region's backward is "
+        f"one autograd node, which holds everything its forward saved until it returns and returns every gradient of "
+        f"the region at once, so its saved tensors ({exact_bytes(kinds['saved activations'])}) and the gradients "
+        f"({exact_bytes(kinds['gradients'])}) are alive together; eager frees each node's saved tensors as soon as "
+        "that node has run, so the last layers' activations are gone before the first layers' gradients exist"
+    )
+
+
 def compile_sentence(c: Comparison, nodes: str, alone: bool, va, vb) -> str:
     """Eager against compiled: the compiled nodes, what each side keeps for backward, what is recomputed."""
     compiled = c.b if c.b.compiled else c.a
@@ -210,6 +228,11 @@ def compile_sentence(c: Comparison, nodes: str, alone: bool, va, vb) -> str:
         f"min-cut partitioner): the compiled backward recomputes {sum(recomputed.values())} forward ops instead of "
         f"keeping their outputs ({ops}{f', and {more} more ops' if more > 0 else ''})."
     )
+    eager = c.a if compiled is c.b else c.b
+    why = compiled_peak_words(compiled)
+    if why and compiled.memory.peak_bytes > eager.memory.peak_bytes and compiled.memory.saved_bytes < eager.memory.saved_bytes:
+        sentence += (f" The peak rises nonetheless ({exact_bytes(eager.memory.peak_bytes)} eager → "
+                     f"{exact_bytes(compiled.memory.peak_bytes)} compiled): {why}.")
     if alone:
         sentence += (
             f" Forward FLOPs {_arrow(c.a.flops.forward, c.b.flops.forward, _flops)}, backward "

@@ -248,6 +248,16 @@ class _ModuleNaming(torch.fx.Interpreter):
         self.instrument = instrument
         self.module_of = {node: module_of(node) for node in graph.graph.nodes}
 
+    def run(self, *args):
+        """The graph's outputs; nothing of this call is kept after it (fx.Interpreter keeps its last environment and
+        its argument iterator, which held the region's saved tensors and returned gradients alive after the node ran:
+        the compiled llama-tiny step's peak read 2,400,264 B where running the generated code reads 1,858,376 B)."""
+        try:
+            return super().run(*args)
+        finally:
+            self.env = {}
+            self.args_iter = iter(())
+
     def run_node(self, node: torch.fx.Node):
         run = getattr(self.instrument, "run", None)
         module = self.module_of.get(node)

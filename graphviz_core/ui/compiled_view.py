@@ -8,6 +8,7 @@ from collections import Counter
 import pandas as pd
 import streamlit as st
 
+from graphviz_core.analysis.compare_training import compiled_peak_words
 from graphviz_core.capture.result import Capture
 from graphviz_core.export.render import render_html
 from graphviz_core.graph.compiled import fx_backward_graph
@@ -35,6 +36,9 @@ def show_compiled(capture: Capture) -> None:
                 f"**{format_bytes(eager)}** eager ({format_bytes(abs(change))} {'less' if change >= 0 else 'more'} "
                 "compiled)."
             )
+        why = compiled_peak_words(capture)
+        if why:
+            st.caption(escape_markdown(why[0].upper() + why[1:] + "."))
         for number, reason in enumerate(summary["break_reasons"], start=1):
             st.markdown(f"Graph break {number}: {escape_markdown(reason['reason'])} at `{reason['where']}`"
                         if reason["where"] else f"Graph break {number}: {escape_markdown(reason['reason'])}")
