@@ -268,6 +268,25 @@ def test_toy_page_with_no_backward_steps_says_so_instead_of_a_traceback(text):
     assert any("no backward steps" in m.value for m in at.markdown), [m.value for m in at.markdown]
 
 
+
+def test_the_stepper_buttons_are_off_where_there_is_no_step_to_go():
+    """At the last step Next and End stayed enabled and did nothing (issue 33 item 12); at step 0 Start and
+    Previous did the same."""
+    from streamlit.testing.v1 import AppTest
+
+    page = str(Path(__file__).resolve().parent.parent / "pages" / "toy_expressions.py")
+    at = AppTest.from_file(page, default_timeout=120).run()
+
+    def disabled(at) -> dict[str, bool]:
+        return {b.label: b.disabled for b in at.button if b.label in ("« Start", "‹ Previous", "Next ›", "End »")}
+
+    assert disabled(at) == {"« Start": True, "‹ Previous": True, "Next ›": False, "End »": False}  # step 0 of 6
+    at = next(b for b in at.button if b.label == "End »").click().run()
+    assert at.slider(key="expr.step").value == 6  # (a*b + c)**2: 6 autograd nodes
+    assert disabled(at) == {"« Start": False, "‹ Previous": False, "Next ›": True, "End »": True}
+    at = next(b for b in at.button if b.label == "‹ Previous").click().run()
+    assert at.slider(key="expr.step").value == 5 and not any(disabled(at).values())
+
 # ---- finite differences at kinks and domain edges (issue 12 items 11 and 20) -------------------------------
 
 

@@ -156,11 +156,13 @@ def backward_stepper(trace: Trace) -> None:
             # previous step and send it back as if the user had moved it.)
             st.session_state[f"{KEY}.playing"] = False
         cols = st.columns([1, 1, 1, 1, 1.2])
+        at = st.session_state[f"{KEY}.step"]  # the slider below shows this step: no way further back at 0, on at the end
         # Plain characters, not Material icons: those load a font from fonts.gstatic.com.
-        cols[0].button("« Start", on_click=_move, args=(-total, total), width="stretch")
-        cols[1].button("‹ Previous", on_click=_move, args=(-1, total), width="stretch")
-        cols[2].button("Next ›", on_click=_move, args=(1, total), width="stretch", type="primary")
-        cols[3].button("End »", on_click=_move, args=(None, total), width="stretch")
+        cols[0].button("« Start", on_click=_move, args=(-total, total), width="stretch", disabled=at == 0)
+        cols[1].button("‹ Previous", on_click=_move, args=(-1, total), width="stretch", disabled=at == 0)
+        cols[2].button("Next ›", on_click=_move, args=(1, total), width="stretch", type="primary",
+                       disabled=at >= total)
+        cols[3].button("End »", on_click=_move, args=(None, total), width="stretch", disabled=at >= total)
         playing_now = st.session_state.get(f"{KEY}.playing")
         cols[4].button("❚❚ Pause" if playing_now else "▶ Play", on_click=_toggle_play, args=(total,), width="stretch")
         # No pause on a slider move: a tick sent before the last step arrived carries the slider's old value,
