@@ -29,6 +29,14 @@ def test_compare_mode_reads_plus_19_nodes_per_layer_and_draws_b(page, streamlit_
     # nodes only in B carry the pink highlight border: 2 layers x 20 spelled-out attention nodes = 40
     pink = "window.network.body.data.nodes.get().filter(n => n.color && n.color.border === '#e6007e').length"
     assert frame.evaluate(pink) == 40
+    # the per-op and per-module tables each take the page's width (side by side at 1500 px and less, the op names
+    # were cut: "ScaledDotProductFlashAtten…")
+    tables = page.locator('[data-testid="stDataFrame"]')
+    main = page.locator('[data-testid="stMainBlockContainer"]').evaluate("e => e.clientWidth")
+    for caption in ("Per op (only ops", "Per module (only modules"):
+        table = page.get_by_text(caption).locator("xpath=following::*[@data-testid='stDataFrame'][1]")
+        assert table.evaluate("e => e.clientWidth") > 0.8 * main, caption
+    assert tables.count() >= 2
     hosts = {urlparse(u).hostname for u in requests if urlparse(u).scheme in ("http", "https", "ws", "wss")}
     assert hosts <= {"127.0.0.1", "localhost"}, hosts
     assert not errors, errors

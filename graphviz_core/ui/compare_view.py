@@ -267,11 +267,17 @@ def _node_diff(c: Comparison) -> None:
     if not c.by_op and not c.by_module:
         st.caption("Every op and every module has the same number of nodes in A and B.")
     else:
-        left, right = st.columns(2)
-        left.caption("Per op (only ops whose count differs)")
-        left.dataframe(_count_table(c.by_op, "op"), hide_index=True, width="stretch")
-        right.caption("Per module (only modules whose count differs)")
-        right.dataframe(_count_table(c.by_module, "module"), hide_index=True, width="stretch")
+        # One under the other, each the page's width: side by side at a laptop's width the op names and module paths
+        # were cut ("ScaledDotProductFlashAtten…" at 1280 px); the counts need little room.
+        counts = {column: st.column_config.NumberColumn(width="small") for column in ("A", "B", "B − A")}
+        if c.by_op:
+            st.caption("Per op (only ops whose count differs)")
+            st.dataframe(_count_table(c.by_op, "op"), hide_index=True, width="stretch",
+                         column_config={"op": st.column_config.TextColumn(width="large"), **counts})
+        if c.by_module:
+            st.caption("Per module (only modules whose count differs)")
+            st.dataframe(_count_table(c.by_module, "module"), hide_index=True, width="stretch",
+                         column_config={"module": st.column_config.TextColumn(width="large"), **counts})
     if c.changed:
         with st.expander(f"{len(c.changed):,} matched nodes whose saved bytes or FLOPs differ"):
             rows = []
