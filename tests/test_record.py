@@ -185,3 +185,52 @@ def test_bad_arguments_are_refused_with_a_sentence(tmp_path):
     with pytest.raises(ValueError, match="already holds a recording"):
         with graphviz_core.record(tmp_path / "y"):
             pass
+
+
+def test_parameters_only_records_no_node_figures(tmp_path):
+    """nodes=False changes what is computed: no per-node hooks, no graph, the same parameter figures."""
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    by_hand = []
+    with graphviz_core.record(tmp_path / "lean", nodes=False):  # no model=: names from the forward all the same
+        for _ in range(2):
+            model(torch.randn(3, 4)).pow(2).mean().backward()
+            by_hand.append(norms(model))
+            opt.step()
+            opt.zero_grad()
+    recording = open_recording(tmp_path / "lean")
+    steps = recording.steps()
+    assert [s.backward_graphs for s in steps] == [[], []] and recording.to_dict()["graphs"] == []
+    assert all(s.loss is not None and len(s.micro_losses) == 1 for s in steps)
+    for step, grads in zip(steps, by_hand, strict=True):
+        assert set(step.parameters) == set(grads)
+        assert all(close(step.parameters[n].grad_norm, grads[n]) for n in grads)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpointed_model_trains_the_same_under_the_recorder(tmp_path, reentrant):
+    """Under checkpointing the recorded step computes the same gradients as the bare one (saved bytes are read from
+    raw saved fields: a checkpoint's packed tensors are never unpacked, which would run its forward again), and a
+    reentrant checkpoint's inner backward is part of the outer one, not a backward of the step of its own."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(5)
+    inner = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.GELU(), torch.nn.Linear(6, 6))
+    head = torch.nn.Linear(6, 1)
+
+    def loss_of(x):
+        return head(checkpoint(inner, x, use_reentrant=reentrant)).pow(2).mean()
+
+    x = torch.randn(5, 6, requires_grad=reentrant)
+    loss_of(x).backward()
+    expected = {n: p.grad.clone() for n, p in inner.named_parameters()}
+    for p in (*inner.parameters(), *head.parameters()):
+        p.grad = None
+    with graphviz_core.record(tmp_path / "ckpt", steps=1) as rec:
+        loss_of(x).backward()
+        rec.step()
+    for name, p in inner.named_parameters():
+        assert torch.equal(p.grad, expected[name])
+    (step,) = open_recording(tmp_path / "ckpt").steps()
+    assert len(step.backward_graphs) == 1

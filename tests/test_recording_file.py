@@ -153,3 +153,44 @@ def test_bad_input_is_one_line_exit_2(args):
     done = cli(*args)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def _ddp_rank(rank, world, port, folder, results):
+    import torch
+
+    import graphviz_core
+    from tests.gloo import gloo_group
+
+    with gloo_group(rank, world, port):
+        torch.manual_seed(0)  # the same initial weights on both ranks
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                                                              torch.nn.Linear(8, 1)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.manual_seed(10 + rank)  # each rank its own data
+        hand = []
+        with graphviz_core.record(folder, model=model.module):
+            for _ in range(2):
+                model(torch.randn(3, 4)).pow(2).mean().backward()
+                hand.append({n: float(torch.linalg.vector_norm(p.grad)) for n, p in model.module.named_parameters()})
+                opt.step()
+                opt.zero_grad()
+        if rank == 0:
+            results.put(hand)
+
+
+def test_two_ddp_ranks_record_into_one_folder_and_open_as_one_run(tmp_path):
+    """Two real gloo processes under DistributedDataParallel: each writes rank-<r>/, the folder opens with ranks
+    [0, 1], and each rank's gradient norms are DDP's averaged gradient, the same on both ranks (rank 0's taken by
+    hand in its loop)."""
+    from tests.gloo import spawn_ranks
+
+    hand = spawn_ranks(_ddp_rank, 2, str(tmp_path / "ddp"))
+    recording = open_recording(tmp_path / "ddp")
+    assert recording.ranks == [0, 1] and recording.complete
+    zero, one = recording.steps(0), recording.steps(1)
+    assert len(zero) == len(one) == 2
+    for a, b, taken in zip(zero, one, hand, strict=True):
+        for name, p in a.parameters.items():
+            assert abs(p.grad_norm - taken[name]) <= 1e-6 * taken[name]
+            assert abs(b.parameters[name].grad_norm - p.grad_norm) <= 1e-6 * p.grad_norm
+    assert set(recording.to_dict()["steps_by_rank"]) == {"1"}

@@ -23,6 +23,16 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(temporary, path)
 
 
+def _rank_now() -> int | None:
+    """This process's rank when it is one of several (torch.distributed initialised, or torchrun's RANK set)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    rank = os.environ.get("RANK", "")
+    return int(rank) if rank.isdigit() else None
+
+
 class RecordingWriter:
     """One recording folder; `rank` streams opened at the first step (a DDP script initialises its process group
     after the recorder starts)."""
@@ -33,8 +43,12 @@ class RecordingWriter:
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"{self.path} is a file; give record() a folder to write the recording in.")
-        if (self.path / MANIFEST).exists() and not os.environ.get("RANK"):
+        rank = _rank_now()
+        if rank is None and (self.path / MANIFEST).exists():
             raise ValueError(f"{self.path} already holds a recording; choose a new folder (nothing is overwritten).")
+        if rank is not None and (self.path / f"rank-{rank}").exists():  # ranks share the folder, each its own part
+            raise ValueError(f"{self.path} already holds rank {rank}'s recording; choose a new folder (nothing is "
+                             f"overwritten).")
         (self.path / GRAPHS).mkdir(parents=True, exist_ok=True)
         self.manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "schema": SCHEMA_VERSION,

@@ -45,7 +45,8 @@ class Recorder:
         self.writer = RecordingWriter(path, steps)
         self.limit = steps
         self.nodes = nodes
-        self.modules = ModuleCalls(model)
+        self.modules = ModuleCalls(model, track_calls=nodes)
+        self.depth = 0  # > 0 while a recorded backward runs (a reentrant checkpoint's inner backward is part of it)
         self.active = True
         self.steps_written = 0
         self.started = time.perf_counter()
@@ -63,8 +64,7 @@ class Recorder:
 
         self.handles = [register_optimizer_step_pre_hook(self._before_step),
                         register_optimizer_step_post_hook(self._after_step)]
-        if self.nodes:
-            self.modules.install()
+        self.modules.install()
         scaler = torch.amp.grad_scaler.GradScaler
         self.originals = {(torch.autograd, "backward"): torch.autograd.backward,
                           (torch.autograd, "grad"): torch.autograd.grad,
@@ -150,11 +150,14 @@ class Recorder:
         self.pre_figures = {"params": params, "lrs": [lr for _, lr in pairs], "grad": self._norms(params),
                             "weight": self._norms(params, grads=False)}
         with torch.no_grad():
-            for p in params:
+            buffers = []
+            for p in params:  # one buffer per parameter, kept from step to step: no allocation per step
                 buffer = self.before.get(id(p))
-                if buffer is None or buffer.shape != p.shape or buffer.dtype != p.dtype:
+                if buffer is None or buffer.shape != p.shape or buffer.dtype != p.dtype or buffer.device != p.device:
                     buffer = self.before[id(p)] = torch.empty_like(p, memory_format=torch.preserve_format)
-                buffer.copy_(p.detach())
+                buffers.append(buffer)
+            if buffers:
+                torch._foreach_copy_(buffers, [p.detach() for p in params])
 
     def _after_step(self, optimizer, args, kwargs) -> None:
         if not self.active or self.pre_figures is None:
@@ -162,10 +165,11 @@ class Recorder:
         self.optimizer_stepped = True
         figures, self.pre_figures = self.pre_figures, None
         params = figures["params"]
-        with torch.no_grad():
-            deltas = [p.detach() - self.before[id(p)] for p in params]
+        with torch.no_grad():  # before - after, in the buffers themselves: its norm is the update's
+            deltas = [self.before[id(p)] for p in params]
+            if deltas:
+                torch._foreach_sub_(deltas, [p.detach() for p in params])
         updates = self._norms(deltas, grads=False)
-        del deltas
         self._write(params, (figures["grad"], figures["weight"]), updates, skipped=False, lrs=figures["lrs"],
                     optimizer=optimizer)
 
@@ -240,10 +244,14 @@ class Recorder:
         recorder = self
 
         def recorded(tensors, *args, **kwargs):
-            if not recorder.active or threading.current_thread() is not recorder.thread:
+            if not recorder.active or recorder.depth or threading.current_thread() is not recorder.thread:
                 return original(tensors, *args, **kwargs)
             roots = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
-            return recorder._backward(original, roots, tensors, args, kwargs)
+            recorder.depth += 1
+            try:
+                return recorder._backward(original, roots, tensors, args, kwargs)
+            finally:
+                recorder.depth -= 1
 
         recorded.__wrapped__ = original
         recorded.__doc__ = original.__doc__
