@@ -3,6 +3,8 @@ recording printed as JSON (docs/recording.md). graphviz_core.cli hands these two
 
     graphviz-core record --steps N -o PATH SCRIPT [SCRIPT_ARGS...]   everything after SCRIPT is the script's
     graphviz-core recording PATH --format json [-o FILE]
+    graphviz-core recording PATH --format tensorboard -o FOLDER      TensorBoard event files (export.recording_export)
+    graphviz-core recording PATH --format chrome-trace [-o FILE]     per-node backward times, Perfetto / chrome://tracing
 
 Bad input (a missing script, a bad --steps, a folder that already holds a recording, a recording that cannot be read)
 is one sentence on stderr and exit 2. The script runs as `python SCRIPT ARGS` would (as `python -m cProfile` runs
@@ -47,8 +49,10 @@ def _parser(command: str) -> argparse.ArgumentParser:
         return parser
     parser = _Parser(prog="graphviz-core recording", description="Print a recording (docs/recording.md).")
     parser.add_argument("path", help="the recording's folder")
-    parser.add_argument("--format", choices=("json",), default="json", help="output format (json)")
-    parser.add_argument("-o", "--output", help="file to write (default: stdout)")
+    parser.add_argument("--format", choices=("json", "tensorboard", "chrome-trace"), default="json",
+                        help="json (the recording's figures), tensorboard (event files in the -o folder: scalars and "
+                             "histograms) or chrome-trace (per-node backward times for Perfetto / chrome://tracing)")
+    parser.add_argument("-o", "--output", help="file to write (default: stdout); for tensorboard, the folder (required)")
     return parser
 
 
@@ -118,7 +122,22 @@ def _from_script(tb, script: str) -> bool:
 def _recording(args: argparse.Namespace) -> int:
     from graphviz_core.graph.recording import open_recording
 
-    text = json.dumps(open_recording(args.path).to_dict(), indent=1, allow_nan=False)
+    if args.format == "tensorboard" and not args.output:
+        raise ValueError("--format tensorboard writes event files into a folder: give it with -o FOLDER.")
+    recording = open_recording(args.path)
+    if args.format == "tensorboard":
+        from graphviz_core.export.recording_export import to_tensorboard
+
+        written = to_tensorboard(recording, args.output)
+        sys.stdout.write(f"wrote {len(written)} event file(s) under {args.output}; open with: tensorboard --logdir "
+                         f"{args.output}\n")
+        return 0
+    if args.format == "chrome-trace":
+        from graphviz_core.export.recording_export import to_chrome_trace
+
+        text = json.dumps(to_chrome_trace(recording), allow_nan=False)
+    else:
+        text = json.dumps(recording.to_dict(), indent=1, allow_nan=False)
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as f:
