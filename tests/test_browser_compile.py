@@ -49,7 +49,7 @@ def test_the_compile_checkbox_runs_compiled_and_its_compiled_node_opens(page, st
     fx = graph_frame(page, opened["backward_nodes"], timeout_s=120)
     page.get_by_text("its backward FX graph has").scroll_into_view_if_needed()
     both_sizes(page, tmp_path / "compiled-open")
-    fx.get_by_role("button", name="Zoom to the top").click()  # the FX graph's own words: it has no loss
+    fx.get_by_role("button", name="Zoom to the incoming gradient").click()  # the FX graph's own words: it has no loss
     recomputed = opened["recomputed"][0]["name"]
     details = _details_of(page, fx, recomputed)
     assert f"FX node\t{recomputed}" in details and "computed again here" in details, details

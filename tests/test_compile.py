@@ -416,3 +416,29 @@ def test_compare_says_why_the_compiled_peak_rises_while_it_saves_less(tmp_path):
     assert f"its saved tensors ({held:,} B)" in sentence
     assert llama_tiny_json()["memory"]["gradient_bytes"] == 4 * 139_584
     assert f"the gradients ({llama_tiny_json()['memory']['gradient_bytes']:,} B)" in sentence
+
+
+def test_the_fx_view_opens_at_the_incoming_gradient_with_each_saved_tensor_above_its_reader():
+    """The compiled backward's FX view opened on a top row of every saved tensor (thousands of px wide, their edges
+    running off the pane), and its legend had no entry for them (black boxes under `other`)."""
+    import re
+
+    from graphviz_core.export.render import node_widths, render_html
+    from graphviz_core.graph.compiled import LEGEND, fx_backward_graph, fx_layout, start_node
+
+    opened = compiled_nodes(gpt2_tiny_json())[0]["compiled"]
+    graph = fx_backward_graph(opened)
+    saved = [n for n, d in graph.nodes(data=True) if d["role"] == "saved"]
+    assert saved and {graph.nodes[n]["category"] for n in saved} == {"saved_tensor"}
+    layout = fx_layout(graph, node_widths(graph))
+    depth = {n: d for d, layer in enumerate(layout.layers) for n in layer}
+    # each saved tensor one layer above the first op that reads it (a reader in the first two layers: at the top)
+    for node in saved:
+        first = min(depth[r] for r in graph.successors(node))
+        assert depth[node] == max(first - 1, 0), node
+    assert len(layout.layers[0]) < len(saved) / 2  # no longer one row of them all
+    assert start_node(graph) == "tangents_1"
+    html = render_html(graph, legend_labels=LEGEND, layout=layout, start=start_node(graph))
+    assert '"loss":"tangents_1"' in html  # the first view's anchor: where backward starts
+    legend = re.findall(r'<li><span class="swatch"[^>]*></span>([^<]+)</li>', html)
+    assert {"saved by the forward", "incoming gradient", "returned gradients"} <= set(legend), legend

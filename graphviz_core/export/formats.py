@@ -49,6 +49,10 @@ CATEGORY_COLOURS = {
     "pooling": "#9edae5",
     "communication": "#ad494a",
     "other": "#000000",
+    # a compiled region's backward FX graph (graph/compiled.py): its inputs and its output by role
+    "saved_tensor": "#ffbb78",  # an oval, as the autograd graph's parameters: a tensor, not an op
+    "incoming_gradient": "#c5b0d5",
+    "returned_gradients": "#98df8a",
 }
 
 

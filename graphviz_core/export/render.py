@@ -98,13 +98,16 @@ def _short_op(op: str) -> str:
 CHAR_PX = 0.6 * FONT_PX  # a monospace character's advance: 0.6 em
 
 
+OVALS = frozenset({"accumulate_grad", "saved_tensor"})  # tensors (parameters, a compiled forward's saved ones), not ops
+
+
 def node_widths(graph: nx.DiGraph) -> dict[str, float]:
     """px each node's shape takes at scale 1, from its label's longest line: a box adds its margins, an ellipse is
     ~1.15x its text (vis-network draws it around the text) plus room for its curve."""
     widths = {}
     for node, data in graph.nodes(data=True):
         text = max(len(line) for line in _label(data).split("\n")) * CHAR_PX
-        widths[node] = text * 1.15 + 24 if data["category"] == "accumulate_grad" else text + 14
+        widths[node] = text * 1.15 + 24 if data["category"] in OVALS else text + 14
     return widths
 
 
@@ -305,7 +308,7 @@ def build_network(
             label=_label(data),
             x=x,
             y=y,
-            shape="ellipse" if category == "accumulate_grad" else "box",
+            shape="ellipse" if category in OVALS else "box",
             color={"background": fill, "border": "#333333", "highlight": {"background": fill, "border": "#000000"}},
             borderWidth=1,
             # a dot's label sits below it, on the page's white; a box's or ellipse's sits on its fill
@@ -369,6 +372,8 @@ def render_html(
     nonce: str | None = None,
     aspect: float = ASPECT,
     top_label: str = "Zoom to the loss",
+    layout: Layout | None = None,
+    start: str | None = None,
 ) -> str:
     """One self-contained HTML page drawing `graph` with vis-network; works offline, from disk or an iframe.
 
@@ -384,12 +389,14 @@ def render_html(
     `nonce`: the page's script nonce (by default a fresh random one).
     `aspect`: the width : height the layout folds a deep graph to (graph.layout.layered_layout; ONE_COLUMN: never).
     `top_label`: the button that zooms to the first layer's first node (the loss in an autograd graph).
+    `layout`: positions made by the caller (by default graph.layout.layered_layout's); `start`: the node the first
+    view opens at and `top_label` zooms to, in place of the first layer's first node (an FX graph's incoming gradient).
     """
     for metric in (colour_by, size_by):
         if metric is not None and metric not in METRICS:
             raise ValueError(f"unknown metric {metric!r}; choose one of: {', '.join(METRICS)}.")
     widths = node_widths(graph)
-    layout = layered_layout(graph, aspect=aspect, widths=widths)
+    layout = layout or layered_layout(graph, aspect=aspect, widths=widths)
     net = build_network(graph, colour_by=colour_by, size_by=size_by, highlight=highlight, layout=layout,
                         level_of_detail=level_of_detail)
     # search matches in backward order (nearest the loss first): the page opens on the first
@@ -410,7 +417,7 @@ def render_html(
         vis_css=Markup(vis_css.replace("</style", "<\\/style")),
         # the loss: the first node of the first layer (backward starts there), whatever order the graph's nodes are in
         data={"nodes": nodes, "edges": edges, "options": net.options, "details": details, "matches": matches,
-              "loss": layout.layers[0][0] if layout.layers else None,
+              "loss": start if start in graph else layout.layers[0][0] if layout.layers else None,
               "loss_column": _first_column_span(layout, widths),
               "selected": selected if selected in details else None, "node_links": node_links,
               "landmarks": landmarks(graph, layout),

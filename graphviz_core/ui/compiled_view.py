@@ -10,8 +10,8 @@ import streamlit as st
 
 from graphviz_core.analysis.compare_training import compiled_peak_words
 from graphviz_core.capture.result import Capture
-from graphviz_core.export.render import render_html
-from graphviz_core.graph.compiled import fx_backward_graph
+from graphviz_core.export.render import node_widths, render_html
+from graphviz_core.graph.compiled import LEGEND, fx_backward_graph, fx_layout, start_node
 from graphviz_core.ui.format import escape_markdown, format_bytes, format_seconds
 from graphviz_core.ui.graph_pages import graph_page
 from graphviz_core.ui.vis_script import vis_src
@@ -68,8 +68,10 @@ def _show_region(capture: Capture, node_id: str, opened: dict) -> None:
     page = graph_page(capture, ("compiled", node_id, src), lambda nonce: render_html(
         graph, title=f"backward FX graph of {node_id}", subtitle="pink border: forward ops recomputed in backward",
         highlight={op["name"] for op in opened["recomputed"]}, highlight_is_search=False, vis_src=src, nonce=nonce,
-        hint="Data flows top to bottom: saved tensors and the incoming gradient first, the returned gradients last.",
-        top_label="Zoom to the top"))
+        hint="Data flows top to bottom, from the incoming gradient to the returned gradients; each saved tensor (an "
+             "oval) sits just above the first op that reads it.",
+        top_label="Zoom to the incoming gradient", legend_labels=LEGEND, layout=fx_layout(graph, node_widths(graph)),
+        start=start_node(graph)))
     st.iframe(page, height=620)
     saved, fx_nodes = st.tabs(["Saved tensors", "FX nodes"], key="compiled.tables")
     with saved:
