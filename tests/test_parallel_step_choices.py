@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from graphviz_core.capture.engine import capture_backward
 from graphviz_core.cli import main
 from graphviz_core.config import resolve_config
@@ -13,7 +15,9 @@ from graphviz_core.parallel.settings import ParallelConfig
 from graphviz_core.parallel.simulate import simulate_parallel
 from tests.gloo import fsdp_over_gloo
 
-# The walkthrough's config: a 3-layer llama, hidden 96, 2 key/value heads, MLP 128, batch 3, sequence 48.
+# The walkthrough's config: a 3-layer llama, hidden 96, 2 key/value heads, MLP 128, batch 3, sequence 48. Its 292,512
+# parameters: embedding and head 2 x 512 x 96 = 98,304, the final norm 96, and per layer q and o 2 x 96 x 96, k and v
+# 2 x 96 x 48 (2 heads of 24), gate, up and down 3 x 96 x 128, two norms 2 x 96 = 64,704, x 3 layers.
 LLAMA = resolve_config("llama-tiny", layers=3, hidden=96, kv_heads=2, intermediate=128, batch=3, seq=48, device="cpu")
 LLAMA_FLAGS = ["--preset", "llama-tiny", "--layers", "3", "--hidden", "96", "--kv-heads", "2", "--intermediate", "128",
                "--batch", "3", "--seq", "48", "--device", "cpu"]
@@ -106,3 +110,23 @@ def test_pipeline_stages_step_the_chosen_optimizer_under_autocast():
     head = [s for s in bf16.pipeline.per_stage if s.head][0]
     head32 = [s for s in float32.pipeline.per_stage if s.head][0]
     assert head.activation_bytes_per_microbatch != head32.activation_bytes_per_microbatch
+
+
+@pytest.mark.parametrize("flags", [[], ["--autocast", "bfloat16"], ["--optimizer", "sgd"]])
+def test_one_device_reads_the_same_in_the_simulation_and_the_capture(tmp_path, flags):
+    """Issue 33 item 9: one convention everywhere (docs/parallel.md): a peak leaves module buffers out (reported on
+    their own as buffer_bytes) and counts the batch with the activations. The capture's step peak is its forward +
+    backward peak plus the optimizer's state; the one-device simulation peaks in backward on the same parts, so the
+    two are one figure. Before: per_rank.single_device.peak_bytes counted the rotary tables (96 B) and left out the
+    batch of the plain MemTracker (ids and targets, 2 x 3 x 48 x 8 = 2,304 B): 6,960,032 against 6,961,088."""
+    out = tmp_path / "g.json"
+    assert main(["graph", *LLAMA_FLAGS, *flags, "--strategy", "fsdp", "--world-size", "8", "-o", str(out)]) == 0
+    result = json.loads(out.read_text())
+    per_rank, memory = result["per_rank"], result["memory"]
+    alone = per_rank["single_device"]
+    assert alone["peak_bytes"] == memory["training_step"]["step_peak_bytes"]
+    assert alone["parameter_bytes"] == memory["parameter_bytes"] == 4 * 292_512  # float32, the buffers apart
+    assert alone["buffer_bytes"] == per_rank["buffer_bytes"] == memory["buffer_bytes"] > 0
+    for phase in per_rank["phases"].values():  # the parts sum to the peak; the buffers are held beside it
+        assert sum(v for k, v in phase.items() if k not in ("peak_bytes", "buffers_bytes")) == phase["peak_bytes"]
+        assert phase["buffers_bytes"] == per_rank["buffer_bytes"]

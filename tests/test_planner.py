@@ -50,7 +50,7 @@ def test_three_layouts_equal_their_full_simulations(small_plan, mesh):
     assert planned.peak_bytes == peak
     assert planned.collective_bytes_per_step == sent
     if planned.layout.pp == 1:  # the busiest rank is the only one simulated: its shards too
-        assert planned.parameter_bytes == first_rank.parameter_bytes + first_rank.buffer_bytes
+        assert planned.parameter_bytes == first_rank.parameter_bytes  # buffers apart, as graph's per_rank has them
         assert planned.gradient_bytes == first_rank.gradient_bytes
         assert planned.optimizer_bytes == first_rank.optimizer_bytes
 

@@ -7,7 +7,7 @@ way torch's MemTracker counts, but kept apart from it, so the two can check each
 does not pass through dispatch (FSDP2 allocates and frees its gathered parameters that way), so it is wrapped while
 recording: growing from 0 bytes is an allocation, shrinking to 0 a free, any other change an allocation of the new
 size followed by the free of the old (a copy). Storages that exist when recording starts (parameters, optimizer
-state, the batch) are listed first, as allocations before the step.
+state, the batch; not module buffers, which no peak here counts) are listed first, as allocations before the step.
 
 Streams: FSDP2 allocates on the stream current when the op runs (`device_handle.stream(...)` in
 torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): the all-gather buffer on its all-gather copy-in stream,
@@ -50,11 +50,11 @@ def _storages(value: Any, device_type: str | None = None) -> list[torch.UntypedS
 
 
 def step_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *batch: Any) -> dict[str, list]:
-    """What exists before a training step, by kind: parameters (a DTensor's local shard) and buffers, optimizer
-    state, the batch."""
+    """What exists before a training step, by kind: parameters (a DTensor's local shard), optimizer state, the batch.
+    Module buffers are left out, as every peak here leaves them out (they are reported on their own)."""
     state = list(optimizer.state.values()) if optimizer is not None else []
     return {
-        "parameters": [*model.parameters(), *model.buffers()],
+        "parameters": list(model.parameters()),
         "optimizer state": tree_leaves(state),
         "batch": tree_leaves(list(batch)),
     }

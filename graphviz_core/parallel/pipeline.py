@@ -758,7 +758,7 @@ def _rank_figures(config, parallel, mesh_sizes, holder, peaks, recorder, snapsho
         rank=dist.get_rank() if dist.is_initialized() else 0,
         mesh=mesh_sizes,
         parameter_count=sum(p.numel() for p in holder.parameters()),
-        parameter_bytes=end["parameters"] - end_buffers,
+        parameter_bytes=end["parameters"],
         buffer_bytes=end_buffers,
         gradient_bytes=end["gradients"],
         optimizer_bytes=end["optimizer"],

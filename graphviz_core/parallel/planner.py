@@ -173,7 +173,7 @@ def figures_of(result, gpus_per_node: int = GPUS_PER_NODE) -> Figures:
     for rank, per_rank in zip(rank_ids, ranks, strict=True):
         for key, peak in _role_peaks(per_rank).items():
             values[f"peak/{rank}/{key}"] = peak
-        values[f"parameters/{rank}"] = per_rank.parameter_bytes + per_rank.buffer_bytes
+        values[f"parameters/{rank}"] = per_rank.parameter_bytes  # buffers apart, as in every view (docs/parallel.md)
         values[f"gradients/{rank}"] = per_rank.gradient_bytes
         values[f"optimizer/{rank}"] = per_rank.optimizer_bytes
         for c in per_rank.collectives:

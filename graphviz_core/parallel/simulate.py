@@ -66,13 +66,13 @@ COLUMN_PARALLEL = ("qkv", "q_proj", "k_proj", "v_proj", "fc", "gate_proj", "up_p
 ROW_PARALLEL = ("proj", "o_proj", "down_proj")
 
 # FSDPMemTracker's / MemTracker's kinds of storage -> the parts this report names. Module buffers (BatchNorm's
-# running statistics, rotary tables) are in the "parameters" part, as the page labels it ("parameters and
-# buffers"), and are also counted on their own (PhaseMemory.buffer_bytes, PerRank.buffer_bytes).
+# running statistics, rotary tables) are no part: as in the capture's memory figures, a peak leaves them out and they
+# are reported on their own (PhaseMemory.buffer_bytes, PerRank.buffer_bytes; every rank holds them whole). The batch
+# (input ids, targets) is in the activations, as the capture counts it.
 BUFFER_KIND = "Buffer"
 _KIND_OF = {
     "Sharded Param": "parameters",
     "Parameter": "parameters",
-    BUFFER_KIND: "parameters",
     "Unsharded Param": "gathered_parameters",
     "Sharded Grad": "gradients",
     "Gradient": "gradients",
@@ -102,18 +102,16 @@ _SIMULATION_LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class PhaseMemory:
-    """Bytes live on rank 0 at the peak of one phase, part by part (they sum to peak_bytes)."""
+    """Bytes live on rank 0 at the peak of one phase, part by part (they sum to peak_bytes); module buffers beside."""
 
     phase: str
-    peak_bytes: int
-    parts_bytes: dict[str, int]  # PARTS -> bytes at that peak ("parameters" holds the buffers too)
-    buffer_bytes: int = 0  # module buffers at that peak, inside parts_bytes["parameters"]
+    peak_bytes: int  # module buffers left out, as in every memory figure here
+    parts_bytes: dict[str, int]  # PARTS -> bytes at that peak
+    buffer_bytes: int = 0  # module buffers held beside that peak (not in peak_bytes)
 
     def to_dict(self) -> dict:
-        """The JSON of one phase: parameters and buffers each on their own (`parameters_bytes` + `buffers_bytes`
-        is parts_bytes["parameters"]), so the parts sum to peak_bytes."""
+        """The JSON of one phase: the parts (summing to peak_bytes) and the buffers held beside them."""
         parts = {f"{k}_bytes": v for k, v in self.parts_bytes.items()}
-        parts["parameters_bytes"] -= self.buffer_bytes
         return {"peak_bytes": self.peak_bytes, "buffers_bytes": self.buffer_bytes, **parts}
 
 
@@ -140,7 +138,7 @@ class PerRank:
     buffer_bytes: int  # this rank's module buffers (BatchNorm statistics, rotary tables): every rank holds them whole
     gradient_bytes: int
     optimizer_bytes: int
-    peak_bytes: int  # the most bytes live on this rank at any point of the step
+    peak_bytes: int  # the most bytes live on this rank at any point of the step, module buffers left out
     phases: tuple[PhaseMemory, ...]
     timeline: tuple[tuple[str, int], ...] = field(repr=False)  # (phase, bytes live), sampled op by op
     collectives: tuple[Collective, ...] = field(repr=False)
@@ -747,7 +745,7 @@ class _PhasePeaks(torch.utils._python_dispatch.TorchDispatchMode):
         if not snapshot:
             return
         parts = next(iter(snapshot.values()))
-        total = parts["Total"]
+        total = parts["Total"] - _buffers(parts)  # module buffers are reported beside the peaks, not in them
         self.samples.append((self.phase, total))
         if total > self.peaks.get(self.phase, (-1, {}))[0]:
             self.peaks[self.phase] = (total, dict(parts))
@@ -789,6 +787,19 @@ def _tracker(model: nn.Module, optimizer, parallel: ParallelConfig):
     return tracker
 
 
+def _track_batch(tracker, *batch: torch.Tensor) -> None:
+    """The batch (input ids, targets) is live all step and counted with the activations, as the capture counts it:
+    FSDPMemTracker files it as inputs; the plain MemTracker (one device, tensor parallel) has no such kind and would
+    not see it at all (made before tracking starts), so it is filed as activations there."""
+    if hasattr(tracker, "track_inputs"):
+        tracker.track_inputs(batch)
+        return
+    from torch.distributed._tools.mem_tracker import _MemRefType
+
+    for tensor in batch:
+        tracker._update_and_maybe_create_winfos(tensor, _MemRefType.ACT)
+
+
 class _FrozenSkipped(WeakIdKeyDictionary):
     """MemTracker's parameter -> gradient-hook handles, answering "already hooked" for parameters without
     gradients (it installs hooks where `get` says None)."""
@@ -803,7 +814,7 @@ def _parts(snapshot: dict) -> dict[str, int]:
     parts = dict.fromkeys(PARTS, 0)
     for kind, nbytes in snapshot.items():
         name = getattr(kind, "value", kind)
-        if name != "Total":
+        if name not in ("Total", BUFFER_KIND):
             parts[_KIND_OF.get(name, "temporaries")] += nbytes
     return parts
 
@@ -847,8 +858,7 @@ def measure_step(
         inputs, targets = workload.inputs()
         step, forward = _context_parallel_step(workload, parallel, meshes, inputs, targets)
         tracker = _tracker(model, optimizer, parallel)
-        if hasattr(tracker, "track_inputs"):
-            tracker.track_inputs((inputs, targets))
+        _track_batch(tracker, inputs, targets)
         recorder = CollectiveRecorder(_group_names(meshes))
         for module_tracker in (tracker._mod_tracker, recorder.modules):
             _this_thread_only(module_tracker)
@@ -893,7 +903,7 @@ def measure_step(
         rank=0,
         mesh=mesh_sizes,
         parameter_count=parameter_count,
-        parameter_bytes=end["parameters"] - end_buffers,
+        parameter_bytes=end["parameters"],
         buffer_bytes=end_buffers,
         gradient_bytes=end["gradients"],
         optimizer_bytes=end["optimizer"],

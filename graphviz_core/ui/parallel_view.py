@@ -52,7 +52,7 @@ NUMBER_FIELDS = {
     "cp": ("Context parallel (cp)", 1, MAX_WORLD),
 }
 PART_LABELS = {
-    "parameters": "parameters and buffers held by this rank",
+    "parameters": "parameters held by this rank",
     "gathered_parameters": "all-gathered parameters (live during compute)",
     "gradients": "gradients held by this rank",
     "unsharded_gradients": "unsharded gradients (before reduce-scatter)",
@@ -345,7 +345,7 @@ def show_per_rank(result: PerRank) -> None:
                     "": name,
                     "Rank 0 (as torch laid it out)": format_bytes(measured),
                     "Closed form": format_bytes(closed) if closed is not None else "—",
-                    "Difference (padding, buffers)": format_bytes(measured - closed) if closed is not None else "—",
+                    "Difference (padding)": format_bytes(measured - closed) if closed is not None else "—",
                     "One device": format_bytes(single) if single else "—",
                 }
                 for name, measured, closed, single in rows
@@ -358,7 +358,16 @@ def show_per_rank(result: PerRank) -> None:
                if parallel.strategy in FSDP_STRATEGIES else "")
     if not result.pipeline:  # a pipeline's closed form is per stage: the column above is empty
         st.caption(f"Closed form: {expected.formula}.{padding}")
+    st.caption("As in every memory figure of this app, the peaks count the batch (input ids and targets) with the "
+               "activations and leave the module buffers out"
+               + (f": {format_bytes(result.buffer_bytes)} of them (rotary tables, BatchNorm statistics) on every rank, "
+                  "whole." if result.buffer_bytes else "; this model has none."))
 
+    _show_phases(result)
+
+
+def _show_phases(result: PerRank) -> None:
+    """What is live at each phase's peak, the sentence naming the gap, and the timeline of bytes live."""
     st.subheader("What is live at each phase's peak")
     phase_rows = []
     for part, label in PART_LABELS.items():
