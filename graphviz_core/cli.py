@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     graph.add_argument("--png-size", default=None, metavar="WIDTHxHEIGHT",
                        help="png: the page's size in CSS pixels, each side 100..8000 (default: 1600 wide and as tall as "
                             "the layers need, at least 1000: up to 48 layers one column, top to bottom, as the app's "
-                            "PNG downloads; deeper graphs folded into columns at 1600x1000)")
+                            "PNG downloads; deeper graphs folded into as few columns as fit 1600 wide, as tall as they need)")
     graph.add_argument("--png-scale", type=int, default=2, choices=(1, 2, 3, 4),
                        help="png: device pixels per CSS pixel (default 2: a 1600x1000 page gives 3200x2000 pixels)")
     graph.add_argument("-o", "--output", help="file to write (default: stdout)")

@@ -263,3 +263,38 @@ def test_a_skip_edge_in_one_column_bows_round_the_nodes_between():
     span = abs(layout.positions[u][1] - layout.positions[v][1])
     between = max(widths[n] for n in view if view.nodes[n]["module"] in ("blocks.1.mlp", "blocks.1.ln_2"))
     assert curved[0]["smooth"]["roundness"] * span / 2 >= between / 2  # the curve's peak clears the widest box
+
+
+def test_a_folded_png_holds_the_whole_graph_at_a_readable_scale():
+    """Past PNG_COLUMN_LAYERS a PNG folds its layers into columns. Folded to PNG_SIZE's shape, gpt2-tiny with 5 layers
+    (230 nodes, 5 columns ~5,000 px wide) fitted only below MIN_FIT_SCALE, so the picture showed its top-left part;
+    now the columns are as few as fit the graph's pane at PNG_COLUMN_SCALE, and the page as tall as they need."""
+    import json
+    import re
+
+    from graphviz_core.capture.engine import capture_backward
+    from graphviz_core.config import config_from_preset
+    from graphviz_core.export.formats import MIN_FIT_SCALE, PNG_SIZE
+    from graphviz_core.export.render import (
+        FIT_MARGIN,
+        ONE_COLUMN,
+        PNG_COLUMN_LAYERS,
+        PNG_GRAPH_WIDTH,
+        node_widths,
+        png_page,
+    )
+    from graphviz_core.graph.layout import layered_layout
+
+    graph = capture_backward(config_from_preset("gpt2-tiny", device="meta", layers=5)).graph
+    html, height = png_page(graph)
+    data = json.loads(re.search(r'id="graph-data" type="application/json">(.*?)</script>', html, re.S).group(1))
+    widths = node_widths(graph)
+    xs = [(n["x"] - widths[n["id"]] / 2, n["x"] + widths[n["id"]] / 2) for n in data["nodes"]]
+    ys = [n["y"] for n in data["nodes"]]
+    width, depth = max(r for _, r in xs) - min(left for left, _ in xs), max(ys) - min(ys) + 60
+    one_column = layered_layout(graph, aspect=ONE_COLUMN, widths=widths)
+    assert len(one_column.layers) > PNG_COLUMN_LAYERS  # too deep for one column: the folded picture
+    # the scale at which the whole drawing fits the photographed pane (vis-network's fit: FIT_MARGIN of room)
+    fit = min(PNG_GRAPH_WIDTH / (width * FIT_MARGIN), height / (depth * FIT_MARGIN))
+    assert fit >= MIN_FIT_SCALE, (fit, width, depth, height)  # before: 0.24 at 1600 x 1000
+    assert height > PNG_SIZE[1]

@@ -492,13 +492,35 @@ PNG_COLUMN_SCALE = 0.5  # the scale the column's picture is made tall enough for
 FIT_MARGIN = 1.12  # vis-network's fit leaves about this much room around the drawing
 
 
+PNG_GRAPH_WIDTH = PNG_SIZE[0] - 330  # CSS px of a PNG's graph pane: the page's width less the side panel (300 + margins)
+PNG_MAX_HEIGHT = 8000  # CSS px: formats.png_problem's limit
+
+
 def png_page(graph: nx.DiGraph, **drawing) -> tuple[str, int]:
     """The page a PNG of `graph` photographs (render_html with `drawing`), and its height in CSS px: one column of
     layers top to bottom as tall as it must be to read at PNG_COLUMN_SCALE (at least PNG_SIZE's height), or, past
-    PNG_COLUMN_LAYERS, folded into columns at PNG_SIZE."""
-    layers = len(layered_layout(graph, aspect=ONE_COLUMN, widths=node_widths(graph)).layers)
-    if layers > PNG_COLUMN_LAYERS:
-        return render_html(graph, **drawing, height_px=PNG_SIZE[1]), PNG_SIZE[1]
-    # the column's height: a layer every LAYER_GAP, plus the first and last rows' boxes and their labels (~60 px)
-    height = max(PNG_SIZE[1], math.ceil(((layers - 1) * LAYER_GAP + 60) * FIT_MARGIN * PNG_COLUMN_SCALE))
-    return render_html(graph, **drawing, height_px=height, aspect=ONE_COLUMN), height
+    PNG_COLUMN_LAYERS, folded into as few columns as fit the pane's width at that scale, as tall as they must be.
+
+    Folded at PNG_SIZE's own shape instead, gpt2-tiny with 5 layers (230 nodes) made five columns that fitted only at
+    a scale below MIN_FIT_SCALE: the picture showed their top-left part, at the minimum scale."""
+    widths = node_widths(graph)
+    layers = len(layered_layout(graph, aspect=ONE_COLUMN, widths=widths).layers)
+    if layers <= PNG_COLUMN_LAYERS:
+        # the column's height: a layer every LAYER_GAP, plus the first and last rows' boxes and their labels (~60 px)
+        height = max(PNG_SIZE[1], math.ceil(((layers - 1) * LAYER_GAP + 60) * FIT_MARGIN * PNG_COLUMN_SCALE))
+        return render_html(graph, **drawing, height_px=height, aspect=ONE_COLUMN), height
+    aspect = PNG_SIZE[0] / PNG_SIZE[1]
+    for _ in range(16):  # fewer, taller columns until they fit the pane's width at PNG_COLUMN_SCALE
+        width, depth = _extent(layered_layout(graph, aspect=aspect, widths=widths), widths)
+        if width * FIT_MARGIN * PNG_COLUMN_SCALE <= PNG_GRAPH_WIDTH:
+            break
+        aspect /= 1.4
+    height = min(PNG_MAX_HEIGHT, max(PNG_SIZE[1], math.ceil((depth + 60) * FIT_MARGIN * PNG_COLUMN_SCALE)))
+    return render_html(graph, **drawing, height_px=height, aspect=aspect), height
+
+
+def _extent(layout: Layout, widths: dict[str, float]) -> tuple[float, float]:
+    """Width and height in canvas px of a layout's drawing (boxes included, labels' rows not)."""
+    xs = [(x - widths[n] / 2, x + widths[n] / 2) for n, (x, _) in layout.positions.items()]
+    ys = [y for _, y in layout.positions.values()]
+    return max(r for _, r in xs) - min(left for left, _ in xs), max(ys) - min(ys)
