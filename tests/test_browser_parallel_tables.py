@@ -55,3 +55,19 @@ def test_the_stage_table_and_the_collectives_fit_at_a_laptops_width(page, stream
     for number in numbers.all():
         assert number.evaluate(LINES) == 1, number.inner_text()
     both_sizes(page, tmp_path / "collectives", full_page=True)
+
+
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
+def test_the_step_on_screen_is_the_configs_autocast_and_optimizer(page, streamlit_url, tmp_path):
+    """Issue 33 items 1 and 2 on the page: the walkthrough's llama under bfloat16 autocast with SGD says so, and SGD's
+    optimizer state per rank is 0 B (it was AdamW's, under an AdamW caption)."""
+    page.goto(f"{streamlit_url}/parallel?preset=llama-tiny&layers=3&hidden=96&kv_heads=2&intermediate=128&batch=3"
+              "&seq=48&autocast=bfloat16&optimizer=sgd")
+    page.get_by_text("Rank 0 next to one device").wait_for(timeout=180_000)
+    main = page.locator('[data-testid="stMain"]')
+    main.get_by_text("One SGD step in steady state").wait_for(timeout=10_000)
+    main.get_by_text("Forward and loss under torch.autocast(bfloat16) on every rank").first.wait_for(timeout=10_000)
+    assert "AdamW" not in main.inner_text()
+    metric = main.locator('[data-testid="stMetric"]').filter(has_text="Optimizer state per rank")
+    assert metric.locator('[data-testid="stMetricValue"]').inner_text() == "0 B"
+    both_sizes(page, tmp_path / "autocast-sgd", full_page=True)

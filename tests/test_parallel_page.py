@@ -184,3 +184,15 @@ def test_refusals_come_one_at_a_time_name_what_is_shown_and_leave_the_link():
     _simulate(at, strategy="ddp", world_size=2, pp=1, microbatches=1)  # a layout that runs: the link follows it
     assert not at.error
     assert at.query_params["strategy"] == "ddp" and at.query_params["world_size"] == "2"
+
+
+def test_sgd_shows_no_optimizer_state_on_one_device_either():
+    """SGD keeps no state: 0 B on rank 0 and 0 B on one device (the one-device cell read "—", as if not simulated)."""
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.query_params.update({"preset": "gpt2-tiny", "optimizer": "sgd"})
+    at.run()
+    assert not at.exception
+    beside = next(d.value for d in at.dataframe if "One device" in d.value.columns)
+    row = beside[beside[""] == "Optimizer state"].iloc[0]
+    assert (row["Rank 0 (as torch laid it out)"], row["Closed form"], row["One device"]) == ("0 B", "0 B", "0 B")
+    assert any("One SGD step in steady state" in c.value for c in at.caption)

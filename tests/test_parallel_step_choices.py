@@ -130,3 +130,12 @@ def test_one_device_reads_the_same_in_the_simulation_and_the_capture(tmp_path, f
     for phase in per_rank["phases"].values():  # the parts sum to the peak; the buffers are held beside it
         assert sum(v for k, v in phase.items() if k not in ("peak_bytes", "buffers_bytes")) == phase["peak_bytes"]
         assert phase["buffers_bytes"] == per_rank["buffer_bytes"]
+
+
+def test_torch_compile_is_refused_with_a_sentence_not_shown_as_an_eager_step(capsys):
+    """The simulation runs eager steps: a compiled config's per-rank figures would be the eager ones under a compiled
+    label, so the CLI refuses it before the capture runs (exit 2, one sentence)."""
+    assert main(["graph", *LLAMA_FLAGS, "--compile", "--strategy", "fsdp", "--world-size", "2"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "graphviz-core: the ranks are simulated running the step eagerly (torch.compile is not simulated over the fake "
+        "process group); turn torch.compile off to see what each rank holds.")

@@ -177,6 +177,9 @@ class ParallelConfig:
 
 def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
     """Refuse, with one sentence, a layout this model cannot take."""
+    if getattr(config, "compile", False):
+        raise ValueError("the ranks are simulated running the step eagerly (torch.compile is not simulated over the "
+                         "fake process group); turn torch.compile off to see what each rank holds.")
     if parallel.pp > 1:
         _check_pipeline(config, parallel)
     if parallel.cp > 1 or parallel.sequence_parallel:

@@ -938,9 +938,9 @@ def step_notes(optimizer: str, autocast: str, updated: bool = True) -> tuple[str
     """What a simulated step did differently from a real one, in sentences (PerRank.notes)."""
     notes = []
     if autocast != "none":
-        notes.append(f"Every rank ran its forward and loss under torch.autocast({autocast}) with CPU autocast's lists "
-                     "of ops to cast (the simulation's tensors are CPU tensors), as the single-device capture does on "
-                     "this machine; CUDA's lists differ for a few ops.")
+        notes.append(f"torch.autocast({autocast}) cast by CPU autocast's lists of ops (the simulation's tensors are "
+                     "CPU tensors), as the single-device capture does on a CPU machine; CUDA's lists differ for a few "
+                     "ops.")
     if autocast == "float16":
         notes.append("float16: the loss was scaled by a GradScaler before backward; its unscale and finite check (a "
                      "value read) were not run, they divide the gradients in place and add one flag.")

@@ -326,7 +326,7 @@ def show_per_rank(result: PerRank) -> None:
         (cols[2], "Optimizer state per rank", result.optimizer_bytes, alone and alone.optimizer_bytes),
         (cols[3], "Peak memory per rank", result.peak_bytes, alone and alone.peak_bytes),
     ):
-        col.metric(label, format_bytes(value), help=f"One device: {format_bytes(single)}" if single else None)
+        col.metric(label, format_bytes(value), help=f"One device: {format_bytes(single)}" if alone else None)
 
     st.subheader("Rank 0 next to one device and the closed form")
     expected = result.expected
@@ -346,7 +346,7 @@ def show_per_rank(result: PerRank) -> None:
                     "Rank 0 (as torch laid it out)": format_bytes(measured),
                     "Closed form": format_bytes(closed) if closed is not None else "—",
                     "Difference (padding)": format_bytes(measured - closed) if closed is not None else "—",
-                    "One device": format_bytes(single) if single else "—",
+                    "One device": format_bytes(single) if alone else "—",  # SGD's state on one device: 0 B
                 }
                 for name, measured, closed, single in rows
             ]
