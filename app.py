@@ -34,6 +34,7 @@ navigation = st.navigation(
         st.Page("pages/compare.py", title="Compare two configs"),
         st.Page("pages/toy_expressions.py", title="Toy expressions"),
         st.Page("pages/parallel.py", title="Beyond one GPU"),
+        st.Page("pages/recordings.py", title="Recordings"),
     ]
 )
 navigation.run()

@@ -1,0 +1,359 @@
+"""The Recordings page: a recorded training loop (graph/recording.py) opened in the app (docs/recording.md).
+
+What it shows: the loss over steps; heatmaps of the gradient norm and of the update/weight ratio per layer over steps
+(log colour scale; NaN, +inf and zero each in a colour of their own, never dropped); a step's autograd graph drawn by
+the explorer's renderer with every node coloured by that step's recorded figures (nodes with a NaN or inf gradient
+ringed); two steps side by side, layer by layer.
+
+Where recordings come from:
+- On a team server (GRAPHVIZ_CORE_RECORDINGS names a folder; docs/team-server.md) the page lists the recordings in that
+  folder and opens nothing else: a name is taken only from the listing, and a recording holding a symlink, or one whose
+  real path is outside the folder, is refused.
+- Otherwise (a person's own machine) also a folder's path typed in, or a recording uploaded as a .zip of its folder
+  (at most MAX_UPLOAD_BYTES, unpacked at most MAX_UNPACKED_BYTES).
+A recording the reader cannot read is one sentence on the page (RecordingError), never a traceback.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from graphviz_core.export.render import METRICS, node_details, render_html
+from graphviz_core.graph.recording import MANIFEST, Recording, RecordingError, open_recording
+from graphviz_core.ui.charts import show_chart
+from graphviz_core.ui.format import escape_markdown
+from graphviz_core.ui.vis_script import vis_src
+from graphviz_core.units import format_bytes
+
+RECORDINGS_ENV = "GRAPHVIZ_CORE_RECORDINGS"
+MAX_UPLOAD_BYTES = 200 * 2**20
+MAX_UNPACKED_BYTES = 1024 * 2**20
+MAX_ENTRIES = 20_000  # files and folders walked in one recording (gpt2-small's 100 steps: ~10)
+MAX_LISTED = 500
+SPECIAL = {"NaN": "#e6007e", "+inf": "#000000", "zero": "#b0b0b0"}  # the heatmaps' colours outside the log scale
+GRAPH_METRICS = ("grad_norm", "time_s")
+HEATMAP_MARGIN_PX = 130  # the step axis, its title and the legend of colours off the scale, below the rows
+
+
+# ---- where a recording comes from ---------------------------------------------------------------------------------
+def configured_folder() -> Path | None:
+    value = os.environ.get(RECORDINGS_ENV, "").strip()
+    return Path(value) if value else None
+
+
+def listed_recordings(root: Path) -> list[str]:
+    """The recordings in `root`: its sub-folders (not symlinks) that hold a manifest, by name, at most MAX_LISTED."""
+    names = []
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False) and os.path.isfile(os.path.join(entry.path, MANIFEST)):
+                names.append(entry.name)
+    return sorted(names)[:MAX_LISTED]
+
+
+def contained(folder: Path, root: Path | None = None) -> Path:
+    """`folder`, checked: no symlink anywhere in it, at most MAX_ENTRIES entries, and (with `root`) its real path
+    inside `root`'s. RecordingError with one sentence otherwise."""
+    if folder.is_symlink():
+        raise RecordingError(f"{folder.name} is a symlink; only recordings stored in the folder itself are opened.")
+    real = Path(os.path.realpath(folder))
+    if root is not None and Path(os.path.realpath(root)) not in real.parents:
+        raise RecordingError(f"{folder.name} is outside the recordings folder; it is not opened.")
+    seen = 0
+    for path, dirs, files in os.walk(real, followlinks=False):
+        for name in dirs + files:
+            seen += 1
+            if seen > MAX_ENTRIES:
+                raise RecordingError(f"{folder.name} holds more than {MAX_ENTRIES:,} files; it is not a recording.")
+            if os.path.islink(os.path.join(path, name)):
+                raise RecordingError(f"{folder.name} holds a symlink ({name}); a recording never does, so it is not "
+                                     f"opened.")
+    return real
+
+
+def unpack(data: bytes, into: Path) -> Path:
+    """A .zip of a recording's folder unpacked into `into`; the folder that holds the manifest. Refused with a
+    sentence: too big, not a zip, a member named with `..` or from `/`, a symlink, more than MAX_ENTRIES members."""
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise RecordingError(f"the file is {format_bytes(len(data))}; uploads are limited to "
+                             f"{format_bytes(MAX_UPLOAD_BYTES)}.")
+    import io
+
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        members = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError):
+        raise RecordingError("the upload is not a .zip file; zip the recording's folder and upload that.") from None
+    if len(members) > MAX_ENTRIES:
+        raise RecordingError(f"the .zip holds {len(members):,} files, more than a recording's {MAX_ENTRIES:,}.")
+    if sum(m.file_size for m in members) > MAX_UNPACKED_BYTES:
+        raise RecordingError(f"the .zip unpacks to more than {format_bytes(MAX_UNPACKED_BYTES)}; it is not opened.")
+    for member in members:
+        parts = Path(member.filename).parts
+        if member.filename.startswith(("/", "\\")) or ".." in parts or (member.external_attr >> 16) & 0o170000 == 0o120000:
+            raise RecordingError(f"the .zip holds {member.filename!r}, a path outside its folder or a symlink; it is "
+                                 f"not opened.")
+    try:
+        archive.extractall(into)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        raise RecordingError("the .zip is damaged; it could not be unpacked.") from None
+    found = sorted(p.parent for p in into.rglob(MANIFEST))
+    if not found:
+        raise RecordingError(f"the .zip holds no {MANIFEST}: it is not a recording's folder.")
+    return found[0]
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _opened(path: str, signature: tuple) -> Recording:
+    return open_recording(path)
+
+
+def _signature(folder: Path) -> tuple:
+    """What changes as a recording grows (a run still writing): each rank's streams' sizes."""
+    out = []
+    for rank in sorted(folder.glob("rank-*"))[:64]:
+        out += [(rank.name, f.name, f.stat().st_size) for f in sorted(rank.iterdir())[:8] if f.is_file()]
+    return tuple(out)
+
+
+def pick_recording() -> Recording | None:
+    """The recording the visitor chose, opened; None (with a sentence where something went wrong) otherwise."""
+    root = configured_folder()
+    try:
+        folder = _served(root) if root is not None else _local()
+        if folder is None:
+            return None
+        return _opened(str(folder), _signature(folder))
+    except RecordingError as exc:
+        st.error(escape_markdown(said(exc)))
+    except OSError as exc:
+        st.error(escape_markdown(said(f"the recording could not be read: {exc.strerror or exc}.")))
+    return None
+
+
+def said(message: object) -> str:
+    """A refusal as the browser may see it: on a team server, every path under the recordings folder (or an upload's
+    temporary folder) cut to its part below that folder; the server's own paths never reach a browser."""
+    text = str(message)
+    prefixes = [str(p) for p in (configured_folder(), st.session_state.get("rec.unpacked", (None, None))[1]) if p]
+    for prefix in sorted({q for p in prefixes for q in (p, os.path.realpath(p))}, key=len, reverse=True):
+        text = text.replace(prefix.rstrip("/") + "/", "").replace(prefix, "(the folder)")
+    return text
+
+
+def _served(root: Path) -> Path | None:
+    if not root.is_dir():
+        st.error(escape_markdown(f"The recordings folder this server was given ({RECORDINGS_ENV}) does not exist."))
+        return None
+    names = listed_recordings(root)
+    if not names:
+        st.info("No recording in this server's recordings folder yet.")
+        return None
+    st.caption("Recordings in this server's recordings folder (docs/team-server.md); nothing outside it is opened.")
+    name = st.selectbox("Recording", names, key="rec.name")
+    if name not in names:  # a stale choice from another session's list
+        return None
+    return contained(root / name, root)
+
+
+def _local() -> Path | None:
+    typed = st.text_input("Recording folder on this machine", key="rec.path",
+                          placeholder="e.g. runs/exp1 (the folder graphviz_core.record wrote)")
+    upload = st.file_uploader(f"or upload a recording's folder as a .zip (at most {format_bytes(MAX_UPLOAD_BYTES)})",
+                              type=["zip"], key="rec.upload", max_upload_size=MAX_UPLOAD_BYTES // 2**20)
+    if upload is not None:
+        kept = st.session_state.get("rec.unpacked")
+        if kept is None or kept[0] != upload.file_id:  # unpacked once per upload, not on every rerun
+            into = Path(tempfile.mkdtemp(prefix="graphviz-core-upload-"))
+            st.session_state["rec.unpacked"] = kept = (upload.file_id, contained(unpack(upload.getvalue(), into), into))
+        return kept[1]
+    if typed.strip():
+        folder = Path(typed.strip()).expanduser()
+        if not folder.is_dir():
+            raise RecordingError(f"{typed.strip()} is not a folder on this machine.")
+        return folder
+    st.info("Type the folder of a recording, or upload one. To record your own loop: docs/recording.md.")
+    return None
+
+
+# ---- figures per layer ------------------------------------------------------------------------------------------------
+def layer_of(name: str) -> str:
+    """A parameter's layer: its module path up to the first number (`transformer.h.3.attn.c_attn.weight` ->
+    `transformer.h.3`), else its module (`transformer.wte.weight` -> `transformer.wte`); `(model)` for a bare name."""
+    parts = name.split(".")[:-1]
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return ".".join(parts) or "(model)"
+
+
+def _root_sum_squares(values: list[float | None]) -> float | None:
+    if not values or any(v is None for v in values):
+        return None
+    return math.sqrt(sum(v * v for v in values))
+
+
+def kind_of(value: float | None) -> str | None:
+    """Where a value goes in a heatmap: "finite" (the log scale), "NaN", "+inf", "zero"; None: no value."""
+    if value is None:
+        return None
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+inf"
+    return "zero" if value == 0 else "finite"
+
+
+def layer_table(steps: list, figure: str) -> pd.DataFrame:
+    """One row per (step, layer): the layer's `figure`, "grad_norm" (the L2 of its parameters' gradient norms: the
+    norm of the layer's whole gradient) or "update_ratio" (its update's norm over its weights' norm), with its kind."""
+    rows, order = [], {}
+    for step in steps:
+        groups: dict[str, list] = {}
+        for name, p in step.parameters.items():
+            order.setdefault(layer_of(name), len(order))
+            groups.setdefault(layer_of(name), []).append(p)
+        for layer, params in groups.items():
+            if figure == "grad_norm":
+                value = _root_sum_squares([p.grad_norm for p in params])
+            else:
+                update = _root_sum_squares([p.update_norm for p in params])
+                weight = _root_sum_squares([p.weight_norm for p in params])
+                value = None if update is None or not weight else update / weight
+            kind = kind_of(value)
+            if kind is not None:
+                rows.append({"step": step.step, "layer": layer, "kind": kind, "order": order[layer],
+                             "value": value if kind == "finite" else None,
+                             "shown": f"{value:.4g}" if kind == "finite" else kind})
+    return pd.DataFrame(rows, columns=["step", "layer", "kind", "order", "value", "shown"])
+
+
+def heatmap(table: pd.DataFrame, title: str) -> alt.LayerChart:
+    """Layers down, steps across; finite values on a log colour scale, NaN / +inf / zero in their own colours."""
+    layers = list(table.sort_values("order")["layer"].drop_duplicates())
+    height = max(120, min(18 * len(layers), 720))
+    base = alt.Chart(table).encode(
+        x=alt.X("step:O", title="optimizer step", axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("layer:N", sort=layers, title=None),
+        tooltip=[alt.Tooltip("layer:N"), alt.Tooltip("step:O"), alt.Tooltip("shown:N", title=title)])
+    finite = base.transform_filter(alt.datum.kind == "finite").mark_rect().encode(
+        color=alt.Color("value:Q", scale=alt.Scale(type="log", scheme="viridis"), title=[title, "(log scale)"]))
+    special = base.transform_filter(alt.datum.kind != "finite").mark_rect().encode(
+        color=alt.Color("kind:N", scale=alt.Scale(domain=list(SPECIAL), range=list(SPECIAL.values())),
+                        title="not on the scale", legend=alt.Legend(orient="bottom")))
+    return alt.layer(finite, special).resolve_scale(color="independent").properties(height=height)
+
+
+def loss_chart(steps: list) -> alt.LayerChart:
+    """The loss, its line broken where a step has no finite loss; such a step marked by a red rule."""
+    rows, segment = [], 0
+    for s in steps:
+        if s.loss is None:
+            segment += 1
+        rows.append({"step": s.step, "loss": s.loss, "segment": segment,
+                     "why": "skipped by the GradScaler" if s.skipped else "no finite loss"})
+    frame = pd.DataFrame(rows, columns=["step", "loss", "segment", "why"])
+    x = alt.X("step:Q", title="optimizer step", axis=alt.Axis(tickMinStep=1))
+    line = alt.Chart(frame).transform_filter("isValid(datum.loss)").mark_line(point=True).encode(
+        x=x, y=alt.Y("loss:Q", title="loss"), detail="segment:N",
+        tooltip=["step", alt.Tooltip("loss:Q", format=".4g")])
+    gaps = alt.Chart(frame).transform_filter("!isValid(datum.loss)").mark_rule(color=SPECIAL["NaN"], strokeDash=[4, 3]
+                                                                              ).encode(x=x, tooltip=["step", "why"])
+    return alt.layer(line, gaps).properties(height=220)
+
+
+# ---- the page -----------------------------------------------------------------------------------------------------------
+def show_recording(recording: Recording) -> None:
+    """Everything the page shows of one recording; a figure the reader refuses is one sentence."""
+    try:
+        _show(recording)
+    except RecordingError as exc:
+        st.error(escape_markdown(said(exc)))
+
+
+def _show(recording: Recording) -> None:
+    rank = 0 if len(recording.ranks) == 1 else st.selectbox("Rank", recording.ranks, key="rec.rank")
+    steps = recording.steps(rank)
+    recording.node_figures(rank)  # the per-node figures agree with the steps, or one sentence now
+    state = "complete" if recording.complete else "incomplete: the run stopped before the recorder closed"
+    st.caption(escape_markdown(f"{len(steps)} steps · rank {rank} of {len(recording.ranks)} · {state} · torch "
+                               f"{recording.manifest.get('torch', '?')}"))
+    if not steps:
+        st.info("This recording holds no complete step yet.")
+        return
+    st.subheader("Loss over steps")
+    show_chart(loss_chart(steps))
+    missing = [s for s in steps if s.loss is None]
+    if missing:
+        st.caption(escape_markdown("No finite loss at step " + ", ".join(
+            f"{s.step}{' (the GradScaler skipped it)' if s.skipped else ''}" for s in missing) + " (the pink dashed "
+            "line)."))
+    st.subheader("Gradient norm per layer")
+    st.caption("The L2 norm of each layer's whole gradient as the optimizer stepped with it (unscaled under a "
+               "GradScaler). NaN, +inf and zero are drawn in their own colours.")
+    _show_heatmap(heatmap(layer_table(steps, "grad_norm"), "gradient norm"))
+    st.subheader("Update / weight ratio per layer")
+    st.caption("How far each optimizer step moved a layer's weights: the norm of the change over the norm of the "
+               "weights before it. Empty where a step had no update (closed by hand) or the weights were all zero.")
+    _show_heatmap(heatmap(layer_table(steps, "update_ratio"), "update / weight"))
+    _step_graph(recording, steps, rank)
+    _two_steps(steps)
+
+
+def _show_heatmap(chart: alt.LayerChart) -> None:
+    """At its own height plus its axis and the legend below it (show_chart's 80 px left the rows ~9 px tall)."""
+    st.altair_chart(chart, width="stretch", height=chart.height + HEATMAP_MARGIN_PX)
+
+
+def _step_graph(recording: Recording, steps: list, rank: int) -> None:
+    st.subheader("One step's autograd graph")
+    row = st.columns([2, 1, 1])
+    step = row[0].select_slider("Step", [s.step for s in steps], key="rec.step")
+    record = next(s for s in steps if s.step == step)
+    if not record.backward_graphs:
+        st.info(f"Step {step} recorded no per-node figures (recorded with parameters only).")
+        return
+    backward = row[1].selectbox("Backward (micro-batch)", range(len(record.backward_graphs)), key="rec.backward")
+    colour = row[2].selectbox("Colour by", GRAPH_METRICS, key="rec.colour", format_func=METRICS.get)
+    graph = recording.step_graph(step, rank, backward)
+    broken = set()
+    for node, data in graph.nodes(data=True):
+        if data.get("nonfinite"):
+            broken.add(node)
+        data["details"] = node_details(node, data) + [
+            ["max |value| of its gradient", "n/a" if data.get("max_abs") is None else f"{data['max_abs']:.4g}"],
+            ["NaN or inf values in its gradient", "n/a" if data.get("nonfinite") is None else f"{data['nonfinite']:,}"]]
+    note = f"{graph.number_of_nodes():,} nodes; colour: {METRICS[colour]} at step {step}, white = least, dark red = most"
+    if broken:
+        note += f"; {len(broken):,} nodes with a NaN or inf gradient ringed in pink (grey: no finite value)"
+    st.caption(escape_markdown(note))
+    html = render_html(graph, title=f"step {step}, backward {backward}", subtitle=f"recorded rank {rank}",
+                       colour_by=colour, highlight=frozenset(broken), highlight_is_search=False, vis_src=vis_src())
+    st.iframe(html, height=790)
+
+
+def _two_steps(steps: list) -> None:
+    if len(steps) < 2:
+        return
+    st.subheader("Two steps side by side")
+    row = st.columns(2)
+    numbers = [s.step for s in steps]
+    a = row[0].selectbox("Step A", numbers, index=0, key="rec.a")
+    b = row[1].selectbox("Step B", numbers, index=len(numbers) - 1, key="rec.b")
+    table = {}
+    for label, number in (("A", a), ("B", b)):
+        chosen = [s for s in steps if s.step == number]
+        for figure, title in (("grad_norm", "gradient norm"), ("update_ratio", "update / weight")):
+            for _, r in layer_table(chosen, figure).iterrows():
+                table.setdefault(r["layer"], {})[f"{title}, step {number} ({label})"] = r["shown"]
+    frame = pd.DataFrame.from_dict(table, orient="index").fillna("n/a")
+    frame.index.name = "layer"
+    st.dataframe(frame, width="stretch")

@@ -1,0 +1,58 @@
+"""The three real loops the recorder's tests record (tests/test_record.py), written as functions that record into a
+folder: for the Recordings page's tests, which open them."""
+
+import torch
+
+import graphviz_core
+
+
+def mlp_sgd(path, steps: int = 6) -> None:
+    """An MLP with plain SGD."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with graphviz_core.record(path, model=model):
+        for _ in range(steps):
+            torch.nn.functional.cross_entropy(model(torch.randn(6, 8)), torch.randint(0, 3, (6,))).backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def gpt2_adamw_accumulation(path, steps: int = 3, accumulation: int = 4) -> None:
+    """A transformers GPT-2 (random weights, config typed here) with AdamW and 4-step gradient accumulation."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=97, n_positions=24, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(1)
+    model = GPT2LMHeadModel(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    with graphviz_core.record(path, model=model):
+        for _ in range(steps):
+            for _ in range(accumulation):
+                ids = torch.randint(0, 97, (2, 12))
+                (model(ids, labels=ids).loss / accumulation).backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def float16_grad_scaler(path, steps: int = 5, overflow_at: int = 2) -> None:
+    """float16 autocast with a GradScaler; step `overflow_at`'s loss is made infinite, so the scaler skips it and its
+    gradient norms are not finite."""
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+    with graphviz_core.record(path, model=model):
+        for step in range(steps):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(5, 8)).float().pow(2).mean()
+            if step == overflow_at:
+                loss = loss * float("inf")
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+
+
+LOOPS = {"mlp-sgd": mlp_sgd, "gpt2-adamw-accumulation": gpt2_adamw_accumulation, "float16-grad-scaler": float16_grad_scaler}

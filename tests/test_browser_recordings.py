@@ -1,0 +1,84 @@
+"""The Recordings page in headless Chromium, on a server whose recordings folder (GRAPHVIZ_CORE_RECORDINGS) holds the
+three real loops the recorder's tests record (MLP + SGD, GPT-2 + AdamW with 4-step accumulation, float16 autocast +
+GradScaler with a skipped step) and a broken one: each opens with its charts and a step's graph, no page error, no
+request outside the server; the broken one is one sentence. Photographed at 1280x800 and 1920x1080."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from graphviz_core.graph.recording import open_recording
+from graphviz_core.ui.live import graph_frame, serve_app
+from graphviz_core.ui.recordings_view import RECORDINGS_ENV
+from tests.conftest import LAPTOP, both_sizes, choose, idle
+from tests.recorded_loops import LOOPS
+
+pytestmark = pytest.mark.browser
+SHOTS = os.environ.get("GRAPHVIZ_CORE_SHOTS")  # where to keep the screenshots (default: pytest's tmp folder)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("recordings")
+    for name, loop in LOOPS.items():
+        loop(root / name)
+    shutil.copytree(root / "mlp-sgd", root / "truncated")
+    (root / "truncated" / "graphs").rename(root / "truncated" / "gone")  # its graph files missing
+    with serve_app({"GRAPHVIZ_CORE_DEVICE": "cpu", RECORDINGS_ENV: str(root)},
+                   log=tmp_path_factory.mktemp("app") / "server.log") as url:
+        yield url, root
+
+
+def _open(page, url: str, name: str) -> None:
+    outside = []
+    page.on("request", lambda r: outside.append(r.url) if not r.url.startswith((url, "data:", "about:", "blob:"))
+            else None)
+    page.goto(f"{url}/recordings")
+    box = page.get_by_role("combobox", name="Recording")
+    box.wait_for(timeout=60_000)
+    choose(page, box, name)
+    idle(page, settle_ms=1000)
+    page.outside = outside
+
+
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
+@pytest.mark.parametrize("name", list(LOOPS))
+def test_each_real_loop_opens_in_the_page(page, server, name, tmp_path):
+    url, root = server
+    _open(page, url, name)
+    recording = open_recording(root / name)
+    first = recording.step_graph(recording.steps()[0].step)
+    frame = graph_frame(page, first.number_of_nodes(), timeout_s=90)  # step 0's graph, every node drawn
+    charts = page.locator('[data-testid="stVegaLiteChart"]')
+    charts.nth(2).wait_for(timeout=30_000)
+    assert charts.count() == 3  # the loss, the gradient-norm heatmap, the update-ratio heatmap
+    assert page.locator('[data-testid="stException"]').count() == 0
+    assert page.locator('[data-testid="stAlert"]').filter(has_text="cannot").count() == 0
+    text = page.locator('[data-testid="stMain"]').inner_text()
+    assert f"{len(recording.steps())} steps" in text
+    if name == "float16-grad-scaler":
+        assert "No finite loss at step 2 (the GradScaler skipped it)" in text
+    # the colours the nodes are drawn in: the recorded gradient norms' scale, not the categories'
+    fills = frame.evaluate("window.network.body.data.nodes.get().map(n => n.color.background)")
+    assert len(set(fills)) > 2
+    shots = os.path.join(SHOTS or str(tmp_path), f"recordings-{name}")
+    both_sizes(page, shots)
+    charts.nth(1).scroll_into_view_if_needed()
+    both_sizes(page, f"{shots}-heatmaps")
+    page.locator("iframe").last.scroll_into_view_if_needed()
+    both_sizes(page, f"{shots}-graph")
+    assert not page.outside, page.outside
+
+
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
+def test_a_broken_recording_is_one_sentence(page, server):
+    url, _ = server
+    _open(page, url, "truncated")
+    alerts = page.locator('[data-testid="stAlert"]')
+    alerts.first.wait_for(timeout=30_000)
+    assert alerts.count() == 1 and page.locator('[data-testid="stException"]').count() == 0
+    assert "missing" in alerts.first.inner_text()
+    json.dumps(page.outside)
+    assert not page.outside

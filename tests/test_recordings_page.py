@@ -1,0 +1,124 @@
+"""The Recordings page (pages/recordings.py, ui/recordings_view.py) without a browser: its figures per layer (NaN and
+inf kept), the served folder's confinement (no `..`, no symlink out), the upload's limits, and the page under AppTest
+with a served folder holding real recordings and a broken one."""
+
+import io
+import json
+import math
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from graphviz_core.graph.recording import RecordingError, open_recording
+from graphviz_core.ui.recordings_view import (
+    RECORDINGS_ENV,
+    contained,
+    layer_of,
+    layer_table,
+    listed_recordings,
+    unpack,
+)
+from tests.conftest import plain
+from tests.recorded_loops import float16_grad_scaler, mlp_sgd
+
+PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "recordings.py")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    mlp_sgd(root / "mlp-sgd", steps=3)
+    float16_grad_scaler(root / "float16-grad-scaler")
+    broken = root / "wrong-version"
+    shutil.copytree(root / "mlp-sgd", broken)
+    manifest = json.loads((broken / "manifest.json").read_text())
+    (broken / "manifest.json").write_text(json.dumps({**manifest, "format_version": 99}))
+    return root
+
+
+def test_layers_and_their_figures_keep_nan_and_inf(served):
+    assert layer_of("transformer.h.3.attn.c_attn.weight") == "transformer.h.3"
+    assert layer_of("transformer.wte.weight") == "transformer.wte"
+    assert layer_of("0.bias") == "0" and layer_of("weight") == "(model)"
+    steps = open_recording(served / "float16-grad-scaler").steps()
+    table = layer_table(steps, "grad_norm")
+    # two Linear layers ("0", "2") at each of 5 steps: 10 cells, none dropped
+    assert len(table) == 10
+    first = steps[0].parameters
+    # a layer's gradient norm is its whole gradient's: the root of its parameters' squared norms
+    expected = math.sqrt(first["0.weight"].grad_norm ** 2 + first["0.bias"].grad_norm ** 2)
+    cell = table[(table.step == 0) & (table.layer == "0")].iloc[0]
+    assert cell.kind == "finite" and math.isclose(cell.value, expected, rel_tol=1e-12)
+    skipped = table[table.step == 2]
+    assert len(skipped) == 2 and set(skipped.kind) <= {"NaN", "+inf"}  # the overflow step: drawn, in its own colour
+    ratios = layer_table(steps, "update_ratio")
+    assert set(ratios[ratios.step == 2].kind) == {"zero"}  # the scaler skipped the step: nothing moved
+
+
+def test_the_served_folder_lists_and_opens_only_its_own_recordings(served, tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(served, root)
+    outside = tmp_path / "outside"
+    shutil.copytree(served / "mlp-sgd", outside)
+    os.symlink(outside, root / "link-out")  # a symlink to a recording elsewhere: never listed
+    assert listed_recordings(root) == ["float16-grad-scaler", "mlp-sgd", "wrong-version"]
+    with pytest.raises(RecordingError, match="is a symlink"):
+        contained(root / "link-out", root)
+    with pytest.raises(RecordingError, match="outside the recordings folder"):
+        contained(root / ".." / "outside", root)
+    os.symlink(outside / "manifest.json", root / "mlp-sgd" / "graphs" / "leak.json")  # a symlink inside one
+    with pytest.raises(RecordingError, match="holds a symlink"):
+        contained(root / "mlp-sgd", root)
+    assert contained(root / "float16-grad-scaler", root) == Path(os.path.realpath(root / "float16-grad-scaler"))
+
+
+def _zip(entries: dict) -> bytes:
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w") as archive:
+        for name, body in entries.items():
+            archive.writestr(name, body)
+    return data.getvalue()
+
+
+def test_an_upload_is_unpacked_within_its_limits(served, tmp_path):
+    recording = served / "mlp-sgd"
+    files = {f"run/{p.relative_to(recording)}": p.read_bytes() for p in recording.rglob("*") if p.is_file()}
+    opened = unpack(_zip(files), tmp_path / "a")
+    assert open_recording(opened).steps()[2].step == 2
+    for bad, said in ((_zip({"../evil/manifest.json": "{}"}), "outside its folder"),
+                      (_zip({"/etc/manifest.json": "{}"}), "outside its folder"),
+                      (b"not a zip at all", "not a .zip"),
+                      (_zip({"run/readme.txt": "x"}), "no manifest.json")):
+        with pytest.raises(RecordingError, match=said):
+            unpack(bad, tmp_path / "b")
+    link = zipfile.ZipInfo("run/manifest.json")
+    link.external_attr = (0o120777 << 16)
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w") as archive:
+        archive.writestr(link, "/etc/passwd")
+    with pytest.raises(RecordingError, match="symlink"):
+        unpack(data.getvalue(), tmp_path / "c")
+    assert not (tmp_path / "evil").exists()
+
+
+def test_the_page_under_apptest(served, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv(RECORDINGS_ENV, str(served))
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    assert not at.exception
+    assert at.selectbox(key="rec.name").options == ["float16-grad-scaler", "mlp-sgd", "wrong-version"]
+    at.selectbox(key="rec.name").select("float16-grad-scaler").run()
+    assert not at.exception and not at.error
+    captions = plain(" ".join(c.value for c in at.caption))
+    assert "5 steps" in captions and "No finite loss at step 2 (the GradScaler skipped it)" in captions
+    at.select_slider(key="rec.step").set_value(2).run()
+    assert not at.exception
+    assert "ringed in pink" in plain(" ".join(c.value for c in at.caption))  # the overflow step's non-finite nodes
+    at.selectbox(key="rec.name").select("wrong-version").run()
+    assert not at.exception and len(at.error) == 1
+    assert "format version 99" in plain(at.error[0].value)
+    assert str(served) not in plain(at.error[0].value)  # the server's paths never reach the browser
