@@ -11,6 +11,7 @@ pytestmark = pytest.mark.browser
 PAGES = {
     "compare": "Compare two configs",
     "parallel": "Beyond one GPU",
+    "recordings": "Recordings of your own training loop",
     "toy_expressions": "Backprop, one value at a time",
 }
 
@@ -30,7 +31,7 @@ def test_a_page_opened_by_its_url_requests_nothing_that_fails_and_still_navigate
     page.get_by_role("heading", name="Inside the backward pass").wait_for(timeout=60_000)
     assert urlparse(page.url).path == "/"
     nav.get_by_text({"compare": "Compare two configs", "parallel": "Beyond one GPU",
-                     "toy_expressions": "Toy expressions"}[path]).click()
+                     "recordings": "Recordings", "toy_expressions": "Toy expressions"}[path]).click()
     page.get_by_role("heading", name=PAGES[path]).wait_for(timeout=60_000)
     assert urlparse(page.url).path == f"/{path}"
     assert failed == [], failed
