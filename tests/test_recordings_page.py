@@ -122,3 +122,18 @@ def test_the_page_under_apptest(served, monkeypatch):
     assert not at.exception and len(at.error) == 1
     assert "format version 99" in plain(at.error[0].value)
     assert str(served) not in plain(at.error[0].value)  # the server's paths never reach the browser
+
+
+def test_the_page_on_a_persons_own_machine_opens_a_typed_path(served, monkeypatch, tmp_path):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.delenv(RECORDINGS_ENV, raising=False)
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    assert not at.exception and not at.error
+    at.text_input(key="rec.path").input(str(served / "mlp-sgd")).run()
+    assert not at.exception and not at.error
+    assert "3 steps" in plain(" ".join(c.value for c in at.caption))
+    (tmp_path / "notes.txt").write_text("not a recording")
+    for typed, said in ((str(tmp_path / "notes.txt"), "is not a folder"), (str(tmp_path), "manifest.json is missing")):
+        at.text_input(key="rec.path").input(typed).run()
+        assert not at.exception and len(at.error) == 1 and said in plain(at.error[0].value)
