@@ -137,3 +137,27 @@ def test_the_page_on_a_persons_own_machine_opens_a_typed_path(served, monkeypatc
     for typed, said in ((str(tmp_path / "notes.txt"), "is not a folder"), (str(tmp_path), "manifest.json is missing")):
         at.text_input(key="rec.path").input(typed).run()
         assert not at.exception and len(at.error) == 1 and said in plain(at.error[0].value)
+
+
+def test_every_hostile_recording_is_one_sentence_in_the_page(served, monkeypatch, tmp_path):
+    """The reader's hostile folders (tests/test_recording_file.py: a wrong version, a pickle renamed, a path in a
+    field, a symlinked stream, ...), served and picked in the page: one error each, no traceback, nothing unpickled."""
+    from streamlit.testing.v1 import AppTest
+
+    from tests.test_recording_file import HOSTILE
+
+    root = tmp_path / "hostile"
+    root.mkdir()
+    for kind, spoil in HOSTILE.items():
+        shutil.copytree(served / "mlp-sgd", root / kind.replace(" ", "-"), symlinks=True)
+        spoil(root / kind.replace(" ", "-"))
+    monkeypatch.setenv(RECORDINGS_ENV, str(root))
+    marker = Path("/tmp/graphviz_core_pickle_ran")
+    marker.unlink(missing_ok=True)
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    for kind in sorted(HOSTILE):
+        at.selectbox(key="rec.name").select(kind.replace(" ", "-")).run()
+        assert not at.exception, kind
+        assert len(at.error) == 1, (kind, [e.value for e in at.error])
+        assert "\n" not in at.error[0].value and str(root) not in plain(at.error[0].value), kind
+    assert not marker.exists()
