@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
+import os
 import re
 import signal
 import sys
@@ -70,6 +72,25 @@ class _BadInput(Exception):
     pass
 
 
+def _whole(text: str) -> int:
+    """A whole number written with the digits 0-9 (Python's int() also reads other scripts' digits: '٢' is 2)."""
+    if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", text):
+        raise argparse.ArgumentTypeError(f"takes a whole number written with the digits 0-9, got {text!r}")
+    if len(text.strip()) > 4000:  # int() reads at most 4,300 digits
+        raise argparse.ArgumentTypeError(f"takes a whole number of at most 4,000 digits, got {text.strip()!r}")
+    return int(text)
+
+
+def _decimal(text: str) -> float:
+    """A finite number written with the digits 0-9 (e.g. 989.4 or 1e3); not inf or nan, nor other scripts' digits."""
+    if not re.fullmatch(r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,4})?\s*", text):
+        raise argparse.ArgumentTypeError(f"takes a finite number written with the digits 0-9 (e.g. 989.4), got {text!r}")
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"takes a finite number, got {text!r} (beyond what a float holds)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="graphviz-core", description="See what loss.backward() does to a model.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
@@ -85,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="png: the page's size in CSS pixels, each side 100..8000 (default: 1600 wide and as tall as "
                             "the layers need, at least 1000: up to 48 layers one column, top to bottom, as the app's "
                             "PNG downloads; deeper graphs folded into as few columns as fit 1600 wide, as tall as they need)")
-    graph.add_argument("--png-scale", type=int, default=2, choices=(1, 2, 3, 4),
+    graph.add_argument("--png-scale", type=_whole, default=2, choices=(1, 2, 3, 4),
                        help="png: device pixels per CSS pixel (default 2: a 1600x1000 page gives 3200x2000 pixels)")
     graph.add_argument("-o", "--output", help="file to write (default: stdout)")
 
@@ -119,15 +140,15 @@ def _add_plan_command(commands) -> None:
                     "fitting first, then by estimated tokens/s per GPU. Progress on stderr.",
     )
     _add_config_flags(plan)
-    plan.add_argument("--gpus", type=int, required=True, help="GPUs in all")
+    plan.add_argument("--gpus", type=_whole, required=True, help="GPUs in all")
     plan.add_argument("--gpu-memory", default="80GiB", help="memory per GPU, e.g. 80GiB (H100 80GB, the default), 141GB")
-    plan.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step, all GPUs together")
-    plan.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, joined by NVLink (default 8)")
-    plan.add_argument("--gpu-tflops", type=float, default=H100_FLOPS / 1e12,
+    plan.add_argument("--global-batch", type=_whole, required=True, help="sequences per optimizer step, all GPUs together")
+    plan.add_argument("--gpus-per-node", type=_whole, default=8, help="GPUs per node, joined by NVLink (default 8)")
+    plan.add_argument("--gpu-tflops", type=_decimal, default=H100_FLOPS / 1e12,
                       help=f"dense TFLOP/s per GPU in the model's dtype (default {H100_FLOPS / 1e12:g}: H100 SXM, BF16)")
-    plan.add_argument("--nvlink-gbps", type=float, default=NVLINK_BYTES_PER_S / 1e9,
+    plan.add_argument("--nvlink-gbps", type=_decimal, default=NVLINK_BYTES_PER_S / 1e9,
                       help="GB/s per GPU each way inside a node (default 450: NVLink 4 on H100 SXM)")
-    plan.add_argument("--infiniband-gbps", type=float, default=INFINIBAND_BYTES_PER_S / 1e9,
+    plan.add_argument("--infiniband-gbps", type=_decimal, default=INFINIBAND_BYTES_PER_S / 1e9,
                       help="GB/s per GPU each way between nodes (default 50: one 400 Gb/s NDR NIC per GPU)")
     plan.add_argument("--checkpoints", default="none,selective,full",
                       help=f"checkpointing policies to try, comma-separated, of {', '.join(CHECKPOINTS)} "
@@ -146,33 +167,33 @@ def _add_plan_command(commands) -> None:
     plan.add_argument("--mixed-precision", choices=("none", "bf16", "bf16-fp32-reduce"), default="none",
                       help="FSDP2's policy for every layout (bf16: float32 master shards, bfloat16 compute; needs "
                       "--dtype float32)")
-    plan.add_argument("--jobs", type=int, default=2, help="worker processes simulating at once (default 2)")
+    plan.add_argument("--jobs", type=_whole, default=2, help="worker processes simulating at once (default 2)")
     plan.add_argument("--format", choices=("json", "table"), default="json")
     plan.add_argument("-o", "--output", help="file to write (default: stdout)")
 
 
 def _numbers(flag: str, text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        values = ()
-    if not values or min(values) < 1:
+    """'1,2,2' -> (1, 2): whole numbers >= 1 in the digits 0-9, a repeat collapsed (each layout is planned once)."""
+    items = [v.strip() for v in text.split(",")]
+    if not all(re.fullmatch(r"[0-9]{1,9}", v) for v in items) or min(int(v) for v in items) < 1:
         raise ValueError(f"{flag} takes whole numbers >= 1 separated by commas (e.g. 1,2), not {text!r}.")
-    return values
+    return tuple(dict.fromkeys(int(v) for v in items))
 
 
 def _plan_command(args: argparse.Namespace) -> str:
-    import json
-
-    from graphviz_core.parallel.planner import Cluster, parse_bytes, plan
+    from graphviz_core.parallel.planner import MAX_JOBS, Cluster, parse_bytes, plan, rate_problem
 
     for flag in ("batch", "checkpoint"):
         if getattr(args, flag) is not None:
             raise ValueError(f"the plan chooses the --{flag} itself; drop it (see --global-batch, --microbatch-sizes "
                              "and --checkpoints).")
-    for flag in ("gpu_tflops", "nvlink_gbps", "infiniband_gbps"):
-        if not getattr(args, flag) > 0:
-            raise ValueError(f"--{flag.replace('_', '-')} is a rate above 0, got {getattr(args, flag)!r}.")
+    for flag, field, scale in (("gpu_tflops", "gpu_flops", 1e12), ("nvlink_gbps", "nvlink_bytes_per_s", 1e9),
+                               ("infiniband_gbps", "infiniband_bytes_per_s", 1e9)):
+        if problem := rate_problem(field, getattr(args, flag), f"--{flag.replace('_', '-')}", scale):
+            raise ValueError(problem)
+    if not 1 <= args.jobs <= MAX_JOBS:
+        raise ValueError(f"--jobs takes 1 to {MAX_JOBS} worker processes, got {args.jobs}; the plan starts no more "
+                         "than this machine's cores and the simulations it has to run.")
     config = _config_of(args)
     cluster = Cluster(gpus=args.gpus, gpu_memory_bytes=parse_bytes(args.gpu_memory), gpus_per_node=args.gpus_per_node,
                       gpu_flops=args.gpu_tflops * 1e12, nvlink_bytes_per_s=args.nvlink_gbps * 1e9,
@@ -191,13 +212,13 @@ def _plan_command(args: argparse.Namespace) -> str:
         sys.stderr.flush()
 
     result = plan(config, cluster, args.global_batch, checkpoints, _numbers("--microbatch-sizes", args.microbatch_sizes),
-                  _numbers("--pp-degrees", args.pp_degrees), jobs=max(1, args.jobs), progress=progress,
+                  _numbers("--pp-degrees", args.pp_degrees), jobs=args.jobs, progress=progress,
                   cp_degrees=_numbers("--cp-degrees", args.cp_degrees),
                   tp_degrees=_numbers("--tp-degrees", args.tp_degrees) if args.tp_degrees else None,
                   mixed_precision=args.mixed_precision, cp_with_pp=args.cp_with_pp)
     if args.format == "table":
         return _plan_table(result)
-    return json.dumps({**result.to_dict(), "config": _config_echo(config)}, indent=1)
+    return _json({**result.to_dict(), "config": _config_echo(config)})
 
 
 def _plan_table(result) -> str:
@@ -226,28 +247,31 @@ def _add_memory_command(commands) -> None:
     memory.add_argument("--checkpoints", action="store_true",
                         help="also compare none / full / selective checkpointing (meta captures)")
     budget = memory.add_mutually_exclusive_group()
-    budget.add_argument("--budget-gib", type=float, help="memory budget for will-it-fit, in GiB")
+    budget.add_argument("--budget-gib", type=_decimal, help="memory budget for will-it-fit, in GiB")
     budget.add_argument("--accelerator", choices=[name.split(" (")[0] for name in ACCELERATORS],
                         help="memory budget for will-it-fit: one of these cards (24 GB = RTX 4090, ...)")
     memory.add_argument("-o", "--output", help="file to write (default: stdout)")
 
 
+MIN_BUDGET_GIB, MAX_BUDGET_GIB = 0.01, 1_000_000  # the Memory tab's budget field's range (10 MiB to a million GiB)
+
+
 def _memory_command(args: argparse.Namespace) -> str:
-    import json
 
     from graphviz_core.analysis.memory_report import memory_report
     from graphviz_core.analysis.training_step import ACCELERATORS
 
     budget = None
     if args.budget_gib is not None:
-        if not args.budget_gib > 0:
-            raise ValueError(f"--budget-gib must be positive, got {args.budget_gib}.")
+        if not MIN_BUDGET_GIB <= args.budget_gib <= MAX_BUDGET_GIB:
+            raise ValueError(f"--budget-gib takes a memory budget from {MIN_BUDGET_GIB} to {MAX_BUDGET_GIB:,} GiB, got "
+                             f"{args.budget_gib:g}.")
         budget = int(args.budget_gib * 2**30)
     elif args.accelerator:
         budget = next(v for k, v in ACCELERATORS.items() if k.split(" (")[0] == args.accelerator)
     config = _config_of(args)
     report = memory_report(config, config.optimizer, args.checkpoints, budget)
-    return json.dumps({**report, "config": _config_echo(config)}, indent=1)
+    return _json({**report, "config": _config_echo(config)})
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -257,7 +281,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     for name in TEXT_FLAGS:
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="NAMES", help=FLAG_HELP.get(name))
     for name in INT_FLAGS:
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, help=FLAG_HELP.get(name))
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=_whole, help=FLAG_HELP.get(name))
     parser.add_argument("--tied", action=argparse.BooleanOptionalAction, default=None,
                         help="llama-style families: lm_head shares the token embedding (Llama 3.2 1B does)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -271,22 +295,22 @@ def _add_parallel_flags(parser: argparse.ArgumentParser) -> None:
         "parallelism", "simulate rank 0 of a multi-GPU training step (torch FSDP2 / tensor parallel over a fake "
         "process group); with --format json the output gains `per_rank`")
     group.add_argument("--strategy", choices=STRATEGIES, help="none, ddp, fsdp, hsdp, tp or fsdp+tp")
-    group.add_argument("--world-size", type=int, help="ranks (GPUs) in total")
-    group.add_argument("--tp", type=int, help="tensor-parallel degree (tp: = world size; fsdp+tp: divides it)")
-    group.add_argument("--shard-group", type=int, help="hsdp: ranks that shard one model copy (e.g. 8, one node)")
+    group.add_argument("--world-size", type=_whole, help="ranks (GPUs) in total")
+    group.add_argument("--tp", type=_whole, help="tensor-parallel degree (tp: = world size; fsdp+tp: divides it)")
+    group.add_argument("--shard-group", type=_whole, help="hsdp: ranks that shard one model copy (e.g. 8, one node)")
     group.add_argument("--no-reshard-after-forward", action="store_true",
                        help="FSDP: keep each layer's gathered parameters from forward to backward (fewer all-gathers, "
                             "more memory); the root (embeddings, head) is kept either way, FSDP2's default")
     group.add_argument("--mixed-precision", choices=MIXED_PRECISIONS,
                        help="FSDP2 policy: bf16 (fp32 master shards, bf16 compute and reduce), bf16-fp32-reduce")
-    group.add_argument("--pp", type=int, help="pipeline-parallel ranks: the layers are split into stages "
+    group.add_argument("--pp", type=_whole, help="pipeline-parallel ranks: the layers are split into stages "
                        "(torch.distributed.pipelining); the world size counts them, e.g. fsdp 8 x pp 4 = 32")
-    group.add_argument("--microbatches", type=int,
+    group.add_argument("--microbatches", type=_whole,
                        help="pipeline: microbatches the batch (per data-parallel rank) is split into (default pp x "
                             "stages per rank)")
     group.add_argument("--schedule", choices=SCHEDULES, help="pipeline: gpipe, 1f1b (default) or interleaved-1f1b")
-    group.add_argument("--stages-per-rank", type=int, help="interleaved-1f1b: stages each pipeline rank holds")
-    group.add_argument("--cp", type=int, help="context-parallel ranks: each holds s/cp of every sequence and attention "
+    group.add_argument("--stages-per-rank", type=_whole, help="interleaved-1f1b: stages each pipeline rank holds")
+    group.add_argument("--cp", type=_whole, help="context-parallel ranks: each holds s/cp of every sequence and attention "
                        "runs as torch's ring (context_parallel); with ddp, fsdp or fsdp+tp, whose data-parallel "
                        "group spans data x context ranks; the world size counts them")
     group.add_argument("--sequence-parallel", action="store_true", default=None,
@@ -303,27 +327,47 @@ def _parallel_of(args: argparse.Namespace):
              args.sequence_parallel)
     if all(v is None for v in given) and not args.no_reshard_after_forward:
         return None
-    strategy = args.strategy or ("none" if args.pp else None)  # --pp alone: one rank per stage
+    strategy = args.strategy or ("none" if args.pp is not None else None)  # --pp alone: one rank per stage
     if strategy is None:
         raise ValueError("parallelism flags need --strategy (none, ddp, fsdp, hsdp, tp or fsdp+tp).")
     if args.pp is None and any(v is not None for v in pipeline):
         raise ValueError("--microbatches, --schedule and --stages-per-rank are pipeline flags; add --pp.")
-    tp, pp, per_rank, cp = args.tp or 1, args.pp or 1, args.stages_per_rank or 1, args.cp or 1
-    world = args.world_size or (tp * pp if strategy in ("tp", "none") else cp * tp if cp > 1 else 1)
+
+    def given_or(value, default):  # 0 is a value given (and refused by ParallelConfig), not "left out"
+        return default if value is None else value
+
+    tp, pp, per_rank, cp = (given_or(v, 1) for v in (args.tp, args.pp, args.stages_per_rank, args.cp))
+    world = given_or(args.world_size, tp * pp if strategy in ("tp", "none") else cp * tp if cp > 1 else 1)
     return ParallelConfig(
-        strategy=strategy, world_size=world, tp=tp, shard_group=args.shard_group or 0,
+        strategy=strategy, world_size=world, tp=tp, shard_group=given_or(args.shard_group, 0),
         reshard_after_forward=not args.no_reshard_after_forward, mixed_precision=args.mixed_precision or "none",
-        pp=pp, microbatches=args.microbatches or (pp * per_rank if pp > 1 else 1), schedule=args.schedule or "1f1b",
-        stages_per_rank=per_rank, cp=cp, sequence_parallel=bool(args.sequence_parallel),
+        pp=pp, microbatches=given_or(args.microbatches, pp * per_rank if pp > 1 else 1),
+        schedule=args.schedule or "1f1b", stages_per_rank=per_rank, cp=cp,
+        sequence_parallel=bool(args.sequence_parallel),
     )
 
 
+# Whole-number flags whose field reads 0 as "not set" (the family's default): a 0 typed there is refused rather than
+# echoed as 0 while the default is built (--intermediate 0 built 4 x hidden). --context 0 = seq is documented.
+ZERO_IS_DEFAULT = {"kv_heads": "as many as --heads", "intermediate": "4 x hidden", "experts": "the family's",
+                   "experts_per_token": "the family's", "image_size": "the family's"}
+
+
 def _config_of(args: argparse.Namespace):
+    for name, default in ZERO_IS_DEFAULT.items():
+        if getattr(args, name) == 0:
+            raise ValueError(f"--{name.replace('_', '-')} 0 would be read as not set ({default}); give a value >= 1 "
+                             "or leave the flag out.")
+    for name in TEXT_FLAGS:
+        value = getattr(args, name)
+        if value is not None and not value.strip():
+            example = "q_proj,v_proj" if name == "lora_targets" else "'*embed*'"
+            raise ValueError(f"--{name.replace('_', '-')} '' names nothing; give the names (e.g. {example}) or leave "
+                             "the flag out for the default.")
     return resolve_config(args.preset, **{name: getattr(args, name) for name in CONFIG_FLAGS})
 
 
 def _compare_command(args: argparse.Namespace) -> str:
-    import json
 
     from graphviz_core.analysis.compare import compare_captures
     from graphviz_core.capture.engine import capture_backward
@@ -341,7 +385,31 @@ def _compare_command(args: argparse.Namespace) -> str:
     diff = compare_captures(capture_backward(config_a), capture_b()).to_dict()
     for side, config in (("a", config_a), ("b", config_b)):
         diff[side]["config"] = _config_echo(config)
-    return json.dumps(diff, indent=1)
+    return _json(diff)
+
+
+def _json(data: dict) -> str:
+    """`data` as JSON any parser reads: a float that is not finite (NaN, inf: not JSON) is written as null, and the
+    top-level `notes` list says where."""
+    import json
+
+    places: list[str] = []
+
+    def finite(value, where: str):
+        if isinstance(value, float) and not math.isfinite(value):
+            places.append(where or "(top)")
+            return None
+        if isinstance(value, dict):
+            return {k: finite(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    clean = finite(data, "")
+    if places:
+        shown = ", ".join(places[:10]) + (f" and {len(places) - 10} more" if len(places) > 10 else "")
+        clean["notes"] = [*clean.get("notes", []), f"{shown}: not a finite number (NaN or infinite), written as null."]
+    return json.dumps(clean, indent=1, allow_nan=False)
 
 
 def _config_echo(config) -> dict:
@@ -358,7 +426,7 @@ def _graph_command(args: argparse.Namespace) -> str | bytes:
         if problem := png_problem(*(size or PNG_SIZE), args.png_scale):
             raise ValueError(problem)
     parallel = None
-    if args.model_file:
+    if args.model_file is not None:
         fields = {name: getattr(args, name) for name in (*CHOICE_FLAGS, *INT_FLAGS, "tied")}
         given = [f"--{k.replace('_', '-')}" for k, v in fields.items() if v is not None]
         given += ["--preset"] if args.preset else []
@@ -376,7 +444,6 @@ def _graph_command(args: argparse.Namespace) -> str | bytes:
             check_parallel(config, parallel)  # refuse a bad layout before the capture runs
         capture = capture_backward(config, progress=_phase_line if config.compile else None)  # compiling takes seconds
     if args.format == "json":
-        import json
 
         from graphviz_core.export.formats import capture_to_dict
 
@@ -389,7 +456,7 @@ def _graph_command(args: argparse.Namespace) -> str | bytes:
             if result.pipeline is not None:  # pipeline rank 0 above; every stage here
                 out["pipeline"] = result.pipeline.to_dict()
                 out["per_stage"] = [stage.to_dict() for stage in result.pipeline.per_stage]
-        return json.dumps(out, indent=1)
+        return _json(out)
     if args.format == "graphml":
         return to_graphml(capture.graph)
     if args.format == "dot":
@@ -458,36 +525,57 @@ def _capture_model_file(spec: str, ctrl_c: _CtrlC, compile: bool = False):
     A KeyboardInterrupt is the user's Ctrl-C when a SIGINT really arrived (`ctrl_c`, noted by main); that one still
     interrupts, wherever it lands."""
     from graphviz_core.capture.user import capture_module
-    from graphviz_core.models.user import load_factory
+    from graphviz_core.models.user import load_factory, user_code_apart
 
     factory = spec.rpartition(":")[2]
     phase = f"while loading it (importing the file and calling {factory}())"
     try:
-        model, inputs, loss_fn = load_factory(spec)
-        phase = "during the capture (forward, loss and backward)"
-        return capture_module(model, inputs, loss_fn, name=spec, compile=compile,
-                              progress=_phase_line if compile else None)
+        with user_code_apart() as report:
+            model, inputs, loss_fn = load_factory(spec)
+            phase = "during the capture (forward, loss and backward)"
+            capture = capture_module(model, inputs, loss_fn, name=spec, compile=compile,
+                                     progress=_phase_line if compile else None)
     except Exception:
         raise
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt) and ctrl_c.arrived:
             raise
         raise ValueError(_stopped_sentence(spec, exc, phase)) from None
+    _say_what_it_did(spec, report)
+    return capture
+
+
+_LEFT_RUNNING: list[threading.Thread] = []  # a model file's non-daemon threads still running: main does not wait
+
+
+def _say_what_it_did(spec: str, report) -> None:
+    """A note on stderr for each thing a model file did to the process (its output is kept apart from ours)."""
+    if report.printed:
+        _say(f"graphviz-core: note: {spec} printed {report.printed:,} characters; they went to stderr, so stdout holds "
+             "only graphviz-core's output.")
+    if report.replaced:
+        _say(f"graphviz-core: note: {spec} replaced {' and '.join(report.replaced)}; graphviz-core put its own back.")
+    if report.threads:
+        _LEFT_RUNNING.extend(report.threads)
+        names = ", ".join(t.name for t in report.threads[:5])
+        _say(f"graphviz-core: note: {spec} started {len(report.threads)} thread(s) still running ({names}); "
+             "graphviz-core writes its output and exits without waiting for them.")
 
 
 def _stopped_sentence(spec: str, exc: BaseException, phase: str) -> str:
-    from graphviz_core.models.user import first_line
+    from graphviz_core.models.user import ExitCalled, first_line
 
     if isinstance(exc, SystemExit):
         code = "" if exc.code is None else _short(repr(exc.code), 40)
         what = f"called sys.exit({code}) {phase}"
+    elif isinstance(exc, ExitCalled):
+        what = f"called os._exit({_short(repr(exc.code), 40)}) {phase}"
     else:
         what = f"raised {type(exc).__name__} {phase}" + (f": {first_line(exc)}" if str(exc).strip() else "")
     return f"{spec} {what}; a model file must return its model, not stop the program."
 
 
 def _expr_command(args: argparse.Namespace) -> str:
-    import json
 
     from graphviz_core.toy.expressions import parse_assignments, parse_expression, trace_expression, variables_of
 
@@ -501,7 +589,7 @@ def _expr_command(args: argparse.Namespace) -> str:
                          f"drop {'it' if one else 'them'}.")
     trace = trace_expression(args.expression, values)
     # NaN/inf are not JSON: to_json_dict writes them as null and says where, in "notes"
-    return json.dumps(trace.to_json_dict(), indent=1, allow_nan=False)
+    return _json(trace.to_json_dict())
 
 
 def _phase_line(phase: str) -> None:
@@ -509,10 +597,16 @@ def _phase_line(phase: str) -> None:
     _say(f"graphviz-core: {phase}")
 
 
+# A quoted value as repr writes it: a quote that opens after no letter or digit (not the apostrophe of "model's"),
+# up to the first quote of its kind that no letter or digit follows. Matched left to right, every value in turn: a
+# pattern for long values alone took the text between two short values for one ("'*x*' matches ... names '").
+_QUOTED = re.compile(r"(?<!\w)(['\"])(.*?)\1(?!\w)")
+
+
 def _say(line: str) -> None:
     """The one line a user sees on stderr, with a very long number or quoted value cut short (a 5,000-digit seed)."""
     line = re.sub(r"\d{30,}", lambda m: _short(m[0], 20), line)
-    line = re.sub(r"'([^']{100,})'", lambda m: repr(_short(m[1], 60)), line)
+    line = _QUOTED.sub(lambda m: m[1] + _short(m[2], 60) + m[1] if len(m[2]) >= 100 else m[0], line)
     sys.stderr.write(line.rstrip("\n") + "\n")
 
 
@@ -524,15 +618,39 @@ def _short(text: str, keep: int) -> str:
     return f"{text[:keep]}… ({len(text):,} {unit})"
 
 
+def _negatives_joined(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """`--gpu-memory -80GiB` as `--gpu-memory=-80GiB`: argparse takes a value that starts with '-' for an option
+    unless it is a plain negative number, and said "expected one argument" instead of what is wrong with the value."""
+    takes_one = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                takes_one |= {o for a in sub._actions if isinstance(a, argparse._StoreAction) and a.nargs is None
+                              for o in a.option_strings if o.startswith("--")}
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1] in takes_one and re.match(r"-\.?[0-9]", token):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _LEFT_RUNNING.clear()
     with _noting_ctrl_c() as ctrl_c:
         try:
-            return _main(argv, ctrl_c)
+            code = _main(argv, ctrl_c)
         except KeyboardInterrupt:
             if not ctrl_c.arrived:
                 raise  # not a Ctrl-C, nor from a model file (those are sentences): a bug to see whole
             _say("graphviz-core: interrupted (Ctrl-C).")
             return EXIT_INTERRUPTED
+    if argv is None and any(t.is_alive() for t in _LEFT_RUNNING):  # the command line: Python would wait for them
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
@@ -543,7 +661,7 @@ def _main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
         return record_main(argv)
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_negatives_joined(argv, parser))
         args.ctrl_c = ctrl_c
         commands = {"graph": _graph_command, "expr": _expr_command, "compare": _compare_command,
                     "memory": _memory_command, "plan": _plan_command}

@@ -3,6 +3,8 @@ unit a chart axis should use. Core and UI share these (the core's sentences carr
 
 from __future__ import annotations
 
+import math
+
 
 def _scaled(value: float, base: float, units: tuple[str, ...], decimals_of) -> tuple[str, str]:
     """The first unit in which `value`, rounded as it will be printed, stays below `base`.
@@ -35,9 +37,12 @@ def format_flops(n: int | float | None, suffix: str = "FLOP") -> str:
 
 
 def format_seconds(s: float | None) -> str:
-    """0.0000123 -> "12 µs", 0.0123 -> "12.3 ms", 12.3 -> "12.30 s"."""
-    if s is None:
+    """0.0000123 -> "12 µs", 0.0123 -> "12.3 ms", 12.3 -> "12.30 s"; 1e300 -> "1e+300 s" (from a million seconds up,
+    three significant digits); NaN and infinity -> "n/a" (a step at 1e-320 TFLOP/s overflowed round())."""
+    if s is None or not math.isfinite(s):
         return "n/a"
+    if abs(s) >= 1e6:
+        return f"{s:.3g} s"
     if round(s * 1e6) < 1000:
         return f"{s * 1e6:.0f} µs"
     if round(s * 1e3, 1) < 1000:

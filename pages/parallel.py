@@ -4,6 +4,7 @@ and context parallelism, and the Plan tab's ranking of layouts."""
 import streamlit as st
 
 from graphviz_core.ui.config_form import config_form
+from graphviz_core.ui.links import restore_choice
 from graphviz_core.ui.navigation import run_through_app
 from graphviz_core.ui.parallel_view import (
     get_per_rank,
@@ -35,7 +36,8 @@ with dim_stale_results(config is not None and not is_simulated(config, parallel)
     if result is not None:
         names = ["Memory per rank", "Communication in backward"] + (["Pipeline stages"] if result.pipeline else [])
         split = ["Context and sequence parallel"] if result.layer_activations is not None else []
-        tabs = st.tabs([*names, *split, "Plan"])
+        restore_choice("tab", [*names, *split, "Plan"], form_key="parallel", show=True)  # a link's tab, if shown
+        tabs = st.tabs([*names, *split, "Plan"], key="tab", bind="query-params")  # the open tab is in the link
         with tabs[-1]:
             show_plan(config)
         with tabs[0]:

@@ -114,4 +114,5 @@ def test_cli_memory_checkpoints_json_is_the_comparison_and_bad_budget_is_one_lin
         assert row["recompute_flops"] == expected.recompute_flops
     assert report["peak_bytes"] == report["timeline"]["peak_bytes"]
     assert main(["memory", "--preset", "gpt2-tiny", "--budget-gib", "0"]) == 2
-    assert capsys.readouterr().err.strip() == "graphviz-core: --budget-gib must be positive, got 0.0."
+    assert capsys.readouterr().err.strip() == ("graphviz-core: --budget-gib takes a memory budget from 0.01 to "
+                                               "1,000,000 GiB, got 0.")

@@ -201,3 +201,57 @@ def test_the_drawn_page_opens_on_the_linked_node_only_when_the_graph_has_it():
     assert (opened["selected"], opened["node_links"]) == (node, True)
     assert graph_data(render_html(graph, selected="NoSuchBackward0:1"))["selected"] is None
     assert graph_data(render_html(graph))["node_links"] is False  # a downloaded page links to no app page
+
+
+TOY = str(Path(__file__).resolve().parent.parent / "pages" / "toy_expressions.py")
+PARALLEL = str(Path(__file__).resolve().parent.parent / "pages" / "parallel.py")
+
+
+def test_the_toy_page_links_its_expression_values_and_toggles():
+    """Issue 33 item 12: the toy page had no link. Its URL now holds the expression, each value (v.NAME) and the two
+    toggles; a link opens the page with them."""
+    at = AppTest.from_file(TOY, default_timeout=60).run()
+    # the first preset, "Transformer Math"'s worked example, as the address bar writes it
+    assert {k: at.query_params[k] for k in at.query_params} == {"expr": "(a*b + c)**2", "v.a": "2", "v.b": "-3",
+                                                                 "v.c": "10"}
+    at = AppTest.from_file(TOY, default_timeout=60)
+    at.query_params.update({"expr": "a*b + a**2", "v.a": "3", "v.b": "-2.5", "detach": "b", "twice": "1"})
+    at.run()
+    assert not at.exception and not at.warning
+    assert at.text_input(key="expr.text").value == "a*b + a**2"
+    assert {box.label: box.value for box in at.number_input} == {"a": 3.0, "b": -2.5}
+    assert at.multiselect(key="expr.detach").value == ["b"] and at.toggle(key="expr.twice").value is True
+    at.number_input(key="expr.var.a").set_value(5.0).run()  # an edit is in the address bar at once
+    assert at.query_params["v.a"] == "5" and at.query_params["detach"] == "b" and at.query_params["twice"] == "1"
+
+
+@pytest.mark.parametrize("params, notice", [
+    ({"expr": "a +* b"}, "expr= is not an expression this page takes"),
+    ({"expr": "a*2", "v.a": "٢"}, "v.a='٢' is not a finite number written with the digits 0-9"),
+    ({"expr": "a*2", "v.z": "1"}, "v.z= names no variable of the expression"),
+    ({"expr": ["a*2", "a*3"]}, "expr= is given 2 times"),
+])
+def test_a_toy_link_that_cannot_be_used_opens_the_first_example_with_a_notice(params, notice):
+    at = AppTest.from_file(TOY, default_timeout=60)
+    at.query_params.update(params)
+    at.run()
+    assert not at.exception
+    assert any(notice in plain(w.value) for w in at.warning), [w.value for w in at.warning]
+    assert at.text_input(key="expr.text").value == "(a*b + c)**2"
+    assert at.query_params["expr"] == "(a*b + c)**2"  # the address bar says what is shown
+
+
+def test_the_parallel_pages_link_keeps_its_open_tab():
+    """Issue 33 item 12: the parallel page's link dropped its open tab. The tabs are bound to ?tab=; a tab the page
+    does not have is dropped with a notice (no pipeline tab without a pipeline)."""
+    at = AppTest.from_file(PARALLEL, default_timeout=120)
+    at.query_params["tab"] = "Plan"
+    at.run()
+    assert not at.exception and not at.warning
+    assert at.session_state["tab"] == "Plan" and at.query_params["tab"] == "Plan"
+    at = AppTest.from_file(PARALLEL, default_timeout=120)
+    at.query_params["tab"] = "Pipeline stages"  # FSDP over 8 (the page's default) has no pipeline
+    at.run()
+    assert not at.exception and "tab" not in at.query_params
+    assert any("tab='Pipeline stages' is not one of Memory per rank, Communication in backward, Plan" in plain(w.value)
+               for w in at.warning)

@@ -145,8 +145,9 @@ def largest_fitting(
         raise ValueError(f"model {config.model!r} has no {dimension}; search batch instead.")
     if not config.family.rebuildable:
         raise ValueError("will-it-fit rebuilds the model at other sizes, which a custom module cannot do.")
-    if budget_bytes <= 0:
-        raise ValueError(f"the memory budget must be positive, got {budget_bytes} bytes.")
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
+        # a whole number of bytes: a float budget of inf compared above every peak and searched to the limits
+        raise ValueError(f"the memory budget is a whole number of bytes above 0, got {budget_bytes!r}.")
     prober = _Prober(config, optimizer)
     limit = LIMITS[dimension]
     if parameter_count is None:

@@ -9,11 +9,15 @@ Python callers, who already run code on their own machine, load any file they na
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
+import io
 import os
 import re
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -58,6 +62,78 @@ _ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/(?:[^\s/'\"`:,;()<>]+/)*([^\s/'\"`:,;
 def without_paths(text: str) -> str:
     """`text` with each absolute path replaced by its last part (`/srv/models/net.py` -> `net.py`)."""
     return _ABSOLUTE_PATH.sub(lambda m: m.group(1) or "/", text)
+
+
+class ExitCalled(BaseException):
+    """os._exit(code), called by a model file's code while `user_code_apart` runs it: raised in its place, so that the
+    program says what the file did instead of ending with nothing written."""
+
+    def __init__(self, code: object) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@dataclass
+class UserCodeReport:
+    """What a model file's code did to the process while `user_code_apart` ran it."""
+
+    printed: int = 0  # characters it wrote to sys.stdout (sent to stderr instead)
+    replaced: list[str] = field(default_factory=list)  # "sys.stdout", "sys.stderr": set by it, put back after
+    threads: list[threading.Thread] = field(default_factory=list)  # non-daemon threads it left running
+
+
+class _ToStderr(io.TextIOBase):
+    """sys.stdout while a model file's code runs: its prints go to stderr, counted."""
+
+    def __init__(self, target, report: UserCodeReport) -> None:
+        self.target, self.report = target, report
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.report.printed += len(text)
+        return self.target.write(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+
+@contextlib.contextmanager
+def user_code_apart() -> Iterator[UserCodeReport]:
+    """Run a model file's code with stdout kept for the tool's own output (JSON): what it prints (sys.stdout, and
+    writes to file descriptor 1 where there is one) goes to stderr, sys.stdout and sys.stderr are put back whatever it
+    set them to (a file that set sys.stdout = None made the JSON's write fail), and os._exit raises ExitCalled (it
+    ended the program with exit code 0 and nothing written). The report says what it did, and names the non-daemon
+    threads it started that still run (Python would wait for them at exit, after the output)."""
+    report = UserCodeReport()
+    out, err, exit_ = sys.stdout, sys.stderr, os._exit
+    before = set(threading.enumerate())
+    redirected = _ToStderr(err, report)
+    saved_fd = None
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        out.flush()
+        err.flush()
+        saved_fd = os.dup(1)
+        os.dup2(2, 1)
+
+    def exit_called(code: int) -> None:
+        raise ExitCalled(code)
+
+    sys.stdout, os._exit = redirected, exit_called
+    try:
+        yield report
+    finally:
+        for name, ours in (("sys.stdout", redirected), ("sys.stderr", err)):
+            if getattr(sys, name.split(".")[1]) is not ours:
+                report.replaced.append(name)
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            redirected.flush()
+        sys.stdout, sys.stderr, os._exit = out, err, exit_
+        if saved_fd is not None:
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+        report.threads = [t for t in threading.enumerate() if t not in before and t.is_alive() and not t.daemon]
 
 
 def load_factory(spec: str) -> tuple[nn.Module, tuple, Callable]:

@@ -19,7 +19,9 @@ timed by its FLOPs.
 from __future__ import annotations
 
 import dataclasses
+import math
 import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -32,6 +34,7 @@ from graphviz_core.parallel.settings import (
     GPUS_PER_NODE,
     H100_FLOPS,
     INFINIBAND_BYTES_PER_S,
+    MAX_WORLD,
     NVLINK_BYTES_PER_S,
     ParallelConfig,
     check_parallel,
@@ -45,6 +48,19 @@ SAMPLE_LAYERS = (3, 4)  # layers per pipeline stage the scaled figures are measu
 # a second, a second-last and a last layer (FSDP gathers the next layer while one runs: a layer between two others
 # is the steady state)
 Progress = Callable[[int, int, str], None]  # (layouts done, layouts planned, what just finished)
+# Every size the planner reads has a ceiling, so that a typo (--gpus-per-node 2**63, a list of 10,000 degrees) gets a
+# sentence instead of a loop that never ends. GPUs as the simulator's world (MAX_WORLD); the global batch as the Plan
+# tab's field; memory up to 1 PiB per GPU; rates from a millionth of a modern GPU's to far beyond any.
+MAX_GLOBAL_BATCH = 1 << 20
+MAX_GPU_MEMORY_BYTES = 2**50
+RATES = {  # field: (lowest, highest, unit), in the unit the field holds
+    "gpu_flops": (1e6, 1e21, "FLOP/s"),
+    "nvlink_bytes_per_s": (1e3, 1e15, "B/s"),
+    "infiniband_bytes_per_s": (1e3, 1e15, "B/s"),
+}
+MAX_TRIED = 64  # distinct values in one list of things to try (degrees, microbatch sizes)
+MAX_LAYOUTS = 2000  # layouts one plan may enumerate (each is one or two simulations)
+MAX_JOBS = 256  # worker processes asked for; the plan starts no more than the machine's cores and its sample runs
 
 
 @dataclass(frozen=True)
@@ -59,18 +75,35 @@ class Cluster:
     infiniband_bytes_per_s: float = INFINIBAND_BYTES_PER_S  # per GPU, each way, between nodes
 
     def __post_init__(self) -> None:
+        highest = {"gpus": MAX_WORLD, "gpus_per_node": MAX_WORLD, "gpu_memory_bytes": MAX_GPU_MEMORY_BYTES}
         for name in ("gpus", "gpu_memory_bytes", "gpus_per_node"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name.replace('_', ' ')} must be a whole number >= 1, got {value!r}.")
-        for name in ("gpu_flops", "nvlink_bytes_per_s", "infiniband_bytes_per_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name.replace('_', ' ')} must be positive, got {getattr(self, name)!r}.")
+            if value > highest[name]:
+                raise ValueError(f"{name.replace('_', ' ')} {value:,} is above the planner's limit of "
+                                 f"{highest[name]:,}.")
+        for name in RATES:
+            if problem := rate_problem(name, getattr(self, name)):
+                raise ValueError(problem)
         if self.gpus % self.gpus_per_node and self.gpus > self.gpus_per_node:
             raise ValueError(f"{self.gpus} GPUs do not fill whole nodes of {self.gpus_per_node}; pick a multiple.")
 
     def link_rate(self, link: str) -> float:
         return self.nvlink_bytes_per_s if link == "NVLink" else self.infiniband_bytes_per_s
+
+
+def rate_problem(name: str, value: object, words: str | None = None, scale: float = 1.0) -> str | None:
+    """Why `value` (in units of `scale` x the field's own: 1e12 for TFLOP/s) is no rate the planner takes, or None: a
+    finite number inside RATES' range (1e-320 TFLOP/s is above 0, and a step at it lasts longer than a float holds).
+    `words` names the field as the caller shows it."""
+    low, high, unit = RATES[name]
+    words = words or name.replace("_", " ")
+    shown = {1e12: "T", 1e9: "G"}.get(scale, "") + unit
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and low <= value * scale <= high:
+        return None
+    return f"{words} takes a rate from {low / scale:g} to {high / scale:g} {shown}, got {value!r}."
 
 
 @dataclass(frozen=True)
@@ -224,28 +257,39 @@ def scaled(small: Figures, large: Figures, per_stage: int) -> Figures:
 # ---- simulating one layout ------------------------------------------------------------------------------------
 
 
-def simulation_ranks(layout: Layout) -> list[int] | None:
+def simulation_ranks(layout: Layout, layers: int) -> list[int] | None:
     """The pipeline ranks simulated for a plan: the first (embedding, most microbatches in flight), one in the middle
     (its FLOPs stand for every middle stage: the same layers) and the last (head and loss). A middle rank holds no
-    more than the first: the same layers, no embedding, fewer microbatches in flight under 1F1B."""
+    more than the first: the same layers, no embedding, fewer microbatches in flight under 1F1B. When the stages are
+    uneven (`layers` not a multiple of pp: the earlier stages take one more, as `graph --pp` splits them) every rank
+    is simulated, since the middle ranks differ."""
     if layout.pp == 1:
         return None
+    if layers % layout.pp:
+        return list(range(layout.pp))
     return sorted({0, min(1, layout.pp - 1), layout.pp - 1})
 
 
 def simulate_sample(config: ModelConfig, layout: Layout, per_stage: int | None,
                     gpus_per_node: int = GPUS_PER_NODE) -> Figures:
-    """One simulation of `layout`: with `per_stage` layers per stage (a sample), or the model's own (None: full,
-    every pipeline rank)."""
-    from graphviz_core.parallel.pipeline import simulate_pipeline
-    from graphviz_core.parallel.simulate import simulate_parallel
+    """One simulation of `layout`: with `per_stage` layers per stage (a sample; the model's layers left over by an
+    uneven split stay on the first stages, one each), or the model's own (None: full, every pipeline rank).
 
-    layers = None if per_stage is None else per_stage * layout.pp
+    DTensor's sharding caches are emptied first, as at the start of every layout request (a pipeline simulation
+    empties them itself): a decision cached in an earlier sample's world names that world's process groups, and a mesh
+    of a later world can equal the earlier one (DeviceMesh compares ranks, layout, names and thread, not groups).
+    Planned in one process, FSDP 2 x TP 2's tensor-parallel mesh equals TP 2 x CP 2's, and the later layout's step
+    asked for a group that no longer existed ("Could not resolve the process group registered under the name 3")."""
+    from graphviz_core.parallel.pipeline import simulate_pipeline
+    from graphviz_core.parallel.simulate import forget_sharding_decisions, simulate_parallel
+
+    layers = None if per_stage is None else per_stage * layout.pp + config.layers % layout.pp
     model = layout.model(config, layers)
     parallel = layout.parallel()
     if layout.pp == 1:  # the step only: no one-device run beside it, no per-layer activation report
+        forget_sharding_decisions()  # (a pipeline simulation empties them itself, before its rank threads start)
         return figures_of(simulate_parallel(model, parallel, single_device=False, layer_report=False), gpus_per_node)
-    ranks = None if per_stage is None else simulation_ranks(layout)
+    ranks = None if per_stage is None else simulation_ranks(layout, model.layers)
     report = simulate_pipeline(model, parallel, ranks=ranks)
     first = dataclasses.replace(report.ranks[0], pipeline=report)
     return figures_of(first, gpus_per_node)
@@ -370,26 +414,69 @@ def _stage_costs(values: dict[str, int], layout: Layout, cluster: Cluster) -> di
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n, ascending, found up to its square root."""
+    low = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return low + [n // d for d in reversed(low) if d * d != n]
+
+
+def distinct(values: Iterable[int], what: str, highest: int) -> tuple[int, ...]:
+    """`values` with repeats collapsed (first seen first), each a whole number from 1 to `highest`, at most
+    MAX_TRIED of them; a sentence for anything else."""
+    out: dict[int, None] = {}
+    for value in values:
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= highest:
+            raise ValueError(f"{what} are whole numbers from 1 to {highest:,}, got {value!r}.")
+        out[value] = None
+        if len(out) > MAX_TRIED:
+            raise ValueError(f"{what}: at most {MAX_TRIED} different values to try in one plan.")
+    if not out:
+        raise ValueError(f"{what}: give at least one value to try.")
+    return tuple(out)
 
 
 def meshes(config: ModelConfig, cluster: Cluster, pp_degrees: Iterable[int], cp_degrees: Iterable[int] = (1,),
-           tp_degrees: Iterable[int] | None = None, cp_with_pp: bool = False) -> list[tuple[int, int, int, int, int]]:
+           tp_degrees: Iterable[int] | None = None, cp_with_pp: bool = False,
+           refused: list[dict] | None = None) -> list[tuple[int, int, int, int, int]]:
     """(dp_shard, dp_replicate, tp, pp, cp) meshes that respect the cluster: tensor parallelism inside a node (a power
-    of two dividing its GPUs), pipeline stages of whole layers, context parallelism splitting each sequence (beside a
-    pipeline only with `cp_with_pp`: each such layout is a pipeline simulation, about 6 s of CPU per sample for 70B),
-    and data parallelism over the rest, either sharded over all of it (FSDP) or sharded inside a node and replicated
-    across nodes (HSDP, without context parallelism). `tp_degrees` narrows tensor parallelism to those degrees (still
-    inside a node)."""
+    of two dividing its GPUs), pipeline stages of whole layers (as even as whole layers allow, as `graph --pp` splits
+    them), context parallelism splitting each sequence (beside a pipeline only with `cp_with_pp`: each such layout is a
+    pipeline simulation, about 6 s of CPU per sample for 70B), and data parallelism over the rest, either sharded over
+    all of it (FSDP) or sharded inside a node and replicated across nodes (HSDP, without context parallelism).
+    `tp_degrees` narrows tensor parallelism to those degrees (still inside a node). A degree asked for that the
+    cluster cannot take is appended to `refused` with the reason (mesh: the degrees it names; checkpoint and
+    microbatch size None: every one)."""
     out = []
+    tp_degrees = tuple(tp_degrees) if tp_degrees else None
+
+    def refuse(reason: str, **mesh: int) -> None:
+        if refused is not None:
+            refused.append({"mesh": mesh, "checkpoint": None, "microbatch_size": None, "reason": reason})
+
+    node_tp = [d for d in _divisors(cluster.gpus_per_node) if not d & (d - 1)]
+    for tp in tp_degrees or ():
+        if tp not in node_tp:
+            refuse(f"tensor parallel {tp} is not a power of 2 that divides the {cluster.gpus_per_node} GPUs of a node "
+                   "(tensor parallelism stays inside a node)", tp=tp)
     for pp in pp_degrees:
-        if cluster.gpus % pp or config.layers % pp:
+        if cluster.gpus % pp:
+            refuse(f"pipeline parallel {pp} does not divide the {cluster.gpus} GPUs into stages of equal ranks", pp=pp)
             continue
         for cp in cp_degrees:
-            if (cp > 1 and pp > 1 and not cp_with_pp) or (cluster.gpus // pp) % cp:
+            if cp > 1 and pp > 1 and not cp_with_pp:
+                refuse("context parallel beside pipeline stages is tried only when asked (--cp-with-pp, or the Plan "
+                       "tab's box): each such layout is a pipeline simulation", pp=pp, cp=cp)
                 continue
-            for tp in _divisors(cluster.gpus_per_node):
-                if tp & (tp - 1) or (cluster.gpus // (pp * cp)) % tp or (tp_degrees and tp not in tp_degrees):
+            if (cluster.gpus // pp) % cp:
+                refuse(f"context parallel {cp} does not divide the {cluster.gpus // pp} GPUs "
+                       f"{'of each pipeline stage' if pp > 1 else 'in all'}", pp=pp, cp=cp)
+                continue
+            for tp in node_tp:
+                if (tp_degrees and tp not in tp_degrees):
+                    continue
+                if (cluster.gpus // (pp * cp)) % tp:
+                    if tp_degrees:
+                        refuse(f"tensor parallel {tp} does not divide the {cluster.gpus // (pp * cp)} GPUs left "
+                               f"beside pipeline {pp} x context parallel {cp}", tp=tp, pp=pp, cp=cp)
                     continue
                 dp = cluster.gpus // (pp * cp * tp)
                 shapes = [(dp, 1)]
@@ -406,8 +493,19 @@ def layouts_of(config: ModelConfig, cluster: Cluster, global_batch: int, checkpo
                ) -> tuple[list[Layout], list[dict]]:
     """Every layout the cluster allows, and those refused with the reason (a model rule, a batch that does not
     divide)."""
-    layouts, refused = [], []
-    for shard, replicate, tp, pp, cp in meshes(config, cluster, pp_degrees, cp_degrees, tp_degrees, cp_with_pp):
+    layouts: list[Layout] = []
+    refused: list[dict] = []
+    checkpoints = tuple(dict.fromkeys(checkpoints))  # a repeat collapses: each layout is planned once
+    microbatch_sizes = distinct(microbatch_sizes, "microbatch sizes", MAX_GLOBAL_BATCH)
+    pp_degrees = distinct(pp_degrees, "pipeline degrees", MAX_WORLD)
+    cp_degrees = distinct(cp_degrees, "context-parallel degrees", MAX_WORLD)
+    tp_degrees = distinct(tp_degrees, "tensor-parallel degrees", MAX_WORLD) if tp_degrees else None
+    found = meshes(config, cluster, pp_degrees, cp_degrees, tp_degrees, cp_with_pp, refused)
+    if len(found) * len(microbatch_sizes) * len(checkpoints) > MAX_LAYOUTS:
+        raise ValueError(f"{len(found) * len(microbatch_sizes) * len(checkpoints):,} layouts to try is above the "
+                         f"planner's limit of {MAX_LAYOUTS:,}; try fewer degrees, microbatch sizes or checkpointing "
+                         "policies.")
+    for shard, replicate, tp, pp, cp in found:
         dp = shard * replicate
         for size in microbatch_sizes:
             for policy in checkpoints:
@@ -461,6 +559,16 @@ class Plan:
     simulate_s: float
 
     def to_dict(self) -> dict:
+        """The plan as JSON takes it: a figure that is not finite (a step at a rate so low its time overflows) is
+        null, and `notes` names it."""
+        notes: list[str] = []
+        out = _finite(self._dict(), "", notes)
+        if notes:
+            out["notes"] = [f"{', '.join(notes)}: not a finite number at these rates (too large for a float), written "
+                            "as null."]
+        return out
+
+    def _dict(self) -> dict:
         return {
             "schema": 1,
             "cluster": dataclasses.asdict(self.cluster),
@@ -485,24 +593,40 @@ def plan(config: ModelConfig, cluster: Cluster, global_batch: int, checkpoints: 
     Within one mesh some layouts settle others without a run: when full checkpointing does not fit, nothing of that
     microbatch size or larger does; when no checkpointing fits, a selective policy only recomputes more; when a
     microbatch size does not fit with a policy, a larger one does not either. Those are listed as skipped, with why."""
-    if global_batch < 1:
-        raise ValueError(f"global batch must be a whole number >= 1, got {global_batch}.")
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or not 1 <= global_batch <= MAX_GLOBAL_BATCH:
+        raise ValueError(f"global batch must be a whole number from 1 to {MAX_GLOBAL_BATCH:,}, got {global_batch}.")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
+        raise ValueError(f"jobs (worker processes) must be a whole number from 1 to {MAX_JOBS}, got {jobs!r}; the "
+                         "plan starts no more than this machine's cores anyway.")
+    if config.compile:
+        raise ValueError("the planner simulates each layout's eager step (torch.compile is not simulated across "
+                         "ranks); turn compile off to plan.")
     started = time.perf_counter()
     layouts, refused = layouts_of(config, cluster, global_batch, checkpoints, microbatch_sizes, pp_degrees, cp_degrees,
                                   tp_degrees, mixed_precision, cp_with_pp)
     if not layouts:
         raise ValueError(f"no layout of {config.model!r} fits the rules on {cluster.gpus} GPUs: "
                          f"{refused[0]['reason'] if refused else 'nothing to try'}.")
-    from graphviz_core.parallel.simulate import forget_sharding_decisions
-
     search = _Search(config, cluster, global_batch, layouts)
-    forget_sharding_decisions()  # as a fresh process would start (forked workers inherit them empty)
     _simulate(search, jobs, progress)
     planned = ranked(search.planned.values())
     skipped = refused + [{"mesh": layout.mesh(), "checkpoint": layout.checkpoint,
                           "microbatch_size": layout.microbatch_size, "reason": reason}
                          for layout, reason in search.skipped.items()]
     return Plan(config, cluster, global_batch, tuple(planned), tuple(skipped), time.perf_counter() - started)
+
+
+def _finite(value, where: str, notes: list[str]):
+    """`value` with every float that is not finite replaced by None, its place (`layouts[0].estimate.step_time_s`)
+    appended to `notes`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        notes.append(where)
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v, f"{where}.{k}" if where else str(k), notes) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v, f"{where}[{i}]", notes) for i, v in enumerate(value)]
+    return value
 
 
 def ranked(planned: Iterable[Planned]) -> list[Planned]:
@@ -515,7 +639,7 @@ class _Search:
 
     def __init__(self, config: ModelConfig, cluster: Cluster, global_batch: int, layouts: list[Layout]) -> None:
         self.config, self.cluster, self.global_batch = config, cluster, global_batch
-        self.layouts = layouts
+        self.layouts = list(dict.fromkeys(layouts))  # each once: `finished` counts the distinct layouts started
         self.planned: dict[Layout, Planned] = {}
         self.skipped: dict[Layout, str] = {}
         self.started: set[Layout] = set()
@@ -574,7 +698,8 @@ class _Search:
         return out
 
     def samples(self, layout: Layout) -> tuple[int, ...]:
-        """Layers per stage to simulate `layout` at: SAMPLE_LAYERS, or the stage itself when it is no larger."""
+        """Layers per stage to simulate `layout` at: SAMPLE_LAYERS, or the stage itself when it is no larger (with an
+        uneven split the first stages hold one more layer in each run: simulate_sample)."""
         per_stage = self.config.layers // layout.pp
         return SAMPLE_LAYERS if per_stage > max(SAMPLE_LAYERS) else (per_stage,)
 
@@ -587,10 +712,19 @@ class _Search:
         return len(self.started) == len(self.layouts)
 
 
+def worker_count(jobs: int, runs: int) -> int:
+    """The worker processes a plan of `runs` sample runs starts when asked for `jobs`: no more than this machine's
+    cores, nor than the runs there are."""
+    return max(1, min(jobs, os.cpu_count() or 1, runs))
+
+
 def _simulate(search: _Search, jobs: int, progress: Progress | None) -> None:
-    """Both sample runs of every layout the search asks for: in `jobs` forked worker processes where this process
-    runs no other thread (the CLI), here otherwise (a server's threads may hold locks a fork would copy)."""
+    """Both sample runs of every layout the search asks for: in forked worker processes where this process runs no
+    other thread (the CLI), here otherwise (a server's threads may hold locks a fork would copy). A fork pool starts
+    all its workers at once, so it gets `jobs` but never more than the machine's cores or the sample runs there are
+    (`--jobs 1000` forked 1,000 processes for two layouts)."""
     config, node = search.config, search.cluster.gpus_per_node
+    jobs = worker_count(jobs, sum(len(search.samples(layout)) for layout in search.layouts))
     results: dict[tuple[Layout, int], Figures] = {}
 
     def finished(layout: Layout, layers: int, figures: Figures | str) -> None:
@@ -633,16 +767,23 @@ def _simulate(search: _Search, jobs: int, progress: Progress | None) -> None:
                 finished(layout, layers, _sample_or_failure(config, layout, layers, node))
 
 
-_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+_BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 def parse_bytes(text: str) -> int:
-    """'80GiB' -> 85899345920, '80GB' -> 80000000000, '1.5 TiB', '4096' (bytes)."""
+    """'80GiB' -> 85899345920, '80GB' -> 80000000000, '1.5 TiB', '4096B'. The unit is required: a bare '80' read as
+    80 bytes made every layout "not fit" without a word."""
     import re
 
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    match = re.fullmatch(r"\s*([0-9]{1,20}(?:\.[0-9]{1,20})?)\s*([a-zA-Z]*)\s*", text)
     unit = match and match.group(2).lower()
+    if match and not unit:
+        raise ValueError(f"a memory size needs its unit: {text.strip()}GiB, {text.strip()}GB or {text.strip()}B "
+                         f"(bytes), not {text!r} alone.")
     if not match or unit not in _BYTE_UNITS or float(match.group(1)) <= 0:
         raise ValueError(f"a memory size is a positive number and a unit (80GiB, 80GB, 81920MiB), not {text!r}.")
-    return int(float(match.group(1)) * _BYTE_UNITS[unit])
+    value = int(float(match.group(1)) * _BYTE_UNITS[unit])
+    if not 1 <= value <= MAX_GPU_MEMORY_BYTES:
+        raise ValueError(f"a memory size is from 1 B to {MAX_GPU_MEMORY_BYTES // 2**50} PiB per GPU, not {text!r}.")
+    return value

@@ -59,7 +59,9 @@ class ParallelConfig:
             raise ValueError(
                 f"unknown mixed precision {self.mixed_precision!r}; choose one of: {', '.join(MIXED_PRECISIONS)}."
             )
-        for name in ("world_size", "tp", "pp", "microbatches", "stages_per_rank", "cp"):
+        # The degrees before what the CLI derives from them (world size tp x pp, microbatches pp x stages per rank):
+        # `--pp 0` is reported as pp 0, not as world size 0, and `--stages-per-rank -1` not as microbatches -2
+        for name in ("pp", "tp", "cp", "stages_per_rank", "world_size", "microbatches"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name.replace('_', ' ')} must be a whole number >= 1, got {value!r}.")
@@ -111,7 +113,8 @@ class ParallelConfig:
             raise ValueError("reshard after forward is an FSDP option; leave it on for strategies without FSDP.")
         if strategy not in (*FSDP_STRATEGIES, "ddp") and self.mixed_precision != "none":
             raise ValueError(
-                "mixed precision here is FSDP2's policy (ddp, fsdp, hsdp, fsdp+tp); set it to 'none' for this strategy."
+                "mixed precision here is FSDP2's policy (ddp, fsdp, hsdp, fsdp+tp); set mixed precision to none for "
+                "this strategy."
             )
 
     def _check_context_and_sequence(self) -> None:
@@ -189,7 +192,7 @@ def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
     if config.dtype != "float32" and parallel.mixed_precision != "none":
         raise ValueError(
             f"mixed precision keeps float32 master parameters and computes in bfloat16; set dtype float32 "
-            f"(got {config.dtype}) or mixed precision 'none'."
+            f"(got {config.dtype}) or mixed precision none."
         )
     family = config.family
     if parallel.strategy in FSDP_STRATEGIES and not family.shardable:

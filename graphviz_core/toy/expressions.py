@@ -137,7 +137,8 @@ def _convert(node: ast.AST, counter: list[int], source: str) -> Expr:
         return Num(value)
     if isinstance(node, ast.Name):
         if node.id.startswith("_") or not _NAME.match(node.id):
-            raise ValueError(f"the name {node.id!r}{_where(node)} is not allowed; use letters, digits and _.")
+            raise ValueError(f"the name {node.id!r}{_where(node)} is not allowed; a name starts with a letter A-Z or "
+                             "a-z, then those letters, digits 0-9 and _.")
         if node.id in FUNCTIONS:
             raise ValueError(f"{node.id!r}{_where(node)} is a function; call it, e.g. {node.id}(x).")
         if node.id == ROOT:
@@ -206,8 +207,11 @@ def parse_assignments(items: Iterable[str]) -> dict[str, float]:
     given: dict[str, str] = {}
     for item in items:
         name, sep, raw = item.partition("=")
-        if not sep or not _NAME.match(name.strip()):
+        if not sep:
             raise ValueError(f"expected NAME=VALUE, got {item!r}.")
+        if not _NAME.match(name.strip()):
+            raise ValueError(f"{name.strip()!r} in {item!r} is not a variable name: a name starts with a letter A-Z "
+                             "or a-z, then those letters, digits 0-9 and _.")
         if name.strip() in given:
             raise ValueError(f"{name.strip()} is given twice ({given[name.strip()]}, then {item.strip()}); "
                              f"give each variable one value.")

@@ -11,6 +11,8 @@ module the model does not have, a config over this server's budget), falls back 
 from __future__ import annotations
 
 import html
+import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from urllib.parse import urlencode
 
@@ -25,6 +27,9 @@ from graphviz_core.ui.format import escape_markdown
 CONFIG_FIELDS = tuple(name for name in ModelConfig.__dataclass_fields__ if name != "preset")
 BOOLS = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
 SEARCH_MAX = 200  # characters of search text a link may carry
+# characters any one value of a link may have (a node id is the longest: NODE_MAX); a 100,000-character preset= was
+# echoed whole in the notice and took 15-30 s a page
+PARAM_MAX = 300
 # URL name -> (session_state key of the graph view's widget, its default). The defaults are graph_view's own.
 VIEW = {
     "hide_shape": ("view.hide_shape", False),
@@ -62,12 +67,39 @@ def config_params(config: ModelConfig, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def read_params(query) -> tuple[dict[str, str], dict[str, str]]:
+    """A link's parameters, one value each, and a sentence for each one that cannot be read (name -> sentence): given
+    more than once (Streamlit reads the last, and both stayed in the address bar), or longer than PARAM_MAX. `query`
+    is st.query_params, or any mapping with get_all."""
+    values, problems = {}, {}
+    for name in query:
+        given = query.get_all(name)
+        shown = name if len(name) <= 40 else name[:40] + "…"
+        if len(given) > 1:
+            problems[name] = f"{shown}= is given {len(given)} times; a link names each setting once"
+        elif given and len(given[0]) > PARAM_MAX:
+            problems[name] = f"{shown}= is {len(given[0]):,} characters long, above the {PARAM_MAX} a link's value may have"
+        elif given:
+            values[name] = given[0]
+    return values, problems
+
+
+def owned_params(names: Iterable[str]) -> tuple[dict[str, str], list[str]]:
+    """The link's values of `names` (a page's own parameters) and a sentence for each of them that cannot be read."""
+    names = set(names)
+    values, problems = read_params(st.query_params)
+    return ({k: v for k, v in values.items() if k in names}, [p for k, p in problems.items() if k in names])
+
+
 def parse_config(params: Mapping[str, str], prefix: str = "") -> tuple[ModelConfig | None, list[str]]:
     """The config a link names (None when it names none, or one that cannot be used) and what was wrong with it."""
     given = {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
     given = {k: v for k, v in given.items() if k in CONFIG_FIELDS or k == "preset"}
     if not given:
         return None, []
+    if long := [name for name, raw in given.items() if len(raw) > PARAM_MAX]:
+        return None, [f"{prefix}{name}= is {len(given[name]):,} characters long, above the {PARAM_MAX} a link's "
+                      "value may have" for name in long]
     problems = []
     fields: dict = {}
     for name, raw in given.items():
@@ -163,11 +195,11 @@ def coerce(name: str, raw: str, kind: type) -> tuple[object, str | None]:
         if raw.lower() in BOOLS:
             return BOOLS[raw.lower()], None
         return None, f"{name}={raw!r} is not on or off"
-    if kind is int:
-        try:
-            return int(raw), None
-        except ValueError:
-            return None, f"{name}={raw!r} is not a whole number"
+    if kind is int:  # digits 0-9 only: int() also reads other scripts' digits (hidden=٤٨ was 48)
+        if len(raw) > PARAM_MAX or not re.fullmatch(r"[+-]?[0-9]{1,12}", raw.strip()):
+            shown = repr(raw) if len(raw) <= 40 else f"{raw[:40]!r}… ({len(raw):,} characters)"
+            return None, f"{name}={shown} is not a whole number written with the digits 0-9"
+        return int(raw), None
     return raw, None
 
 
@@ -197,8 +229,12 @@ def restore_from_link(form_key: str, load: Callable[[ModelConfig], None]) -> Non
     if form_key in seen:
         return
     seen.add(form_key)
-    params = {k: st.query_params[k] for k in st.query_params}
-    config, problems = parse_config(params, prefix_of(form_key))
+    params, unreadable = read_params(st.query_params)
+    prefix = prefix_of(form_key)
+    config_names = {f"{prefix}{name}" for name in (*CONFIG_FIELDS, "preset")}
+    config, problems = parse_config(params, prefix)
+    if bad := [p for k, p in unreadable.items() if k in config_names]:  # a field that cannot be read: the default
+        config, problems = None, bad + problems
     loaded = False
     if config is not None:
         try:
@@ -214,8 +250,8 @@ def restore_from_link(form_key: str, load: Callable[[ModelConfig], None]) -> Non
         return
     values, problems = parse_view(params)
     node, node_problems = parse_node(params)
-    note_problems(form_key, problems + node_problems, "view")
-    named_config = any(k in params for k in (*CONFIG_FIELDS, "preset"))
+    note_problems(form_key, [p for k, p in unreadable.items() if k in (*VIEW, NODE)] + problems + node_problems, "view")
+    named_config = any(k in params or k in unreadable for k in (*CONFIG_FIELDS, "preset"))
     if node is not None and (loaded or not named_config):  # a node of a config that could not be used: dropped
         st.session_state[LINKED_NODE] = (config or st.session_state.get(f"{form_key}.applied"), node)
     pending = {k: v for k, v in values.items() if k in (VIEW["focus"][0], VIEW["expanded"][0])}
@@ -226,17 +262,22 @@ def restore_from_link(form_key: str, load: Callable[[ModelConfig], None]) -> Non
         st.session_state[PENDING] = (config or st.session_state.get(f"{form_key}.applied"), pending)
 
 
-def restore_choice(name: str, options: list[str], form_key: str = "config") -> None:
-    """Once per session: a link's `name=` that is none of `options` (?tab=Bogus) is dropped from the URL with a
-    notice, so the page's own default is what is shown and what the address bar says."""
+def restore_choice(name: str, options: list[str], form_key: str = "config", show: bool = False) -> None:
+    """Once per session and page: a link's `name=` that is none of `options` (?tab=Bogus), given twice or too long, is
+    dropped from the URL with a notice, so the page's own default is what is shown and what the address bar says.
+    `show`: the notice is shown here too (a page whose notices were drawn before it knew its options)."""
     seen = st.session_state.setdefault("link.read", set())
-    if name in seen:
+    if f"{form_key}:{name}" in seen:  # per page: the explorer's tab= and the parallel page's are different lists
         return
-    seen.add(name)
-    raw = st.query_params.get(name)
-    if raw is not None and raw not in options:
+    seen.add(f"{form_key}:{name}")
+    values, unreadable = read_params(st.query_params)
+    raw = values.get(name)
+    if name in unreadable or (raw is not None and raw not in options):
         del st.query_params[name]
-        note_problems(form_key, [f"{name}={raw!r} is not one of {', '.join(options)}"], "view")
+        notice = note_problems(form_key, [unreadable.get(name) or f"{name}={raw!r} is not one of {', '.join(options)}"],
+                               "view")
+        if show and notice:
+            st.warning(escape_markdown(notice))
 
 
 def apply_pending_view(config: ModelConfig, graph) -> None:
@@ -286,7 +327,7 @@ def write_params(names: Iterable[str], wanted: Mapping[str, str]) -> None:
     """Make the URL's parameters `names` what `wanted` says: set those given, drop the others."""
     for name in names:
         value = wanted.get(name)
-        if st.query_params.get(name) != value:
+        if st.query_params.get(name) != value or len(st.query_params.get_all(name)) > 1:  # a repeat: written once
             if value is None:
                 del st.query_params[name]
             else:
@@ -311,7 +352,8 @@ def sync_url(form_key: str, applied: ModelConfig) -> dict[str, str]:
         mine |= {*VIEW, NODE}
         wanted |= view_params(st.session_state)
     current = {k: st.query_params[k] for k in st.query_params}
-    if {k: v for k, v in current.items() if k in mine} != wanted:
+    repeated = any(len(st.query_params.get_all(k)) > 1 for k in mine & current.keys())
+    if {k: v for k, v in current.items() if k in mine} != wanted or repeated:
         for k in mine & current.keys():
             del st.query_params[k]
         st.query_params.update(wanted)
@@ -367,3 +409,94 @@ def copy_link(form_key: str, applied: ModelConfig, where) -> None:
     url = link_url(st.context.url or "", sync_url(form_key, applied))
     box_id = "copy-link-" + form_key.replace(".", "-")
     where.html(LINK_BOX.format(box_id=box_id, url=html.escape(url, quote=True)), unsafe_allow_javascript=True)
+
+
+# ---- the toy page: the expression, its values and toggles --------------------------------------------------------
+
+EXPR = "expr"  # URL names on the toy page: expr=, v.NAME= per variable, detach=a,b, twice=1
+VALUE_PREFIX = "v."
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,3})?")
+
+
+def expression_params(text: str, values: Mapping[str, float], detach: Iterable[str], twice: bool) -> dict[str, str]:
+    """The toy page as URL parameters: `?expr=(a*b+c)**2&v.a=2&v.b=-3&v.c=10`, plus detach= and twice= when set."""
+    out = {EXPR: text, **{f"{VALUE_PREFIX}{name}": f"{value:g}" for name, value in values.items()}}
+    if detach := list(detach):
+        out["detach"] = ",".join(detach)
+    if twice:
+        out["twice"] = "1"
+    return out
+
+
+def parse_expression_link(params: Mapping[str, str]) -> tuple[dict | None, list[str]]:
+    """What a toy-page link names: {"text", "values", "detach", "twice"}, or None when it names no expression or one
+    that cannot be used, and what was wrong. The expression is parsed (never evaluated) by the toy's own parser."""
+    from graphviz_core.toy.expressions import parse_expression, variables_of
+
+    text = params.get(EXPR)
+    if text is None:
+        return None, []
+    try:
+        variables = variables_of(parse_expression(text))
+    except ValueError as exc:
+        return None, [f"expr= is not an expression this page takes: {exc}"]
+    values, problems = {}, []
+    for key, raw in params.items():
+        if not key.startswith(VALUE_PREFIX):
+            continue
+        name = key[len(VALUE_PREFIX):]
+        shown = key if len(key) <= 40 else key[:40] + "…"
+        if name not in variables:
+            problems.append(f"{shown}= names no variable of the expression")
+        elif not _DECIMAL.fullmatch(raw.strip()) or not math.isfinite(float(raw)):
+            problems.append(f"{shown}={raw[:40]!r} is not a finite number written with the digits 0-9")
+        else:
+            values[name] = float(raw)
+    detach = [v for v in params.get("detach", "").split(",") if v]
+    problems += [f"detach={v[:40]!r} is not a variable of the expression" for v in detach if v not in variables]
+    twice = params.get("twice", "0").lower()
+    if twice not in BOOLS:
+        problems.append(f"twice={twice[:40]!r} is not on or off")
+    if problems:
+        return None, problems
+    return {"text": text, "values": values, "detach": detach, "twice": BOOLS[twice]}, []
+
+
+def restore_expression(key: str, edited: str) -> None:
+    """Once per session: the expression, values and toggles a toy-page link names, put into the page's widgets
+    (session_state keys `key`.text, .var.NAME, .detach, .twice; the preset box says `edited` until they match one);
+    a link that cannot be used leaves the page's first example, with a notice."""
+    seen = st.session_state.setdefault("link.read", set())
+    if f"{key}:expression" in seen:
+        return
+    seen.add(f"{key}:expression")
+    params, unreadable = read_params(st.query_params)
+    ours = [p for k, p in unreadable.items() if k in (EXPR, "detach", "twice") or k.startswith(VALUE_PREFIX)]
+    linked, problems = parse_expression_link(params) if not ours else (None, ours)
+    if linked is not None:
+        st.session_state[f"{key}.preset"] = edited
+        st.session_state[f"{key}.text"] = linked["text"]
+        for name, value in linked["values"].items():
+            st.session_state[f"{key}.var.{name}"] = value
+        st.session_state[f"{key}.detach"] = linked["detach"]
+        st.session_state[f"{key}.twice"] = linked["twice"]
+    note_problems(key, problems, "expression")
+
+
+def expression_link(key: str, where) -> None:
+    """Write the toy page's expression, values and toggles into the URL, and show the link box (LINK_BOX)."""
+    from graphviz_core.toy.expressions import parse_expression, variables_of
+
+    text = st.session_state.get(f"{key}.text", "")
+    try:
+        variables = variables_of(parse_expression(text))
+    except ValueError:
+        variables = []
+    values = {n: st.session_state[f"{key}.var.{n}"] for n in variables if f"{key}.var.{n}" in st.session_state}
+    wanted = expression_params(text, values, st.session_state.get(f"{key}.detach", []),
+                               bool(st.session_state.get(f"{key}.twice")))
+    old = {k for k in st.query_params if k.startswith(VALUE_PREFIX)}
+    write_params({EXPR, "detach", "twice", *old, *wanted}, wanted)
+    where.html(LINK_BOX.format(box_id=f"copy-link-{key}", url=html.escape(link_url(st.context.url or "", wanted),
+                                                                          quote=True)),
+               unsafe_allow_javascript=True)

@@ -25,7 +25,15 @@ from graphviz_core.parallel.settings import (
 from graphviz_core.parallel.simulate import PerRank
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, format_seconds, literal_cells
-from graphviz_core.ui.links import coerce, dismiss_notices, encode, note_problems, show_notices, write_params
+from graphviz_core.ui.links import (
+    coerce,
+    dismiss_notices,
+    encode,
+    note_problems,
+    owned_params,
+    show_notices,
+    write_params,
+)
 
 MAX_CACHED = 8
 DEFAULT = ParallelConfig("fsdp", 8)
@@ -134,9 +142,10 @@ def parallel_form(key: str = "parallel") -> ParallelConfig:
     """The "Parallelism" form at the top of the sidebar; returns the layout last applied (FSDP over 8 at first).
     A link's layout is read once per session; a refused layout or link is said at the top of the main area too."""
     if f"{key}.applied" not in st.session_state:
-        linked, problems = parse_layout({k: st.query_params[k] for k in st.query_params})
+        params, unreadable = owned_params(DEFAULT.to_dict())  # given twice, or too long: the default, with a notice
+        linked, problems = parse_layout(params) if not unreadable else (None, [])
         _load(key, linked or DEFAULT)
-        note_problems(key, problems, "layout")
+        note_problems(key, unreadable + problems, "layout")
     st.sidebar.markdown("**Parallelism**")
     with st.sidebar.form(f"{key}.form"):
         st.selectbox("Strategy", STRATEGIES, format_func=STRATEGY_SHORT.get, key=f"{key}.strategy",

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from graphviz_core.config import ModelConfig
-from graphviz_core.parallel.planner import Cluster, parse_bytes, plan
+from graphviz_core.parallel.planner import MAX_GLOBAL_BATCH, Cluster, parse_bytes, plan, rate_problem
 from graphviz_core.parallel.settings import GPUS_PER_NODE, H100_FLOPS, INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, format_seconds, literal_cells
@@ -19,9 +19,13 @@ POLICY_WORDS = {"none": "none: keep every activation", "full": "full: keep each 
                 "selective-ops-torchtitan": "selective-ops-torchtitan: torchtitan's policy, keep every second matmul's "
                 "and the attention outputs",
                 "selective-attention": "selective-attention: re-run the attention core"}
-WHOLE_FIELDS = {"gpus": ("GPUs in all", 1, 4096), "batch": ("Global batch (sequences per optimizer step)", 1, 1 << 20),
+WHOLE_FIELDS = {"gpus": ("GPUs in all", 1, 4096),
+                "batch": ("Global batch (sequences per optimizer step)", 1, MAX_GLOBAL_BATCH),
                 "per_node": ("GPUs per node", 1, 64)}
-RATE_FIELDS = {"tflops": "GPU TFLOP/s (dense)", "nvlink": "NVLink GB/s per GPU", "infiniband": "Network GB/s per GPU"}
+# field: (label, the Cluster's field, the unit the box is in)
+RATE_FIELDS = {"tflops": ("GPU TFLOP/s (dense)", "gpu_flops", 1e12),
+               "nvlink": ("NVLink GB/s per GPU", "nvlink_bytes_per_s", 1e9),
+               "infiniband": ("Network GB/s per GPU", "infiniband_bytes_per_s", 1e9)}
 
 
 def _inputs(config: ModelConfig) -> dict | None:
@@ -69,8 +73,10 @@ def out_of_range(inputs: dict) -> list[str]:
     (with min/max set, Streamlit kept the last value in range without a word and the plan ran on that one)."""
     problems = [f"{label} must be a whole number from {low:,} to {high:,} (got {inputs[name]:,})."
                 for name, (label, low, high) in WHOLE_FIELDS.items() if not low <= inputs[name] <= high]
-    return problems + [f"{label} must be above 0 (got {inputs[name]:,})."
-                       for name, label in RATE_FIELDS.items() if not inputs[name] > 0]
+    # a rate is finite and inside the planner's range: 1e-320 TFLOP/s showed as 0.00, passed "above 0" and its step
+    # time overflowed the page's formatting
+    rates = (rate_problem(field, inputs[name], label, scale) for name, (label, field, scale) in RATE_FIELDS.items())
+    return problems + [problem[:1].upper() + problem[1:] for problem in rates if problem]
 
 
 def _run(config: ModelConfig, inputs: dict):
@@ -178,7 +184,7 @@ def _show_result(result) -> None:
         with st.expander(f"Settled or refused without a run: {len(result.skipped)}"):
             st.table(literal_cells(pd.DataFrame([{
                 "Mesh": " × ".join(f"{MESH_WORDS[k]} {v}" for k, v in s["mesh"].items() if v > 1) or "one GPU",
-                "Checkpointing": s["checkpoint"],
-                "Sequences per microbatch": s["microbatch_size"],
+                "Checkpointing": s["checkpoint"] or "every one",  # None: a degree refused for every layout of it
+                "Sequences per microbatch": s["microbatch_size"] or "every size",
                 "Why": s["reason"],
             } for s in result.skipped])), hide_index=True)
