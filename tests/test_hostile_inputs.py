@@ -74,6 +74,30 @@ def test_many_jobs_on_a_small_plan_end_with_the_plan():
     assert sorted(labels) == ["FSDP 2, none, microbatch 1", "TP 2 + SP, none, microbatch 1"]
 
 
+def test_a_fork_the_system_refuses_is_a_sentence(monkeypatch):
+    """Under a process limit the fork raised BlockingIOError out of the pool: a traceback, then a hang."""
+
+    class Refused:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, *args, **kwargs):
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(planner, "ProcessPoolExecutor", Refused)
+    monkeypatch.setattr(planner.threading, "active_count", lambda: 1)  # as in the command line: the fork path
+    monkeypatch.setattr(planner.os, "cpu_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"the plan's 2 worker processes could not run \(BlockingIOError: \[Errno 11\] "
+                                         r"Resource temporarily unavailable\); try --jobs 1"):
+        planner.plan(resolve_config("llama-tiny"), Cluster(gpus=2, gpus_per_node=2), 4, ("none",), (1,), (1,), jobs=8)
+
+
 # ---- 2. repeated degrees collapse -------------------------------------------------------------------------------
 
 

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 from graphviz_core.config import ModelConfig
@@ -748,18 +749,23 @@ def _simulate(search: _Search, jobs: int, progress: Progress | None) -> None:
         with torch.device("meta"):  # shapes only: the family's transformers classes imported, no bytes
             build_model(config.replace(layers=1))
         context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            pending: dict[Future, tuple[Layout, int]] = {}
-            while True:
-                for layout in search.ready():
-                    for layers in search.samples(layout):
-                        future = pool.submit(_sample_or_failure, config, layout, layers, node, True)
-                        pending[future] = (layout, layers)
-                if not pending:
-                    break
-                ready, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in ready:
-                    finished(*pending.pop(future), future.result())
+        try:
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+                pending: dict[Future, tuple[Layout, int]] = {}
+                while True:
+                    for layout in search.ready():
+                        for layers in search.samples(layout):
+                            future = pool.submit(_sample_or_failure, config, layout, layers, node, True)
+                            pending[future] = (layout, layers)
+                    if not pending:
+                        break
+                    ready, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in ready:
+                        finished(*pending.pop(future), future.result())
+        except (OSError, BrokenProcessPool) as exc:  # a fork refused (a process limit: BlockingIOError), a worker killed
+            raise ValueError(f"the plan's {jobs} worker processes could not run ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else 'no message'}); try --jobs 1, which "
+                             "simulates in this process.") from None
         return
     while not search.finished():
         for layout in search.ready():
