@@ -655,6 +655,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None, ctrl_c: _CtrlC) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["debug"]:  # gradient-flow findings (graphviz_core.cli_debug)
+        from graphviz_core.cli_debug import main as debug_main
+
+        return debug_main(argv, (_add_config_flags, _config_of, CONFIG_FLAGS))
     if argv[:1] in (["record"], ["recording"]):  # a user's training loop recorded, and read (graphviz_core.cli_record)
         from graphviz_core.cli_record import main as record_main
 

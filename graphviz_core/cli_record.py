@@ -44,6 +44,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("-o", "--output", required=True, help="the folder to write the recording in (new)")
         parser.add_argument("--parameters-only", action="store_true",
                             help="record the per-step and per-parameter figures only, no per-node figures (cheaper)")
+        parser.add_argument("--check-forward", action="store_true",
+                            help="check every op of the forward for NaN and inf and keep each node's forward source "
+                                 "line (costs more; docs/debugging.md)")
         parser.add_argument("script", help="the Python script to run")
         parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
         return parser
@@ -83,7 +86,7 @@ def _record(args: argparse.Namespace) -> int:
     sys.argv = [script, *script_args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
-        with record(args.output, steps=args.steps, nodes=not args.parameters_only):
+        with record(args.output, steps=args.steps, nodes=not args.parameters_only, check_forward=args.check_forward):
             try:
                 runpy.run_path(script, run_name="__main__")
             except SystemExit as exit_:

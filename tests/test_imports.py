@@ -22,7 +22,7 @@ LAYERS = (
     ("export",),
     ("serve",),
     ("ui",),
-    ("cli", "cli_record", "__main__", ""),  # "" is the package root's public API
+    ("cli", "cli_record", "cli_debug", "__main__", ""),  # "" is the package root's public API
 )
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -174,7 +174,7 @@ def test_autograd_grad_and_a_non_scalar_loss(tmp_path):
 
 def test_bad_arguments_are_refused_with_a_sentence(tmp_path):
     for kwargs, said in (({"steps": 0}, "steps must be"), ({"model": "gpt2"}, "model must be"),
-                         ({"check_forward": True}, "check_forward is not available")):
+                         ({"check_forward": True, "nodes": False}, "check_forward needs")):
         with pytest.raises(ValueError, match=said):
             with graphviz_core.record(tmp_path / "x", **kwargs):
                 pass

@@ -57,6 +57,7 @@ class Recorder:
         self.scaler_scales: dict[int, tuple] = {}  # id(scaled loss) -> (weakref, the scale tensor then)
         self.handles: list = []
         self.originals: dict = {}
+        self.debug = None  # capture.nonfinite.DebugWatch (issue 36), set by record() when nodes are recorded
 
     # ---- installing and removing ------------------------------------------------------------------------------
     def install(self) -> None:
@@ -73,6 +74,8 @@ class Recorder:
         torch.autograd.grad = self._wrap_backward(self.originals[(torch.autograd, "grad")])
         scaler.scale = self._wrap_scale(self.originals[(scaler, "scale")])
         scaler.step = self._wrap_scaler_step(self.originals[(scaler, "step")])
+        if self.debug is not None:
+            self.debug.install()
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -83,6 +86,8 @@ class Recorder:
             setattr(owner, name, original)
         self.originals = {}
         self.before.clear()
+        if self.debug is not None:
+            self.debug.remove()
 
     # ---- steps --------------------------------------------------------------------------------------------------
     def _reset_step(self) -> None:
@@ -221,12 +226,16 @@ class Recorder:
             "grad_norm": total,
         }
         self.writer.write_step(step, parameters, columns)
+        if self.debug is not None:
+            self.debug.end_step(index, params, grads)
         self.started = now
         self.steps_written += 1
         self._reset_step()
         if self.limit is not None and self.steps_written >= self.limit:
             self.active = False  # the loop runs on unrecorded; the hooks return at once until the block ends
             self.modules.remove()
+            if self.debug is not None:
+                self.debug.stop()
 
     def _peak(self, params, optimizer) -> tuple[int | None, str]:
         if params and params[0].is_cuda:
@@ -273,6 +282,8 @@ class Recorder:
             return result
         cuda = any(isinstance(r, torch.Tensor) and r.is_cuda for r in roots)
         probe = BackwardProbe(roots, self.modules, self.writer.graphs, cuda)
+        if self.debug is not None:
+            self.debug.backward(probe, roots)
         try:
             with probe.flop_mode() if probe.new else contextlib.nullcontext():
                 result = original(tensors, *args, **kwargs)
@@ -327,11 +338,11 @@ def record(path, *, steps: int | None = None, model: torch.nn.Module | None = No
     `steps`: stop recording after that many optimizer steps (the loop runs on). `model`: the module being trained
     (parameter and module names come from it; without it, from the outermost module the forward calls).
     `nodes=False` records the per-step and per-parameter figures only (no per-node hooks: the cheapest mode).
-    `check_forward` (the forward non-finite check of the debugging issue) is refused until it is built.
+    `check_forward=True`: every op of the forward checked for NaN and inf, and each node's forward source line
+    kept (capture.nonfinite; docs/debugging.md).
     """
-    if check_forward:
-        raise ValueError("check_forward is not available in this version yet; record without it (the backward's "
-                         "per-node non-finite counts are recorded all the same).")
+    if check_forward and not nodes:
+        raise ValueError("check_forward needs the per-node figures; record with nodes=True (the default).")
     if not _ACTIVE.acquire(blocking=False):
         raise ValueError("a recording is already running in this process; record one loop at a time.")
     recorder = None
@@ -339,6 +350,10 @@ def record(path, *, steps: int | None = None, model: torch.nn.Module | None = No
         recorder = Recorder(path, steps, model, nodes)
         recorder.thread = threading.current_thread()
         recorder.saved_bytes_of = {}
+        if nodes:
+            from graphviz_core.capture.nonfinite import DebugWatch
+
+            recorder.debug = DebugWatch(recorder, check_forward)
         recorder.install()
         clean = False
         try:

@@ -1,0 +1,262 @@
+"""Gradient-flow debugging over a recording (issue 36; docs/debugging.md): where a non-finite value started, what
+never got a gradient and why, dead units, vanishing and exploding gradients, the scaler's skipped steps, and the
+gradient noise scale. Pure functions of what the recorder wrote (graph.recording and the debug lines of
+capture.nonfinite); `graphviz-core debug` prints them, for a recording or for one step of a preset (recorded first).
+
+Each finding is a dict with `kind` (one of KINDS) and, where they apply, `step`, `rank`, `node` (the autograd op),
+`module`, `source` (`file:line`), `parameter`, `reason`, `fraction`, and `figures`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from graphviz_core.graph.recording import Recording, RecordingError
+
+KINDS = ("nonfinite-backward", "nonfinite-forward", "nonfinite-loss", "no-gradient", "dead-units",
+         "scaler-overflow", "vanishing", "exploding")
+DEBUG_FILE = "debug.jsonl"  # written by capture.nonfinite.DebugWatch
+MAX_DEBUG_BYTES = 256 << 20
+
+# The rules, stated (docs/debugging.md says the same):
+DEAD_FRACTION = 0.10  # a ReLU-family layer with at least 10% of its units zero for the whole batch
+EXPLODING_FACTOR = 10.0  # a step's whole-gradient norm above 10x the median of the steps before it ...
+EXPLODING_WINDOW = 20  # ... (up to 20 of them, at least EXPLODING_MIN) -- Pascanu, Mikolov & Bengio (2013)
+EXPLODING_MIN = 5
+VANISHING_RATIO = 1e-4  # a module's gradient norm below 1e-4 of the largest module's in the same step
+
+
+@dataclass
+class DebugLog:
+    """What capture.nonfinite wrote for one rank (empty for a recording made without it)."""
+
+    parameters: list = field(default_factory=list)
+    steps: dict = field(default_factory=dict)  # step -> its line
+    sources: dict = field(default_factory=dict)  # graph id -> {row: "file:line"}
+
+
+def read_debug(recording: Recording, rank: int) -> DebugLog:
+    """rank-<r>/debug.jsonl, bounded; a last line cut short by a killed run is dropped."""
+    path = recording.path / f"rank-{rank}" / DEBUG_FILE
+    log = DebugLog()
+    if not path.exists():
+        return log
+    if path.is_symlink() or not path.is_file():
+        raise RecordingError(f"{path} is not a plain file.")
+    if path.stat().st_size > MAX_DEBUG_BYTES:
+        raise RecordingError(f"{path} is more than the {MAX_DEBUG_BYTES:,} bytes a debug log may be.")
+    lines = path.read_bytes().split(b"\n")
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            line = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            if i >= len(lines) - 2:
+                break  # the last line, cut short
+            raise RecordingError(f"{path} line {i + 1} is not JSON; the recording's debug log is damaged.") from None
+        if not isinstance(line, dict):
+            raise RecordingError(f"{path} line {i + 1} is not an object; the recording's debug log is damaged.")
+        if isinstance(line.get("parameters"), list):
+            log.parameters = line["parameters"]
+        elif isinstance(line.get("step"), int):
+            log.steps[line["step"]] = line
+        elif isinstance(line.get("sources"), str) and isinstance(line.get("rows"), dict):
+            log.sources[line["sources"]] = {str(k): str(v) for k, v in line["rows"].items()}
+    return log
+
+
+def _number(value):
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return None if value is None else str(value)
+    return value
+
+
+def noise_scale(micro_grad_norms: list[float], grad_norm: float | None) -> float | None:
+    """B_simple, in micro-batches, from k >= 2 micro-batch gradients g_i and their sum G = sum g_i ("An Empirical
+    Model of Large-Batch Training", McCandlish et al. 2018, appendix A.1, with B_small = 1 and B_big = k micro-batches):
+    |G_small|^2 = mean |g_i|^2, |G_big|^2 = |G / k|^2, S = (|G_small|^2 - |G_big|^2) / (1 - 1/k),
+    |G|^2 = (k |G_big|^2 - |G_small|^2) / (k - 1), B_simple = S / |G|^2. A uniform scale on every g_i (a loss divided
+    by k) cancels. None with fewer than two micro-batches or a non-finite norm."""
+    k = len(micro_grad_norms)
+    if k < 2 or grad_norm is None or not all(math.isfinite(v) for v in [*micro_grad_norms, grad_norm]):
+        return None
+    small = sum(v * v for v in micro_grad_norms) / k
+    big = (grad_norm / k) ** 2
+    true_sq = (k * big - small) / (k - 1)
+    noise = (small - big) / (1 - 1 / k)
+    return noise / true_sq if true_sq != 0 else None
+
+
+def _first_source(graph: nx.DiGraph) -> tuple[str | None, list[str]]:
+    """The first node, in an order autograd can run them (every node after the nodes that send it a gradient, ties by
+    the graph's order), that receives only finite gradients and returns a non-finite one; and the others like it."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    sources = []
+    for node in nx.lexicographical_topological_sort(graph, key=order.get):
+        data = graph.nodes[node]
+        if not data.get("nonfinite"):
+            continue
+        if all(not graph.nodes[p].get("nonfinite") for p in graph.predecessors(node)):
+            sources.append(node)
+    return (sources[0] if sources else None), sources[1:]
+
+
+def _node_finding(graph, node, log: DebugLog, graph_id: str) -> dict:
+    data = graph.nodes[node]
+    row = node.rpartition(":")[2]
+    max_abs = data.get("max_abs")
+    values = "nan" if max_abs is not None and max_abs != max_abs else "inf"
+    figures = {
+        "values": values, "nonfinite": data.get("nonfinite"),
+        "grad_out": {"grad_norm": _number(data.get("grad_norm")), "max_abs": _number(max_abs)},
+        "grad_in": [{"node": p, "grad_norm": _number(graph.nodes[p].get("grad_norm")),
+                     "max_abs": _number(graph.nodes[p].get("max_abs")), "nonfinite": graph.nodes[p].get("nonfinite")}
+                    for p in graph.predecessors(node)],
+        "saved": [{"shape": s.get("shape"), "dtype": s.get("dtype")} for s in (data.get("saved") or [])],
+    }
+    return {"node": data.get("op"), "node_id": node, "module": data.get("module") or "",
+            "source": log.sources.get(graph_id, {}).get(row), "figures": figures}
+
+
+def _backward_findings(recording, rank, step, index, log: DebugLog, loss_bad: bool) -> list[dict]:
+    out = []
+    for b, graph_id in enumerate(step.backward_graphs):
+        graph = recording.step_graph(step.step, rank, b)
+        first, others = _first_source(graph)
+        if first is None:
+            continue
+        finding = _node_finding(graph, first, log, graph_id)
+        finding["backward"] = b
+        if others:
+            finding["figures"]["other_sources"] = others[:20]
+        if step.skipped:
+            scale = step.scale if step.scale is not None else float("nan")
+            finding.update(kind="scaler-overflow", reason=f"scaler overflow (scale = {scale:g}), step skipped")
+        elif loss_bad:
+            finding.update(kind="nonfinite-backward", reason="the loss was already non-finite: the forward made it "
+                           "(see the nonfinite-loss and nonfinite-forward findings)")
+        else:
+            finding.update(kind="nonfinite-backward", reason=f"receives only finite gradients and returns {values_of(finding)}")
+        out.append({"step": step.step, "rank": rank, **finding})
+        if step.skipped:
+            break  # one overflow finding per skipped step
+    if step.skipped and not out:
+        scale = step.scale if step.scale is not None else float("nan")
+        out.append({"kind": "scaler-overflow", "step": step.step, "rank": rank,
+                    "reason": f"scaler overflow (scale = {scale:g}), step skipped"})
+    return out
+
+
+def values_of(finding: dict) -> str:
+    return "NaN" if finding["figures"]["values"] == "nan" else "an infinity (no NaN)"
+
+
+def _forward_findings(rank, step, line: dict, loss_bad: bool) -> list[dict]:
+    out = []
+    losses = line.get("losses") or []
+    if loss_bad:
+        bad = [v for v in losses if v is not None]
+        out.append({"kind": "nonfinite-loss", "step": step.step, "rank": rank,
+                    "reason": f"the loss is {bad[0] if bad else 'not finite'}",
+                    "figures": {"losses": [v if v is not None else "finite" for v in losses]}})
+    producers = line.get("forward") or {}
+    for kind in ("nan", "inf"):
+        found = producers.get(kind)
+        if not isinstance(found, dict) or (kind == "inf" and not loss_bad):
+            continue  # an inf in the forward (a -inf mask) is a finding only when the loss is not finite
+        out.append({"kind": "nonfinite-forward", "step": step.step, "rank": rank, "node": found.get("op"),
+                    "module": found.get("module") or "", "source": found.get("source"),
+                    "reason": f"the first op whose output holds {'a NaN' if kind == 'nan' else 'an inf'} while no "
+                              f"input did",
+                    "figures": {k: found.get(k) for k in ("nan", "inf", "inputs", "outputs")}})
+    return out
+
+
+def _aggregate(found: dict, key: tuple, finding: dict) -> None:
+    """One finding per (kind, parameter or module, reason) over the run: its first step, and how many steps."""
+    if key in found:
+        found[key]["figures"]["steps"] += 1
+    else:
+        finding.setdefault("figures", {})["steps"] = 1
+        found[key] = finding
+
+
+def _layer_findings(rank, steps, found: dict) -> None:
+    history = []
+    for step in steps:
+        total = step.grad_norm
+        if not step.skipped and total is not None and math.isfinite(total):
+            before = history[-EXPLODING_WINDOW:]
+            if len(before) >= EXPLODING_MIN and total > EXPLODING_FACTOR * statistics.median(before):
+                median = statistics.median(before)
+                _aggregate(found, ("exploding", step.step), {
+                    "kind": "exploding", "step": step.step, "rank": rank,
+                    "reason": f"the whole gradient's norm {total:.4g} is {total / median:.1f}x the median "
+                              f"{median:.4g} of the {len(before)} steps before it (rule: > {EXPLODING_FACTOR:g}x)",
+                    "figures": {"grad_norm": total, "median_before": median}})
+            history.append(total)
+        layers: dict[str, float] = {}
+        for name, p in step.parameters.items():
+            if p.grad_norm is not None and math.isfinite(p.grad_norm):
+                module = name.rpartition(".")[0]
+                layers[module] = layers.get(module, 0.0) + p.grad_norm ** 2
+        largest = math.sqrt(max(layers.values(), default=0.0))
+        for module, squared in layers.items():
+            norm = math.sqrt(squared)
+            if 0 < norm < VANISHING_RATIO * largest:
+                _aggregate(found, ("vanishing", module), {
+                    "kind": "vanishing", "step": step.step, "rank": rank, "module": module,
+                    "reason": f"its gradient norm {norm:.3g} is {norm / largest:.1e} of the largest module's "
+                              f"{largest:.3g} in the same step (rule: < {VANISHING_RATIO:g})",
+                    "fraction": norm / largest})
+
+
+def _step_figures(rank, step, line: dict | None) -> dict:
+    dead = {}
+    for module, pair in ((line or {}).get("dead_units") or {}).items():
+        if isinstance(pair, list) and len(pair) == 2 and pair[1]:
+            dead[module] = pair[0] / pair[1]
+    return {"step": step.step, "rank": rank,
+            "noise_scale": _number(noise_scale(step.micro_grad_norms, step.grad_norm)),
+            "micro_batches": len(step.micro_grad_norms), "dead_units": dead}
+
+
+def analyse(recording: Recording) -> dict:
+    """`{"findings": [...], "steps": [per step: noise_scale, dead_units], "forward_checked": [ranks]}` for every rank
+    of the recording (`forward_checked`: the ranks recorded with check_forward, whose nodes carry source lines)."""
+    findings, figures, once, checked = [], [], {}, []
+    for rank in recording.ranks:
+        log = read_debug(recording, rank)
+        if log.sources:
+            checked.append(rank)
+        steps = recording.steps(rank)
+        for index, step in enumerate(steps):
+            line = log.steps.get(step.step) or {}
+            losses = line.get("losses") or []
+            loss_bad = any(v is not None for v in losses)
+            findings += _forward_findings(rank, step, line, loss_bad)
+            findings += _backward_findings(recording, rank, step, index, log, loss_bad)
+            for entry in line.get("no_gradient") or []:
+                if isinstance(entry, dict):
+                    _aggregate(once, ("no-gradient", rank, entry.get("parameter"), entry.get("reason")), {
+                        "kind": "no-gradient", "step": step.step, "rank": rank, "parameter": entry.get("parameter"),
+                        "module": entry.get("module") or "", "reason": entry.get("reason")})
+            step_figures = _step_figures(rank, step, line)
+            for module, fraction in step_figures["dead_units"].items():
+                if fraction >= DEAD_FRACTION:
+                    _aggregate(once, ("dead-units", rank, module), {
+                        "kind": "dead-units", "step": step.step, "rank": rank, "module": module,
+                        "fraction": fraction, "reason": f"{fraction:.1%} of its units were zero for the whole batch "
+                                                        f"(rule: >= {DEAD_FRACTION:.0%})"})
+            figures.append(step_figures)
+        _layer_findings(rank, steps, once)
+    findings += list(once.values())
+    order = {kind: i for i, kind in enumerate(KINDS)}
+    findings.sort(key=lambda f: (f.get("rank", 0), f.get("step", 0), order[f["kind"]]))
+    return {"findings": findings, "steps": figures, "forward_checked": checked}

@@ -1,0 +1,348 @@
+"""The recorder's debugging instruments (issue 36; docs/debugging.md), installed beside the recorder's own hooks:
+
+- which module's forward ran this step, with gradients on or off, and whether its output reached the loss (the
+  reasons a trainable parameter got no gradient: never ran, ran under no_grad, its output detached, or it never
+  reached the loss);
+- dead units: for each ReLU-family module (nn.ReLU, nn.ReLU6), which of its units (the last dimension) were zero
+  for every position of the whole batch;
+- with `check_forward=True`, a torch function mode over the forward: each op's output checked for NaN and ±inf
+  (the first op whose output holds a NaN no input held, or an inf no input held, is the producer) and each autograd
+  node's forward source line (`file:line`, the first frame outside torch and this package).
+
+Everything is written, as the run goes, to `rank-<r>/debug.jsonl` in the recording (one JSON object per line: a
+`parameters` line first, then one `step` line per step and one `sources` line per distinct graph);
+graphviz_core.analysis.gradient_flow reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+DEBUG_FILE = "debug.jsonl"
+RELU_FAMILY = (torch.nn.ReLU, torch.nn.ReLU6)
+MAX_DETACHED = 256  # detach calls kept between two backwards
+_ACCESSORS = ("__get__", "__set__", "__delete__")  # a tensor's attribute read (p.grad), not an op of the forward
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _user_frame() -> str | None:
+    """`file:line` of the innermost frame outside torch and graphviz_core (the line that called the op)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_TORCH_DIR) and not name.startswith(_OWN_DIR) and not name.startswith("<"):
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def _tensors(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _counts(t: torch.Tensor) -> tuple[int, int]:
+    """(NaN count, ±inf count) of a floating tensor; (0, 0) for any other."""
+    if not (t.is_floating_point() or t.is_complex()) or t.is_meta or t.numel() == 0:
+        return 0, 0
+    with torch.no_grad():
+        return int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+
+
+class _ForwardCheck(TorchFunctionMode):
+    """Every torch function the forward calls (a nested call inside one is not seen again: the outermost op, e.g.
+    `softmax`, is the one named): its outputs' NaN and inf counts, and its autograd node's source line."""
+
+    def __init__(self, watch: DebugWatch) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        watch = self.watch
+        if not torch.is_grad_enabled() or watch.depth or getattr(func, "__name__", "") in _ACCESSORS:
+            return out
+        outputs = _tensors(out)
+        where = None
+        for t in outputs:
+            node = t.grad_fn
+            if node is not None and id(node) not in watch.sources:
+                where = where or _user_frame()
+                watch.sources[id(node)] = (node, where)
+        if watch.producers.get("nan") and watch.producers.get("inf"):
+            return out
+        bad = [_counts(t) for t in outputs if isinstance(t, torch.Tensor)]
+        nan, inf = sum(b[0] for b in bad), sum(b[1] for b in bad)
+        if not nan and not inf:
+            return out
+        inputs = _tensors(args) + _tensors(kwargs or {})
+        before = [_counts(t) for t in inputs]
+        for kind, count, had in (("nan", nan, sum(b[0] for b in before)), ("inf", inf, sum(b[1] for b in before))):
+            if count and not had and kind not in watch.producers:
+                watch.producers[kind] = {
+                    "op": getattr(func, "__name__", str(func)), "module": watch.current_module(),
+                    "source": where or _user_frame(), "nan": nan, "inf": inf,
+                    "outputs": [list(t.shape) for t in outputs], "inputs": [list(t.shape) for t in inputs],
+                }
+        return out
+
+
+class DebugWatch:
+    """Installed and removed with the recorder; `backward(probe, roots)` before each recorded backward runs,
+    `end_step(...)` when the recorder writes a step."""
+
+    def __init__(self, recorder, check_forward: bool) -> None:
+        self.recorder = recorder
+        self.check_forward = check_forward
+        self.handles: list = []
+        self.stack: list = []  # modules whose forward is running (innermost last)
+        self.depth = 0  # > 0 inside our own reads
+        self.file = None
+        self.original_detach = None
+        self.mode: _ForwardCheck | None = None
+        self.written_sources: set[str] = set()
+        self.pending: list[dict] = []  # lines waiting for the rank's folder (opened at the first step)
+        self.owning: set[int] = set()  # ids of the modules that hold parameters themselves (refreshed each step)
+        self.outermost: set[int] = set()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.calls: dict[int, dict] = {}  # id(module) -> {"grad": bool, "nograd": bool, "reached": bool, ...}
+        self.outputs: list = []  # (id(module), grad_fn) of this backward's window
+        self.detached: list = []  # grad_fns whose tensor was detached
+        self.dead: dict[int, torch.Tensor] = {}  # id(module) -> bool mask of units seen non-zero
+        self.sources: dict[int, tuple] = {}
+        self.producers: dict[str, dict] = {}
+        self.losses: list = []
+
+    # ---- installing ---------------------------------------------------------------------------------------------
+    def install(self) -> None:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        self.owning = {id(m) for m in self._owners().values()}
+        self.handles = [register_module_forward_pre_hook(self._pre),
+                        register_module_forward_hook(self._post, always_call=True)]
+        self.original_detach = torch.Tensor.detach
+        watch, original = self, self.original_detach
+
+        def detach(tensor):
+            node = tensor.grad_fn
+            if node is not None and len(watch.detached) < MAX_DETACHED and not watch.depth:
+                watch.detached.append(node)
+            return original(tensor)
+
+        torch.Tensor.detach = detach
+        if self.check_forward:
+            self.mode = _ForwardCheck(self)
+            self.mode.__enter__()
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        if self.original_detach is not None:
+            torch.Tensor.detach = self.original_detach
+            self.original_detach = None
+        if self.mode is not None:
+            self.mode.__exit__(None, None, None)
+            self.mode = None
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        self._reset()
+
+    def stop(self) -> None:
+        """The recorder stopped recording (its step limit): the loop runs on without our hooks."""
+        self.remove()
+
+    # ---- forward ------------------------------------------------------------------------------------------------
+    def current_module(self) -> str:
+        paths = self.recorder.modules.paths
+        for module in reversed(self.stack):
+            known = paths.get(id(module))
+            if known is not None:
+                return known[0]
+        return ""
+
+    def _pre(self, module, args) -> None:
+        if not self.stack and id(module) not in self.outermost:  # an outermost module first seen (the model)
+            self.outermost.add(id(module))
+            self.owning |= {id(m) for m in module.modules() if next(m.parameters(recurse=False), None) is not None}
+        self.stack.append(module)
+
+    def _post(self, module, args, output) -> None:
+        if self.stack and self.stack[-1] is module:
+            self.stack.pop()
+        if self.depth or not self.recorder.active:
+            return
+        relu = isinstance(module, RELU_FAMILY)
+        if not relu and id(module) not in self.owning:
+            return
+        entry = self.calls.setdefault(id(module), {"grad": False, "nograd": False, "reached": False,
+                                                  "detached": None, "output": False})
+        if not torch.is_grad_enabled():
+            entry["nograd"] = True
+            return
+        entry["grad"] = True
+        outs = _tensors(output)
+        node = next((t.grad_fn for t in outs if t.grad_fn is not None), None)
+        if node is not None:
+            entry["output"] = True
+            if not entry["reached"]:
+                self.outputs.append((id(module), node))
+        if relu and outs and outs[0].dim() >= 1 and not outs[0].is_meta:
+            self.depth += 1
+            try:
+                with torch.no_grad():
+                    alive = (outs[0] != 0).reshape(-1, outs[0].shape[-1]).any(0)
+                seen = self.dead.get(id(module))
+                self.dead[id(module)] = alive if seen is None or seen.shape != alive.shape else seen | alive
+            finally:
+                self.depth -= 1
+
+    # ---- backward -----------------------------------------------------------------------------------------------
+    def backward(self, probe, roots: list) -> None:
+        """Before a recorded backward: which module outputs it reaches, which detaches cut one; the nodes' forward
+        source lines for a graph not seen before."""
+        self.depth += 1
+        try:
+            for root in roots:
+                if isinstance(root, torch.Tensor) and root.numel() == 1:
+                    value = float(root.detach())
+                    self.losses.append(None if math.isfinite(value) else str(value))
+            walked = {id(n) for n in probe.nodes}
+            cut = [(m, node) for m, node in self.outputs if id(node) not in walked]
+            for m, node in self.outputs:
+                if id(node) in walked:
+                    self.calls[m]["reached"] = True
+            detached = [d for d in self.detached if id(d) not in walked]  # a cut's node is not in the backward
+            if cut and detached:
+                for d in detached:
+                    below = _reachable(d)
+                    for m, node in cut:
+                        if id(node) in below and self.calls[m]["detached"] is None:
+                            self.calls[m]["detached"] = _name(d)
+            self.outputs, self.detached = [], []
+            if self.check_forward and probe.id not in self.written_sources:
+                rows = {str(i): self.sources[id(n)][1] for i, n in enumerate(probe.nodes)
+                        if id(n) in self.sources and self.sources[id(n)][1]}
+                self._line({"sources": probe.id, "rows": rows})
+                self.written_sources.add(probe.id)
+            self.sources = {}
+        finally:
+            self.depth -= 1
+
+    # ---- the step -----------------------------------------------------------------------------------------------
+    def end_step(self, index: int, params: list, grads: list) -> None:
+        """The step is written: its no-gradient parameters with their reasons, dead units, forward producers."""
+        self.depth += 1
+        try:
+            got = {id(p): g for p, g in zip(params, grads, strict=False)}
+            names = self.recorder.modules.param_names
+            owners = self._owners()
+            self.owning = {id(m) for m in owners.values()}
+            missing = []
+            for p in self.recorder._known_parameters():
+                if not p.requires_grad:
+                    continue
+                norm = got.get(id(p))
+                if norm is not None and norm != 0:
+                    continue
+                if norm is None and p.grad is not None:
+                    continue  # not stepped by the optimizer, but it has a gradient
+                name = names.get(id(p), "")
+                module = owners.get(id(p))
+                missing.append({"parameter": name, "module": self._path(module),
+                                "reason": self._reason(module, zero=norm == 0)})
+            dead = {}
+            for key, alive in self.dead.items():
+                known = self.recorder.modules.paths.get(key)
+                if known is not None:
+                    dead[known[0]] = [int(alive.numel() - int(alive.sum())), int(alive.numel())]
+            self._line({"step": index, "no_gradient": missing, "dead_units": dead, "losses": self.losses,
+                        "forward": self.producers})
+        finally:
+            self.depth -= 1
+        self._reset()
+
+    def _owners(self) -> dict[int, torch.nn.Module]:
+        owners = {}
+        for ref in self.recorder.modules.roots:
+            root = ref()
+            for module in (root.modules() if root is not None else ()):
+                for p in module.parameters(recurse=False):
+                    owners.setdefault(id(p), module)
+        return owners
+
+    def _path(self, module) -> str:
+        known = self.recorder.modules.paths.get(id(module)) if module is not None else None
+        return known[0] if known else ""
+
+    def _reason(self, module, zero: bool) -> str:
+        path = self._path(module) or "its module"
+        if zero:
+            return "its gradient is exactly zero: every path from the loss to it carried zeros"
+        entry = self.calls.get(id(module)) if module is not None else None
+        if entry is None:
+            return f"not on any path from the loss: {path} never ran in this step's forward"
+        if entry["nograd"] and not entry["grad"]:
+            return f"computed under no_grad: {path}'s forward ran with gradients off"
+        if entry["detached"]:
+            return f"cut by detach: the output of {path} was detached (at {entry['detached']}) before the loss"
+        if entry["grad"] and not entry["output"]:
+            return (f"requires_grad=False upstream: {path}'s output needed no gradient (its inputs and weights, as "
+                    f"used, do not require one)")
+        return f"not on any path from the loss: the output of {path} never reached it"
+
+    def _parameters(self) -> None:
+        rows = []
+        names = self.recorder.modules.param_names
+        for p in self.recorder._known_parameters():
+            rows.append({"name": names.get(id(p), ""), "requires_grad": bool(p.requires_grad),
+                         "shape": list(p.shape)})
+        self._line({"parameters": rows})
+
+    def _line(self, data: dict) -> None:
+        if self.file is None:
+            folder = getattr(self.recorder.writer, "folder", None)
+            if folder is None or self.recorder.writer.rank is None:
+                self.pending.append(data)
+                return
+            self.file = open(folder / DEBUG_FILE, "a", encoding="utf-8")  # noqa: SIM115 (kept open for the run)
+            pending, self.pending = self.pending, []
+            if "parameters" not in data:
+                self._parameters()
+            for line in pending:
+                self._line(line)
+        self.file.write(json.dumps(data, allow_nan=False, separators=(",", ":")) + "\n")
+        self.file.flush()
+
+
+def _name(node) -> str:
+    from graphviz_core.graph.categories import normalise_op
+
+    return normalise_op(node.name())
+
+
+def _reachable(node, limit: int = 100_000) -> set[int]:
+    """ids of every node reachable from `node` through next_functions (the graph above a detach)."""
+    seen, stack = set(), [node]
+    while stack and len(seen) < limit:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        stack.extend(child for child, _ in n.next_functions if child is not None)
+    return seen

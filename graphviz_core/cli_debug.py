@@ -1,0 +1,125 @@
+"""`graphviz-core debug`: the gradient-flow findings (docs/debugging.md) of a recording, or of one step of a preset.
+
+    graphviz-core debug PATH --format json [-o FILE]                              a recording (graphviz_core.record)
+    graphviz-core debug --preset NAME [config flags] [--check-forward] --format json [-o FILE]     one step, recorded
+
+Prints `{"findings": [...], "steps": [...]}` (analysis.gradient_flow); exit 0 whether or not something was found,
+exit 2 with one sentence on stderr for bad input. graphviz_core.cli hands the subcommand here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+
+EXIT_BAD_INPUT = 2
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _Refused(f"{self.prog}: {message} (see --help)")
+
+
+def _parser(add_config_flags) -> argparse.ArgumentParser:
+    parser = _Parser(prog="graphviz-core debug",
+                     description="Gradient-flow findings: where a NaN or inf started, parameters that got no "
+                                 "gradient and why, dead units, vanishing and exploding gradients, the scaler's "
+                                 "skipped steps (docs/debugging.md). Give a recording's folder, or --preset and "
+                                 "config flags for one step of that model.")
+    parser.add_argument("path", nargs="?", help="a recording's folder (graphviz-core record, graphviz_core.record)")
+    add_config_flags(parser)
+    parser.add_argument("--check-forward", action="store_true",
+                        help="with --preset: check every op of the forward for NaN and inf and keep each node's "
+                             "source line (a recording's forward was checked, or not, when it was recorded)")
+    parser.add_argument("--format", choices=("json",), default="json")
+    parser.add_argument("-o", "--output", help="file to write (default: stdout)")
+    return parser
+
+
+def main(argv: Sequence[str], config_flags: tuple) -> int:
+    """`argv` starts with `debug`; `config_flags` is graphviz_core.cli's (add the flags, the config they give, their
+    names), handed over so that this module does not import the one that imports it."""
+    add_config_flags, config_of, names = config_flags
+    try:
+        args = _parser(add_config_flags).parse_args(list(argv[1:]))
+        result = _run(args, config_of, names)
+    except (_Refused, ValueError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        sys.stderr.write((message if message.startswith("graphviz-core") else f"graphviz-core: {message}") + "\n")
+        return EXIT_BAD_INPUT
+    text = json.dumps(result, indent=1, allow_nan=False)
+    if args.output:
+        try:
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+        except OSError as exc:
+            sys.stderr.write(f"graphviz-core: cannot write {args.output}: {exc.strerror or exc}\n")
+            return EXIT_BAD_INPUT
+    else:
+        sys.stdout.write(text + "\n")
+    return 0
+
+
+def _run(args: argparse.Namespace, config_of, names) -> dict:
+    from graphviz_core.analysis.gradient_flow import analyse
+    from graphviz_core.graph.recording import open_recording
+
+    flags = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name) is not None]
+    if args.path is not None:
+        if args.preset is not None or flags:
+            raise ValueError(f"give a recording's folder or --preset with config flags, not both (got {args.path} "
+                             f"and {args.preset and '--preset' or flags[0]}).")
+        if args.check_forward:
+            raise ValueError("--check-forward applies to --preset; a recording's forward was checked when it was "
+                             "recorded (graphviz-core record --check-forward, or record(..., check_forward=True)).")
+        return analyse(open_recording(args.path))
+    if args.preset is None:
+        raise ValueError("give a recording's folder (graphviz-core debug PATH) or a model (--preset NAME).")
+    if args.optimizer is not None:
+        raise ValueError("debug of a preset runs one forward and backward, no optimizer step; leave out --optimizer "
+                         "(record your own loop to see its steps).")
+    config = config_of(args)
+    with tempfile.TemporaryDirectory(prefix="graphviz-core-debug-") as folder:
+        debug_step(config, folder, check_forward=args.check_forward)
+        result = analyse(open_recording(folder))
+    result["config"] = config.shown()
+    return result
+
+
+def debug_step(config, folder: str, check_forward: bool = False) -> None:
+    """One real forward and backward of `config`'s model on its example batch, recorded into `folder` (the same
+    recorder and analyses as a user's loop): the findings of that step read from it."""
+    import torch
+
+    import graphviz_core
+    from graphviz_core.capture.recorder import record
+
+    if config.device == "meta":
+        raise ValueError("debug needs real values; --device meta computes shapes only (use cpu or auto).")
+    if config.compile:
+        raise ValueError("debug of a preset runs eagerly; leave out --compile (record your compiled loop instead).")
+    if config.checkpoint != "none":
+        raise ValueError("debug of a preset runs without activation checkpointing; leave out --checkpoint.")
+    from graphviz_core.capture.autocast import autocast_device_type
+    from graphviz_core.capture.device import resolve_device
+
+    model, batch, loss_fn = graphviz_core.build(config)
+    model.train()
+    device_type = autocast_device_type(resolve_device(config.device))
+    autocast = torch.autocast(device_type, dtype=getattr(torch, config.autocast)) if config.autocast != "none" \
+        else contextlib.nullcontext()
+    with record(folder, model=model, check_forward=check_forward) as rec:
+        with autocast:
+            loss = loss_fn(model, batch)
+        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+            raise ValueError("the preset's loss needs no gradient; nothing to debug.")
+        loss.backward()
+        rec.step()

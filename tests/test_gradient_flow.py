@@ -1,0 +1,278 @@
+"""Gradient-flow debugging (issue 36) on real recorded loops: a NaN and an Inf injected in one layer's MLP of a
+transformers GPT-2 (random weights, config typed here) named at their node, module and source line within their step;
+an attention row masked with -inf named at its softmax by the forward check; a detached adapter, an unused head and a
+no_grad module named with their reasons; 50% dead units in one layer; B_simple against the same micro-batch gradients
+taken by hand; clean float32 and bfloat16 steps give no finding; float16 overflows are the scaler's."""
+
+import inspect
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import graphviz_core
+from graphviz_core.analysis.gradient_flow import analyse, noise_scale
+from graphviz_core.graph.recording import open_recording
+
+LAYERS, FAULT_LAYER, STEPS, FAULT_STEP = 5, 3, 4, 3  # the issue's 12/7/37 cut for time; no example in the docs uses it
+
+
+def _gpt2(**extra):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=LAYERS, n_embd=32, n_head=2, vocab_size=61, n_positions=16, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, **extra)
+    torch.manual_seed(5)
+    return GPT2LMHeadModel(config)
+
+
+def _run(model, steps, folder, each=None, check_forward=True, dtype=None):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with graphviz_core.record(folder, model=model, check_forward=check_forward):
+        for step in range(steps):
+            if each is not None:
+                each(step)
+            x = torch.randint(0, 61, (3, 12))
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+                loss = model(x, labels=x).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return analyse(open_recording(folder))
+
+
+def _inject(model, make):
+    """Wrap layer FAULT_LAYER's MLP: `make(out)` added to its output on the fault step only."""
+    mlp = model.transformer.h[FAULT_LAYER].mlp
+    forward, state = mlp.forward, {"on": False}
+
+    def faulty(hidden):
+        out = forward(hidden)
+        return out + make(out) if state["on"] else out
+
+    mlp.forward = faulty
+    return lambda step: state.update(on=step == FAULT_STEP)
+
+
+def _nan_fault(out):
+    return 0.0 * torch.sqrt(out - out.detach())  # sqrt of an exact zero; its gradient is 0 / (2 * 0) = NaN
+
+
+def _inf_fault(out):
+    # sqrt of an exact zero; its gradient is g / (2 * 0) = +-inf, no NaN where g is not 0. GPT-2's loss predicts
+    # token t+1 from position t: the last position's gradient is exactly 0 (0 / 0 = NaN), so it is left out
+    zero = out - out.detach()
+    return torch.cat([torch.sqrt(zero[:, :-1]), zero[:, -1:]], dim=1)
+
+
+def _line_of(function, text):
+    lines, first = inspect.getsourcelines(function)
+    return f"{__file__}:{first + next(i for i, line in enumerate(lines) if text in line)}"
+
+
+@pytest.mark.parametrize("fault, values, positions", [(_nan_fault, "nan", 12), (_inf_fault, "inf", 11)])
+def test_a_sqrt_of_zero_in_one_mlp_is_named_at_its_node_module_and_line(tmp_path, fault, values, positions):
+    model = _gpt2()
+    result = _run(model, STEPS, tmp_path / "run", each=_inject(model, fault))
+    backward = [f for f in result["findings"] if f["kind"] == "nonfinite-backward"]
+    assert len(backward) == 1, backward  # the steps before it are clean; the loss of the fault step is finite
+    found = backward[0]
+    assert found["step"] == FAULT_STEP and found["rank"] == 0
+    assert found["node"] == "SqrtBackward0" and found["module"] == f"transformer.h.{FAULT_LAYER}.mlp"
+    assert found["source"] == _line_of(fault, "torch.sqrt")
+    assert found["figures"]["values"] == values
+    # the gradient it received was finite (0 for the NaN fault: 0 * sqrt sends it zeros), its output is not: every
+    # one of the 3 sequences x positions x 32 values of the sqrt's input (0/0 or g/0)
+    assert all(g["nonfinite"] == 0 for g in found["figures"]["grad_in"])
+    assert found["figures"]["nonfinite"] == 3 * positions * 32
+    assert not [f for f in result["findings"] if f["kind"] in ("nonfinite-forward", "nonfinite-loss")]
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, width, masked=False):
+        super().__init__()
+        self.qkv, self.out, self.masked = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width), masked
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        mask = torch.zeros_like(scores)
+        if self.masked:
+            mask[:, 2, :] = float("-inf")  # every key of query 2 masked: that row's softmax is 0 / 0
+        weights = torch.softmax(scores + mask, dim=-1)
+        return x + self.out(weights @ v)
+
+
+def test_forward_check_names_the_softmax_of_a_fully_masked_row(tmp_path):
+    torch.manual_seed(6)
+    model = torch.nn.Sequential(*[_Attention(16, masked=i == 2) for i in range(4)], torch.nn.Linear(16, 1))
+    with graphviz_core.record(tmp_path / "run", model=model, check_forward=True) as rec:
+        loss = model(torch.randn(2, 5, 16)).pow(2).mean()
+        loss.backward()
+        rec.step()
+    findings = analyse(open_recording(tmp_path / "run"))["findings"]
+    forward = [f for f in findings if f["kind"] == "nonfinite-forward"]
+    assert len(forward) == 1  # the -inf of the mask is not a finding (the loss's NaN came from the softmax)
+    assert forward[0]["node"] == "softmax" and forward[0]["module"] == "2"
+    assert forward[0]["source"] == _line_of(_Attention.forward, "torch.softmax")
+    # one row of 5 keys in each of the 2 sequences is NaN; the matmul and Linear after it only carry it on
+    assert forward[0]["figures"]["nan"] == 2 * 5
+    assert [f["reason"] for f in findings if f["kind"] == "nonfinite-loss"] == ["the loss is nan"]
+
+
+class _Adapted(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.base, self.adapter = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        self.head, self.unused_head, self.frozen_path = torch.nn.Linear(8, 1), torch.nn.Linear(8, 3), \
+            torch.nn.Linear(8, 8)
+        self.zero = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.base(x) + self.adapter(x).detach()
+        with torch.no_grad():
+            side = self.frozen_path(x)
+        h = h + side
+        h = h + 0.0 * self.zero(x).clamp(min=1e6)  # every value clamped to a constant: a zero gradient
+        return self.head(h)
+
+
+def test_parameters_without_a_gradient_are_named_with_their_reasons(tmp_path):
+    torch.manual_seed(7)
+    model = _Adapted()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with graphviz_core.record(tmp_path / "run", model=model):
+        for _ in range(2):
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    findings = [f for f in analyse(open_recording(tmp_path / "run"))["findings"] if f["kind"] == "no-gradient"]
+    reasons = {f["parameter"]: f["reason"] for f in findings}
+    assert set(reasons) == {f"{m}.{p}" for m in ("adapter", "unused_head", "frozen_path", "zero")
+                            for p in ("weight", "bias")}
+    assert reasons["adapter.weight"].startswith("cut by detach: the output of adapter was detached")
+    assert reasons["unused_head.bias"] == "not on any path from the loss: unused_head never ran in this step's forward"
+    assert reasons["frozen_path.weight"].startswith("computed under no_grad")
+    assert reasons["zero.weight"].startswith("its gradient is exactly zero")
+    assert all(f["step"] == 0 and f["figures"]["steps"] == 2 for f in findings)  # one finding each, over 2 steps
+
+
+def test_half_the_units_of_one_mlp_dead(tmp_path):
+    model = _gpt2(activation_function="relu")
+    units = 4 * 32
+    with torch.no_grad():  # half of layer FAULT_LAYER's c_fc units get a bias no input overcomes
+        model.transformer.h[FAULT_LAYER].mlp.c_fc.bias[: units // 2] = -1e4
+    result = _run(model, 1, tmp_path / "run", check_forward=False)
+    dead = result["steps"][0]["dead_units"]
+    assert set(dead) == {f"transformer.h.{i}.mlp.act" for i in range(LAYERS)}
+    assert abs(dead[f"transformer.h.{FAULT_LAYER}.mlp.act"] - 0.5) <= 0.01
+    assert all(v < 0.01 for k, v in dead.items() if k != f"transformer.h.{FAULT_LAYER}.mlp.act")
+    found = [f for f in result["findings"] if f["kind"] == "dead-units"]
+    assert [(f["module"], f["step"]) for f in found] == [(f"transformer.h.{FAULT_LAYER}.mlp.act", 0)]
+
+
+def test_noise_scale_equals_the_offline_estimate_from_the_same_micro_batches(tmp_path):
+    torch.manual_seed(8)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    k, b, offline = 4, 5, []
+    with graphviz_core.record(tmp_path / "run", model=model):
+        for _ in range(3):
+            micro = []  # each micro-batch's own mean-loss gradient, flattened, taken by hand
+            for _ in range(k):
+                x, y = torch.randn(b, 6), torch.randn(b, 1)
+                before = torch.cat([p.grad.flatten() if p.grad is not None else torch.zeros(p.numel())
+                                    for p in model.parameters()])
+                (torch.nn.functional.mse_loss(model(x), y) / k).backward()
+                after = torch.cat([p.grad.flatten() for p in model.parameters()])
+                micro.append((after - before) * k)
+            # McCandlish et al., appendix A.1, in examples: B_small = b, B_big = k b
+            small = sum(float(g.pow(2).sum()) for g in micro) / k
+            big = float((sum(micro) / k).pow(2).sum())
+            g2 = (k * b * big - b * small) / (k * b - b)
+            s = (small - big) / (1 / b - 1 / (k * b))
+            offline.append(s / g2 / b)  # B_simple in examples, divided by b examples per micro-batch
+            opt.step()
+            opt.zero_grad()
+    figures = analyse(open_recording(tmp_path / "run"))["steps"]
+    assert [f["micro_batches"] for f in figures] == [k] * 3
+    for recorded, expected in zip([f["noise_scale"] for f in figures], offline, strict=True):
+        assert math.isclose(recorded, expected, rel_tol=1e-3)
+    assert noise_scale([1.0], 1.0) is None  # one micro-batch: nothing to estimate from
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_clean_steps_give_no_finding(tmp_path, dtype):
+    result = _run(_gpt2(), 6, tmp_path / "run", dtype=dtype)
+    assert result["findings"] == []
+    assert result["forward_checked"] == [0]
+
+
+def test_float16_overflows_are_the_scalers(tmp_path):
+    torch.manual_seed(9)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    # float16's largest value is 65,504: a loss scaled by 2**24 overflows in the float16 backward, and the scaler
+    # halves its scale and skips each step until the gradients fit
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24)
+    with graphviz_core.record(tmp_path / "run", model=model):
+        for _ in range(12):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(16, 8)).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    recording = open_recording(tmp_path / "run")
+    skipped = [s for s in recording.steps() if s.skipped]
+    assert skipped and len(skipped) < 12
+    findings = analyse(recording)["findings"]
+    assert [f["kind"] for f in findings] == ["scaler-overflow"] * len(skipped)
+    for step, found in zip(skipped, findings, strict=True):
+        assert found["step"] == step.step
+        assert found["reason"] == f"scaler overflow (scale = {step.scale:g}), step skipped"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "graphviz_core", "debug", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_prints_findings_and_refuses_bad_input(tmp_path):
+    model = _gpt2()
+    _run(model, STEPS, tmp_path / "run", each=_inject(model, _inf_fault))
+    done = _cli(str(tmp_path / "run"), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert [f["node"] for f in json.loads(done.stdout)["findings"]] == ["SqrtBackward0"]
+    clean = _cli("--preset", "gpt2-tiny", "--layers", "1", "--format", "json")
+    assert clean.returncode == 0 and json.loads(clean.stdout)["findings"] == []
+    assert json.loads(clean.stdout)["forward_checked"] == []
+    checked = _cli("--preset", "gpt2-tiny", "--layers", "1", "--check-forward")
+    assert json.loads(checked.stdout)["forward_checked"] == [0]  # the flag records source lines
+    for args, said in (([str(tmp_path / "none")], "does not exist"),
+                       ([], "give a recording's folder"),
+                       ([str(tmp_path / "run"), "--check-forward"], "--check-forward applies to --preset"),
+                       ([str(tmp_path / "run"), "--preset", "gpt2-tiny"], "not both"),
+                       (["--preset", "gpt2-tiny", "--device", "meta"], "shapes only"),
+                       (["--preset", "gpt2-tiny", "--optimizer", "sgd"], "no optimizer step")):
+        refused = _cli(*args)
+        assert refused.returncode == 2 and said in refused.stderr and len(refused.stderr.splitlines()) == 1, args
+
+
+def test_record_check_forward_flag_keeps_source_lines(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\n"
+                      "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor _ in range(2):\n"
+                      "    model(torch.randn(3, 4)).pow(2).mean().backward()\n    opt.step()\n    opt.zero_grad()\n")
+    for flag, checked in (([], []), (["--check-forward"], [0])):
+        folder = tmp_path / f"run{len(flag)}"
+        done = subprocess.run([sys.executable, "-m", "graphviz_core", "record", *flag, "-o", str(folder), str(script)],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert analyse(open_recording(folder))["forward_checked"] == checked
+    refused = subprocess.run([sys.executable, "-m", "graphviz_core", "record", "--check-forward", "--parameters-only",
+                              "-o", str(tmp_path / "x"), str(script)], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "check_forward needs the per-node figures" in refused.stderr
