@@ -99,8 +99,9 @@ def test_the_captions_speak_of_the_strategy_on_screen(page, streamlit_url, tmp_p
         ("GPUs in all", "0", "GPUs in all must be a whole number from 1 to 4,096 (got 0)."),
         ("Global batch (sequences per optimizer step)", "0",
          "Global batch (sequences per optimizer step) must be a whole number from 1 to 1,048,576 (got 0)."),
-        ("GPU TFLOP/s (dense)", "0", "GPU TFLOP/s (dense) must be above 0 (got 0.0)."),
-        ("Network GB/s per GPU", "0", "Network GB/s per GPU must be above 0 (got 0.0)."),
+        # the planner's ranges (planner.RATES): 1e6 to 1e21 FLOP/s, 1e3 to 1e15 B/s, in the boxes' units
+        ("GPU TFLOP/s (dense)", "0", "GPU TFLOP/s (dense) takes a rate from 1e-06 to 1e+09 TFLOP/s, got 0.0."),
+        ("Network GB/s per GPU", "0", "Network GB/s per GPU takes a rate from 1e-06 to 1e+06 GB/s, got 0.0."),
     ):
         box = form.get_by_role("spinbutton", name=field)
         before = box.input_value()
