@@ -13,6 +13,8 @@ and the first recorded step's extra time (a new graph: its structure, saved byte
 
     python benchmarks/bench_record.py [--steps 20] [--rounds 2] [--layers 12 --hidden 768 --batch 4 --seq 256]
     python benchmarks/bench_record.py --rss 1000     # RSS growth over 1,000 recorded steps of a 2-layer GPT-2
+    python benchmarks/bench_record.py --disk 100     # the recording's size after 100 steps of gpt2-small
+    python benchmarks/bench_record.py --own 3 [--parameters-only]   # the recorder's own CPU time per step
 """
 
 from __future__ import annotations
@@ -118,21 +120,113 @@ def compare(args) -> None:
 
 
 def rss_growth(steps: int) -> None:
-    """RSS before and after `steps` recorded steps of a 2-layer GPT-2 (width 64, b=2, s=32)."""
+    """RSS before recording, after its first 20 steps (one-time costs: pyarrow's import, the first graph, the
+    optimizer's state) and after `steps` recorded steps of a 2-layer GPT-2 (width 64, b=2, s=32)."""
     def rss() -> int:
         with open("/proc/self/status") as status:
             return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
 
     model, ids = model_and_batch(2, 64, 2, 32, vocab=256)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     folder = tempfile.mkdtemp(prefix="bench-record-rss-")
-    run_variant("bare", model, ids, 20, folder)
+
+    def step():
+        model(ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(20):
+        step()
     before = rss()
-    times = run_variant("recorder", model, ids, steps, os.path.join(folder, "run"))
-    after = rss()
-    print(f"{steps} recorded steps of a 2-layer GPT-2 (median {statistics.median(times) * 1e3:.1f} ms each): RSS "
-          f"{before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB (+{(after - before) / 2**20:.1f} MiB); the recording "
-          f"{folder_bytes(os.path.join(folder, 'run')) / 2**20:.1f} MiB")
+    started = time.perf_counter()
+    with graphviz_core.record(os.path.join(folder, "run"), model=model):
+        for _ in range(20):
+            step()
+        warmed = rss()
+        for _ in range(steps - 20):
+            step()
+        after = rss()
+    each = (time.perf_counter() - started) / steps
+    mib = 2 ** 20
+    print(f"{steps} recorded steps of a 2-layer GPT-2 ({each * 1e3:.1f} ms each): RSS {before / mib:.1f} MiB before, "
+          f"{warmed / mib:.1f} MiB after 20 steps (+{(warmed - before) / mib:.1f}: one-time), {after / mib:.1f} MiB after "
+          f"{steps} (+{(after - warmed) / mib:.1f} over the last {steps - 20}); the recording "
+          f"{folder_bytes(os.path.join(folder, 'run')) / mib:.1f} MiB")
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def disk_size(steps: int) -> None:
+    """The recording's size after `steps` steps of gpt2-small (12 layers, width 768): its graph, and so its rows per
+    step, do not depend on the batch, so a batch of 1 x 16 tokens measures what b=4, s=256 writes, quickly."""
+    model, ids = model_and_batch(12, 768, 1, 16)
+    folder = tempfile.mkdtemp(prefix="bench-record-disk-")
+    run_variant("recorder", model, ids, steps, os.path.join(folder, "run"))
+    total = folder_bytes(os.path.join(folder, "run"))
+    graphs = folder_bytes(os.path.join(folder, "run", "graphs"))
+    print(f"{steps} recorded steps of gpt2-small: {total / 1e6:.2f} MB on disk ({graphs / 1e6:.2f} MB of it the graph, "
+          f"stored once; {(total - graphs) / steps / 1e3:.1f} kB per step)")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def own_time(steps: int, args) -> None:
+    """The recorder's own CPU time per step, summed inside its functions (the graph walk and hook registration, the
+    node hooks, the gradient figures, the optimizer-step hooks and the write): far steadier than a difference of two
+    step times on a machine other work shares."""
+    from graphviz_core.capture import record_hooks, recorder
+
+    spent = [0.0]
+
+    def timed(function):
+        def wrapper(*a, **k):
+            started = time.thread_time()
+            try:
+                return function(*a, **k)
+            finally:
+                spent[0] += time.thread_time() - started
+
+        return wrapper
+
+    def timed_factory(factory):  # _pre/_post return the hook: time the hook
+        return lambda self, i: timed(factory(self, i))
+
+    probe, rec = record_hooks.BackwardProbe, recorder.Recorder
+    originals = {(probe, "__init__"): probe.__init__, (probe, "figures"): probe.figures, (probe, "remove"): probe.remove,
+                 (probe, "_pre"): probe._pre, (probe, "_post"): probe._post,
+                 (rec, "_before_step"): rec._before_step, (rec, "_after_step"): rec._after_step}
+    for (owner, name), function in originals.items():
+        setattr(owner, name, timed_factory(function) if name in ("_pre", "_post") else timed(function))
+    model, ids = model_and_batch(args.layers, args.hidden, args.batch, args.seq)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def step():
+        model(ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    bare = []
+    for _ in range(steps + 1):
+        started = time.thread_time()
+        step()
+        bare.append(time.thread_time() - started)
+    folder = tempfile.mkdtemp(prefix="bench-record-own-")
+    own, whole = [], []
+    with graphviz_core.record(os.path.join(folder, "run"), model=model, nodes=not args.parameters_only):
+        for _ in range(steps + 1):
+            spent[0] = 0.0
+            started = time.thread_time()
+            step()
+            whole.append(time.thread_time() - started)
+            own.append(spent[0])
+    for (owner, name), function in originals.items():
+        setattr(owner, name, function)
+    shutil.rmtree(folder, ignore_errors=True)
+    base = statistics.median(bare[1:])
+    mine = statistics.median(own[1:])  # the first recorded step reads a new graph: left out, as the warm-up is
+    what = "parameters only" if args.parameters_only else "every figure"
+    print(f"GPT-2 {args.layers} layers, width {args.hidden}, b={args.batch}, s={args.seq}, AdamW, "
+          f"{torch.get_num_threads()} thread(s): bare step {base:.3f} s (median of {steps}); the recorder ({what}) "
+          f"spent {mine:.3f} s of its own per step = {mine / base:.3f} of the bare step -> {1 + mine / base:.3f}x; "
+          f"first recorded step: {own[0]:.3f} s of its own")
 
 
 def main() -> None:
@@ -145,6 +239,9 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--only", help="comma-separated variants (the bare loop always runs): bare, profiler, anomaly, norm logger, recorder, parameters only")
     parser.add_argument("--rss", type=int, help="instead: RSS growth over this many recorded steps")
+    parser.add_argument("--disk", type=int, help="instead: the recording's size after this many gpt2-small steps")
+    parser.add_argument("--own", type=int, help="instead: the recorder's own CPU time per step over this many steps")
+    parser.add_argument("--parameters-only", action="store_true", help="with --own: record parameters only")
     parser.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's choice)")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time by the process's CPU time (all threads) instead of the wall clock: on a machine "
@@ -156,6 +253,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.rss:
         rss_growth(args.rss)
+    elif args.disk:
+        disk_size(args.disk)
+    elif args.own:
+        own_time(args.own, args)
     else:
         compare(args)
 

@@ -194,3 +194,18 @@ def test_two_ddp_ranks_record_into_one_folder_and_open_as_one_run(tmp_path):
             assert abs(p.grad_norm - taken[name]) <= 1e-6 * taken[name]
             assert abs(b.parameters[name].grad_norm - p.grad_norm) <= 1e-6 * p.grad_norm
     assert set(recording.to_dict()["steps_by_rank"]) == {"1"}
+
+
+def test_a_script_that_fails_keeps_its_traceback_and_exit_code(tmp_path):
+    """record runs the script as python would: its own exception's traceback and exit 1, its sys.exit code as is; the
+    recording keeps the steps before and says it did not end cleanly."""
+    failing = tmp_path / "fails.py"
+    failing.write_text(TRAIN.replace('print("trained", sys.argv[1:])', 'raise RuntimeError("the data ran out")'))
+    done = cli("record", "-o", str(tmp_path / "failed"), str(failing), "2")
+    assert done.returncode == 1
+    assert "RuntimeError: the data ran out" in done.stderr and "fails.py" in done.stderr
+    recording = open_recording(tmp_path / "failed")
+    assert recording.complete is False and len(recording.steps()) == 2
+    exits = tmp_path / "exits.py"
+    exits.write_text("import sys\nsys.exit(3)\n")
+    assert cli("record", "-o", str(tmp_path / "exited"), str(exits)).returncode == 3
