@@ -10,10 +10,8 @@ exit 2 with one sentence on stderr for bad input. graphviz_core.cli hands the su
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
-import tempfile
 from collections.abc import Sequence
 
 EXIT_BAD_INPUT = 2
@@ -86,40 +84,9 @@ def _run(args: argparse.Namespace, config_of, names) -> dict:
     if args.optimizer is not None:
         raise ValueError("debug of a preset runs one forward and backward, no optimizer step; leave out --optimizer "
                          "(record your own loop to see its steps).")
+    from graphviz_core.analysis.gradient_flow import analyse_config
+
     config = config_of(args)
-    with tempfile.TemporaryDirectory(prefix="graphviz-core-debug-") as folder:
-        debug_step(config, folder, check_forward=args.check_forward)
-        result = analyse(open_recording(folder))
+    result = analyse_config(config, check_forward=args.check_forward)
     result["config"] = config.shown()
     return result
-
-
-def debug_step(config, folder: str, check_forward: bool = False) -> None:
-    """One real forward and backward of `config`'s model on its example batch, recorded into `folder` (the same
-    recorder and analyses as a user's loop): the findings of that step read from it."""
-    import torch
-
-    import graphviz_core
-    from graphviz_core.capture.recorder import record
-
-    if config.device == "meta":
-        raise ValueError("debug needs real values; --device meta computes shapes only (use cpu or auto).")
-    if config.compile:
-        raise ValueError("debug of a preset runs eagerly; leave out --compile (record your compiled loop instead).")
-    if config.checkpoint != "none":
-        raise ValueError("debug of a preset runs without activation checkpointing; leave out --checkpoint.")
-    from graphviz_core.capture.autocast import autocast_device_type
-    from graphviz_core.capture.device import resolve_device
-
-    model, batch, loss_fn = graphviz_core.build(config)
-    model.train()
-    device_type = autocast_device_type(resolve_device(config.device))
-    autocast = torch.autocast(device_type, dtype=getattr(torch, config.autocast)) if config.autocast != "none" \
-        else contextlib.nullcontext()
-    with record(folder, model=model, check_forward=check_forward) as rec:
-        with autocast:
-            loss = loss_fn(model, batch)
-        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
-            raise ValueError("the preset's loss needs no gradient; nothing to debug.")
-        loss.backward()
-        rec.step()

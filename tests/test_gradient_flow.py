@@ -276,3 +276,17 @@ def test_record_check_forward_flag_keeps_source_lines(tmp_path):
     refused = subprocess.run([sys.executable, "-m", "graphviz_core", "record", "--check-forward", "--parameters-only",
                               "-o", str(tmp_path / "x"), str(script)], capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "check_forward needs the per-node figures" in refused.stderr
+
+
+def test_a_lora_preset_step_names_each_a_beside_its_zero_b():
+    """llama-tiny with LoRA on q_proj and v_proj of its 2 layers, under bfloat16 autocast: B starts at zero, so each
+    of the 4 A matrices gets an exactly zero gradient on the first step, named with B; the frozen base weights
+    (requires_grad=False) are not findings."""
+    from graphviz_core.analysis.gradient_flow import analyse_config
+    from graphviz_core.config import resolve_config
+
+    findings = analyse_config(resolve_config("llama-tiny", finetune="lora", autocast="bfloat16"))["findings"]
+    expected = {f"model.layers.{i}.self_attn.{p}_proj.lora_A.default.weight" for i in (0, 1) for p in "qv"}
+    assert {f["parameter"] for f in findings} == expected and {f["kind"] for f in findings} == {"no-gradient"}
+    for f in findings:
+        assert f"through {f['parameter'].replace('lora_A', 'lora_B')}, whose values are all zero" in f["reason"]

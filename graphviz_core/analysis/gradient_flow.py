@@ -9,14 +9,16 @@ Each finding is a dict with `kind` (one of KINDS) and, where they apply, `step`,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import statistics
+import tempfile
 from dataclasses import dataclass, field
 
 import networkx as nx
 
-from graphviz_core.graph.recording import Recording, RecordingError
+from graphviz_core.graph.recording import Recording, RecordingError, open_recording
 
 KINDS = ("nonfinite-backward", "nonfinite-forward", "nonfinite-loss", "no-gradient", "dead-units",
          "scaler-overflow", "vanishing", "exploding")
@@ -260,3 +262,44 @@ def analyse(recording: Recording) -> dict:
     order = {kind: i for i, kind in enumerate(KINDS)}
     findings.sort(key=lambda f: (f.get("rank", 0), f.get("step", 0), order[f["kind"]]))
     return {"findings": findings, "steps": figures, "forward_checked": checked}
+
+
+def analyse_config(config, check_forward: bool = False) -> dict:
+    """The findings of one step of `config`'s model: one real forward and backward on its example batch, recorded
+    into a temporary folder by the same recorder as a user's loop (no optimizer step), then `analyse`d."""
+    with tempfile.TemporaryDirectory(prefix="graphviz-core-debug-") as folder:
+        record_step(config, folder, check_forward=check_forward)
+        return analyse(open_recording(folder))
+
+
+def record_step(config, folder: str, check_forward: bool = False) -> None:
+    """Record one forward and backward of `config`'s model (weights and batch from its seed, under its autocast, with
+    its LoRA or frozen parameters) into `folder`. Refused with a sentence: the meta device (no values), --compile and
+    checkpointing (the step runs eagerly, without them)."""
+    import torch
+
+    from graphviz_core.capture.autocast import autocast_device_type
+    from graphviz_core.capture.device import resolve_device
+    from graphviz_core.capture.recorder import record
+    from graphviz_core.models.registry import build_model, compute_loss, make_batch
+
+    if config.device == "meta":
+        raise ValueError("debug needs real values; --device meta computes shapes only (use cpu or auto).")
+    if config.compile:
+        raise ValueError("debug of a preset runs eagerly; leave out --compile (record your compiled loop instead).")
+    if config.checkpoint != "none":
+        raise ValueError("debug of a preset runs without activation checkpointing; leave out --checkpoint.")
+    device = resolve_device(config.device)
+    with torch.device(device):
+        model = build_model(config)
+    batch = make_batch(config, device)
+    model.train()
+    autocast = torch.autocast(autocast_device_type(device), dtype=getattr(torch, config.autocast)) \
+        if config.autocast != "none" else contextlib.nullcontext()
+    with record(folder, model=model, check_forward=check_forward) as rec:
+        with autocast:
+            loss = compute_loss(config, model(batch.inputs), batch.targets)
+        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+            raise ValueError("the preset's loss needs no gradient; nothing to debug.")
+        loss.backward()
+        rec.step()

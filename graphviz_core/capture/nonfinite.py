@@ -293,6 +293,10 @@ class DebugWatch:
     def _reason(self, module, zero: bool) -> str:
         path = self._path(module) or "its module"
         if zero:
+            beside = self._zero_neighbour(module)
+            if beside:
+                return (f"its gradient is exactly zero: the gradient reaches it through {beside}, whose values are "
+                        f"all zero (LoRA's B starts at zero: A's gradient stays zero until B moves)")
             return "its gradient is exactly zero: every path from the loss to it carried zeros"
         entry = self.calls.get(id(module)) if module is not None else None
         if entry is None:
@@ -305,6 +309,29 @@ class DebugWatch:
             return (f"requires_grad=False upstream: {path}'s output needed no gradient (its inputs and weights, as "
                     f"used, do not require one)")
         return f"not on any path from the loss: the output of {path} never reached it"
+
+    def _zero_neighbour(self, module) -> str | None:
+        """A weight matrix near `module` (under its parent or grandparent, never the whole model) whose values are
+        all zero: a zero-initialised LoRA B beside its A. Biases (often zero at initialisation) are not counted."""
+        path = self._path(module)
+        if not path:
+            return None
+        names = self.recorder.modules.param_names
+        ancestors = [path.rpartition(".")[0], path.rpartition(".")[0].rpartition(".")[0]]
+        for ref in self.recorder.modules.roots:
+            root = ref()
+            if root is None:
+                continue
+            for prefix in [a for a in ancestors if a]:
+                try:
+                    near = root.get_submodule(prefix)
+                except AttributeError:
+                    continue
+                for p in near.parameters():
+                    name = names.get(id(p), "")
+                    if not name.startswith(path + ".") and p.dim() >= 2 and p.numel() and not bool(p.detach().any()):
+                        return name
+        return None
 
     def _parameters(self) -> None:
         rows = []
