@@ -290,3 +290,64 @@ def test_a_lora_preset_step_names_each_a_beside_its_zero_b():
     assert {f["parameter"] for f in findings} == expected and {f["kind"] for f in findings} == {"no-gradient"}
     for f in findings:
         assert f"through {f['parameter'].replace('lora_A', 'lora_B')}, whose values are all zero" in f["reason"]
+
+
+def _ddp_rank(rank, world, port, folder, results):
+    from tests.gloo import gloo_group
+
+    with gloo_group(rank, world, port):
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
+                                                                              torch.nn.Linear(8, 1)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.manual_seed(10 + rank)
+        with graphviz_core.record(folder, model=model.module, check_forward=True):
+            for step in range(2):
+                out = model(torch.randn(3, 4))
+                if rank == 1 and step == 1:
+                    out = out + _nan_fault(out)  # rank 1's own loss, at its last step
+                out.pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+        if rank == 0:
+            results.put(None)
+
+
+def test_the_rank_that_produced_the_nan_is_named(tmp_path):
+    """Two real gloo processes under DistributedDataParallel; rank 1 alone takes the sqrt of an exact zero at step 1.
+    Its backward is named there; rank 0's own nodes stayed finite (DDP averages the gradients into .grad after the
+    nodes ran), so rank 0 has no nonfinite-backward finding."""
+    from tests.gloo import spawn_ranks
+
+    spawn_ranks(_ddp_rank, 2, str(tmp_path / "ddp"))
+    findings = [f for f in analyse(open_recording(tmp_path / "ddp"))["findings"] if f["kind"] == "nonfinite-backward"]
+    assert [(f["rank"], f["step"], f["node"]) for f in findings] == [(1, 1, "SqrtBackward0")]
+    assert findings[0]["source"] == _line_of(_nan_fault, "torch.sqrt")
+
+
+def test_exploding_and_vanishing_by_their_stated_rules(tmp_path):
+    """Steps 0-6 train a small model; step 7's loss is multiplied by 1,000, so its whole gradient norm is ~1,000x
+    the median of the 7 before it (rule: > 10x). Module `tiny`'s output enters the model multiplied by 1e-7, so its
+    parameters' gradient norm is ~1e-7 of the others' (rule: < 1e-4 of the largest module's)."""
+    torch.manual_seed(11)
+    body, tiny, head = torch.nn.Linear(6, 6), torch.nn.Linear(6, 6), torch.nn.Linear(6, 1)
+    model = torch.nn.ModuleDict({"body": body, "tiny": tiny, "head": head})
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with graphviz_core.record(tmp_path / "run", model=model):
+        for step in range(8):
+            x = torch.randn(8, 6)
+            loss = head(torch.tanh(body(x) + 1e-7 * tiny(x))).pow(2).mean() * (1000.0 if step == 7 else 1.0)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    recording = open_recording(tmp_path / "run")
+    findings = analyse(recording)["findings"]
+    exploding = [f for f in findings if f["kind"] == "exploding"]
+    assert [f["step"] for f in exploding] == [7]
+    norms = [s.grad_norm for s in recording.steps()]
+    ratio = norms[7] / sorted(norms[:7])[3]  # the median of 7 steps is the 4th smallest
+    assert f"is {ratio:.1f}x the median" in exploding[0]["reason"] and ratio > 100
+    vanishing = [f for f in findings if f["kind"] == "vanishing"]
+    assert [(f["module"], f["step"], f["figures"]["steps"]) for f in vanishing] == [("tiny", 0, 8)]
+    assert vanishing[0]["fraction"] < 1e-5
+    assert {f["kind"] for f in findings} == {"exploding", "vanishing"}
