@@ -170,7 +170,8 @@ def disk_size(steps: int) -> None:
 
 def own_time(steps: int, args) -> None:
     """The recorder's own CPU time per step, summed inside its functions (the graph walk and hook registration, the
-    node hooks, the gradient figures, the optimizer-step hooks and the write): far steadier than a difference of two
+    node hooks, the gradient figures, the optimizer-step hooks and the write, and the gradient-flow watch of
+    capture.nonfinite that a recording with nodes runs): far steadier than a difference of two
     step times on a machine other work shares."""
     from graphviz_core.capture import record_hooks, recorder
 
@@ -186,15 +187,19 @@ def own_time(steps: int, args) -> None:
 
         return wrapper
 
-    def timed_factory(factory):  # _pre/_post return the hook: time the hook
+    def timed_factory(factory):  # BackwardProbe's _pre/_post return the hook: time the hook
         return lambda self, i: timed(factory(self, i))
+
+    from graphviz_core.capture.nonfinite import DebugWatch  # the gradient-flow watch every node recording runs
 
     probe, rec = record_hooks.BackwardProbe, recorder.Recorder
     originals = {(probe, "__init__"): probe.__init__, (probe, "figures"): probe.figures, (probe, "remove"): probe.remove,
                  (probe, "_pre"): probe._pre, (probe, "_post"): probe._post,
-                 (rec, "_before_step"): rec._before_step, (rec, "_after_step"): rec._after_step}
+                 (rec, "_before_step"): rec._before_step, (rec, "_after_step"): rec._after_step,
+                 **{(DebugWatch, name): getattr(DebugWatch, name) for name in ("_pre", "_post", "backward", "end_step")}}
     for (owner, name), function in originals.items():
-        setattr(owner, name, timed_factory(function) if name in ("_pre", "_post") else timed(function))
+        factory = owner is probe and name in ("_pre", "_post")
+        setattr(owner, name, timed_factory(function) if factory else timed(function))
     model, ids = model_and_batch(args.layers, args.hidden, args.batch, args.seq)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
 

@@ -126,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("-o", "--output", help="file to write (default: stdout)")
     _add_memory_command(commands)
     _add_plan_command(commands)
+    # Run before parsing (graphviz_core.cli_record, which has their flags); listed so that --help names them.
+    commands.add_parser("record", help="run your training script unchanged and record its steps (docs/recording.md)")
+    commands.add_parser("recording", help="print a recording's steps and parameters as JSON")
     return parser
 
 
