@@ -351,3 +351,48 @@ def test_exploding_and_vanishing_by_their_stated_rules(tmp_path):
     assert [(f["module"], f["step"], f["figures"]["steps"]) for f in vanishing] == [("tiny", 0, 8)]
     assert vanishing[0]["fraction"] < 1e-5
     assert {f["kind"] for f in findings} == {"exploding", "vanishing"}
+
+
+def _tampered(tmp_path, name, change):
+    import shutil
+
+    folder = tmp_path / name
+    shutil.copytree(tmp_path / "base", folder)
+    log = folder / "rank-0" / "debug.jsonl"
+    change(log)
+    return folder
+
+
+def test_a_damaged_or_hostile_debug_log_is_one_sentence(tmp_path):
+    torch.manual_seed(12)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with graphviz_core.record(tmp_path / "base", model=model):
+        for _ in range(2):
+            model(torch.randn(16, 4)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    lines = (tmp_path / "base" / "rank-0" / "debug.jsonl").read_text().splitlines()
+    assert len(lines) == 3  # the parameters line, then one line per step
+
+    def step_line(**fields):
+        return lambda log: log.write_text("\n".join([*lines[:2], json.dumps({"step": 1, **fields})]) + "\n")
+
+    cut = _tampered(tmp_path, "cut", lambda log: log.write_text("\n".join(lines)[:-7]))  # a killed run's last line
+    assert _cli(str(cut)).returncode == 0
+    for name, change, said in (
+            ("middle", lambda log: log.write_text("\n".join([lines[0], "{not json", lines[2]]) + "\n"), "not JSON"),
+            ("list", lambda log: log.write_text("\n".join([lines[0], "[1, 2]", lines[2]]) + "\n"), "not an object"),
+            ("parameter", step_line(no_gradient=[{"parameter": {"a": 1}}]), "wrong type"),
+            ("units", step_line(dead_units={"0": [5, 2]}), "wrong type"),
+            ("producer", step_line(forward={"nan": {"op": 3}}), "wrong type")):
+        done = _cli(str(_tampered(tmp_path, name, change)))
+        assert done.returncode == 2 and said in done.stderr and len(done.stderr.splitlines()) == 1, (name, done.stderr)
+    link = tmp_path / "link"
+    import shutil
+
+    shutil.copytree(tmp_path / "base", link)
+    (link / "rank-0" / "debug.jsonl").unlink()
+    (link / "rank-0" / "debug.jsonl").symlink_to(tmp_path / "base" / "rank-0" / "debug.jsonl")
+    done = _cli(str(link))
+    assert done.returncode == 2 and "not a plain file" in done.stderr

@@ -67,10 +67,37 @@ def read_debug(recording: Recording, rank: int) -> DebugLog:
         if isinstance(line.get("parameters"), list):
             log.parameters = line["parameters"]
         elif isinstance(line.get("step"), int):
-            log.steps[line["step"]] = line
+            log.steps[line["step"]] = _checked_step(line, f"{path} line {i + 1}")
         elif isinstance(line.get("sources"), str) and isinstance(line.get("rows"), dict):
             log.sources[line["sources"]] = {str(k): str(v) for k, v in line["rows"].items()}
     return log
+
+
+def _checked_step(line: dict, where: str) -> dict:
+    """A step line with every field of the type capture.nonfinite writes (a file from someone else may hold
+    anything: one sentence, never a crash on a wrong type)."""
+    def text(value) -> bool:
+        return value is None or isinstance(value, str)
+
+    def count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    missing = line.get("no_gradient") or []
+    dead = line.get("dead_units") or {}
+    losses = line.get("losses") or []
+    forward = line.get("forward") or {}
+    good = (isinstance(missing, list) and all(isinstance(e, dict) and all(text(e.get(k)) for k in
+                                                                        ("parameter", "module", "reason"))
+                                              for e in missing)
+            and isinstance(dead, dict) and all(isinstance(v, list) and len(v) == 2 and all(count(n) for n in v)
+                                               and v[0] <= v[1] for v in dead.values())
+            and isinstance(losses, list) and all(text(v) for v in losses)
+            and isinstance(forward, dict) and all(
+                isinstance(v, dict) and all(text(v.get(k)) for k in ("op", "module", "source"))
+                and all(count(v.get(k, 0)) for k in ("nan", "inf")) for v in forward.values()))
+    if not good:
+        raise RecordingError(f"{where} has a field of the wrong type; the recording's debug log is damaged.")
+    return line
 
 
 def _number(value):
