@@ -129,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Run before parsing (graphviz_core.cli_record, which has their flags); listed so that --help names them.
     commands.add_parser("record", help="run your training script unchanged and record its steps (docs/recording.md)")
     commands.add_parser("recording", help="print a recording's steps and parameters as JSON")
+    commands.add_parser("debug", help="gradient-flow findings of a recording or of one step of a preset: where a NaN "
+                        "started, parameters with no gradient (docs/debugging.md)")
     return parser
 
 

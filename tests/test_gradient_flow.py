@@ -247,6 +247,9 @@ def test_cli_prints_findings_and_refuses_bad_input(tmp_path):
     done = _cli(str(tmp_path / "run"), "--format", "json")
     assert done.returncode == 0, done.stderr
     assert [f["node"] for f in json.loads(done.stdout)["findings"]] == ["SqrtBackward0"]
+    listing = subprocess.run([sys.executable, "-m", "graphviz_core", "--help"], capture_output=True, text=True)
+    assert "gradient-flow findings of a recording" in listing.stdout
+    assert "Gradient-flow findings: where a NaN" in _cli("--help").stdout  # the subcommand's own help
     clean = _cli("--preset", "gpt2-tiny", "--layers", "1", "--format", "json")
     assert clean.returncode == 0 and json.loads(clean.stdout)["findings"] == []
     assert json.loads(clean.stdout)["forward_checked"] == []
