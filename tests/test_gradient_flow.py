@@ -234,6 +234,9 @@ def test_float16_overflows_are_the_scalers(tmp_path):
     for step, found in zip(skipped, findings, strict=True):
         assert found["step"] == step.step
         assert found["reason"] == f"scaler overflow (scale = {step.scale:g}), step skipped"
+        # where the float16 gradient first overflowed, named for the view (not a NaN source: no other finding)
+        assert found["node"] in {d["op"] for _, d in recording.step_graph(step.step).nodes(data=True)}
+        assert found["figures"]["nonfinite"] > 0
 
 
 def _cli(*args):
