@@ -402,3 +402,24 @@ def test_a_damaged_or_hostile_debug_log_is_one_sentence(tmp_path):
     (link / "rank-0" / "debug.jsonl").symlink_to(tmp_path / "base" / "rank-0" / "debug.jsonl")
     done = _cli(str(link))
     assert done.returncode == 2 and "not a plain file" in done.stderr
+
+
+def test_update_ratio_per_module_is_lr_times_gradient_over_weight_for_sgd(tmp_path):
+    """Plain SGD's update is lr * g, so a module's |update| / |weight| over its weight and bias together is
+    lr * sqrt(|g_w|^2 + |g_b|^2) / sqrt(|w|^2 + |b|^2), taken here by hand before each step."""
+    torch.manual_seed(14)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 2))
+    lr, by_hand = 0.03, []
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    with graphviz_core.record(tmp_path / "run", model=model):
+        for _ in range(2):
+            model(torch.randn(4, 5)).pow(2).mean().backward()
+            by_hand.append({m: lr * math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model[int(m)].parameters()))
+                            / math.sqrt(sum(float(p.detach().pow(2).sum()) for p in model[int(m)].parameters()))
+                            for m in ("0", "2")})
+            opt.step()
+            opt.zero_grad()
+    for figures, expected in zip(analyse(open_recording(tmp_path / "run"))["steps"], by_hand, strict=True):
+        assert set(figures["update_ratio"]) == {"0", "2"}
+        for module, ratio in expected.items():
+            assert math.isclose(figures["update_ratio"][module], ratio, rel_tol=1e-5)

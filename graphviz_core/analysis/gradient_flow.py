@@ -253,12 +253,27 @@ def _step_figures(rank, step, line: dict | None) -> dict:
             dead[module] = pair[0] / pair[1]
     return {"step": step.step, "rank": rank,
             "noise_scale": _number(noise_scale(step.micro_grad_norms, step.grad_norm)),
-            "micro_batches": len(step.micro_grad_norms), "dead_units": dead}
+            "micro_batches": len(step.micro_grad_norms), "dead_units": dead, "update_ratio": update_ratios(step)}
+
+
+def update_ratios(step) -> dict:
+    """Per module (the parameters' owner): |update| / |weight| over its parameters together, sqrt(sum of squared
+    update norms) / sqrt(sum of squared weight norms); compare with the ~1e-3 rule of thumb of the CS231n notes
+    (Karpathy, "Neural Networks Part 3"). Modules with no update (a skipped or hand-closed step) are left out."""
+    sums: dict[str, list[float]] = {}
+    for name, p in step.parameters.items():
+        if p.update_norm is None or p.weight_norm is None or not math.isfinite(p.update_norm):
+            continue
+        pair = sums.setdefault(name.rpartition(".")[0], [0.0, 0.0])
+        pair[0] += p.update_norm ** 2
+        pair[1] += p.weight_norm ** 2
+    return {module: math.sqrt(u) / math.sqrt(w) for module, (u, w) in sums.items() if w > 0}
 
 
 def analyse(recording: Recording) -> dict:
-    """`{"findings": [...], "steps": [per step: noise_scale, dead_units], "forward_checked": [ranks]}` for every rank
-    of the recording (`forward_checked`: the ranks recorded with check_forward, whose nodes carry source lines)."""
+    """`{"findings": [...], "steps": [per step: noise_scale, dead_units, update_ratio], "forward_checked": [ranks]}`
+    for every rank of the recording (`forward_checked`: the ranks recorded with check_forward, whose nodes carry
+    source lines)."""
     findings, figures, once, checked = [], [], {}, []
     for rank in recording.ranks:
         log = read_debug(recording, rank)
