@@ -33,7 +33,7 @@ from readme_rows import row
 from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import ModelConfig, config_from_preset
 from graphviz_core.export.render import render_html
-from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS
+from graphviz_core.ui.browser_harness import CHROMIUM, CHROMIUM_ARGS
 
 SIZES = {
     100: lambda: config_from_preset("gpt2-tiny", device="meta"),

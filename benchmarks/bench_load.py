@@ -38,8 +38,8 @@ from graphviz_core.capture.device import CPU_BUDGET_SHARE, container_room_bytes,
 from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import ModelConfig, config_from_preset
 from graphviz_core.graph.views import hide_categories
+from graphviz_core.ui.browser_harness import CHROMIUM, CHROMIUM_ARGS, graph_frame, serve_app
 from graphviz_core.ui.links import config_params, link_url
-from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS, graph_frame, serve_app
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -22,7 +22,7 @@ from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import ModelConfig
 from graphviz_core.export.render import render_html
 from graphviz_core.graph.layout import layered_layout
-from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS
+from graphviz_core.ui.browser_harness import CHROMIUM, CHROMIUM_ARGS
 
 SIZES = {"~2,700 nodes": dict(layers=48, attention="manual"), "~10,000 nodes": dict(layers=160, attention="manual")}
 GOALS = {"~2,700 nodes": 1.5, "~10,000 nodes": 3.0}

@@ -30,7 +30,7 @@ from playwright.sync_api import sync_playwright
 from readme_rows import row
 from servers import SERVE, STREAMLIT
 
-from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS, free_port, stop_server, wait_healthy
+from graphviz_core.ui.browser_harness import CHROMIUM, CHROMIUM_ARGS, free_port, stop_server, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 GOALS_S = {"cold start -> first graph": 3.0, "warm revisit -> graph": 1.0, "new tab, same browser -> graph": 1.0,

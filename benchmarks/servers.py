@@ -1,4 +1,4 @@
-"""Starting the app for a benchmark: the two launchers measured side by side (graphviz_core.ui.live.wait_healthy
+"""Starting the app for a benchmark: the two launchers measured side by side (graphviz_core.ui.browser_harness.wait_healthy
 waits for the server)."""
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 from servers import SERVE, STREAMLIT
 
-from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
+from graphviz_core.ui.browser_harness import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHERS = {"serve": SERVE, "streamlit": STREAMLIT}

@@ -58,7 +58,7 @@ def _cpu_unless_asked(monkeypatch):
 def streamlit_url(tmp_path_factory):
     """`streamlit run app.py` on a free localhost port, for the whole session; its stderr in server.log under
     pytest's temporary folder (kept after the run: /tmp/pytest-of-<user>/pytest-<n>/app*/)."""
-    from graphviz_core.ui.live import serve_app
+    from graphviz_core.ui.browser_harness import serve_app
 
     with serve_app({"GRAPHVIZ_CORE_DEVICE": "cpu"}, log=tmp_path_factory.mktemp("app") / "server.log") as url:
         yield url
@@ -68,7 +68,7 @@ def streamlit_url(tmp_path_factory):
 def browser():
     import os
 
-    from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS
+    from graphviz_core.ui.browser_harness import CHROMIUM, CHROMIUM_ARGS
 
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium (apt-get install chromium)")

@@ -5,7 +5,7 @@ from urllib.parse import urlparse
 import pytest
 
 from graphviz_core.export.render import render_html, render_standalone_html
-from graphviz_core.ui.live import graph_frame
+from graphviz_core.ui.browser_harness import graph_frame
 from tests.conftest import captured
 
 pytestmark = pytest.mark.browser
@@ -112,7 +112,7 @@ def test_a_48_layer_gpt2_renders_every_node(page, tmp_path):
 def test_a_page_url_as_the_first_request_still_goes_through_the_apps_navigation(page):
     # A fresh server, and the very first request is /toy_expressions: Streamlit would run the page file on
     # its own (legacy pages/ mode); graphviz_core.ui.navigation reruns it through app.py's st.navigation.
-    from graphviz_core.ui.live import serve_app
+    from graphviz_core.ui.browser_harness import serve_app
 
     with serve_app({"GRAPHVIZ_CORE_DEVICE": "cpu"}) as url:
         page.goto(f"{url}/toy_expressions")

@@ -4,7 +4,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from graphviz_core.ui.live import graph_frame
+from graphviz_core.ui.browser_harness import graph_frame
 from tests.conftest import captured
 
 pytestmark = pytest.mark.browser

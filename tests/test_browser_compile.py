@@ -3,7 +3,7 @@ panel and in the Compiled backward section, whose FX graph draws every FX node (
 
 import pytest
 
-from graphviz_core.ui.live import graph_frame
+from graphviz_core.ui.browser_harness import graph_frame
 from tests.conftest import LAPTOP, both_sizes, captured
 from tests.test_browser import node_point
 

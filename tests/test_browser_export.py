@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from graphviz_core.ui.live import graph_frame
+from graphviz_core.ui.browser_harness import graph_frame
 from tests.conftest import captured, choose, idle
 
 pytestmark = pytest.mark.browser

@@ -6,7 +6,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from graphviz_core.ui.live import graph_frame
+from graphviz_core.ui.browser_harness import graph_frame
 from tests.conftest import LAPTOP, both_sizes, captured, choose
 
 pytestmark = pytest.mark.browser

@@ -4,7 +4,7 @@
 import pytest
 
 from graphviz_core.export.render import render_standalone_html
-from graphviz_core.ui.live import graph_frame
+from graphviz_core.ui.browser_harness import graph_frame
 from tests.conftest import SIZES, captured, idle
 
 pytestmark = pytest.mark.browser

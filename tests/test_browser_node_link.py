@@ -4,8 +4,8 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from graphviz_core.ui.browser_harness import graph_frame
 from graphviz_core.ui.graph_view import apply_view
-from graphviz_core.ui.live import graph_frame
 from tests.conftest import LAPTOP, both_sizes, captured
 from tests.test_browser import node_point
 

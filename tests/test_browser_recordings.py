@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from graphviz_core.graph.recording import open_recording
-from graphviz_core.ui.live import graph_frame, serve_app
+from graphviz_core.ui.browser_harness import graph_frame, serve_app
 from graphviz_core.ui.recordings_view import RECORDINGS_ENV
 from tests.conftest import LAPTOP, both_sizes, choose, idle
 from tests.recorded_loops import LOOPS

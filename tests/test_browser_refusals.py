@@ -4,7 +4,7 @@ sentence in the form's labels, never the CLI's flags (page errors fail the test)
 
 import pytest
 
-from graphviz_core.ui.live import graph_frame
+from graphviz_core.ui.browser_harness import graph_frame
 from tests.conftest import LAPTOP, both_sizes, captured, choose, idle
 
 pytestmark = pytest.mark.browser

@@ -6,8 +6,8 @@ import pytest
 
 from graphviz_core.capture.device import estimate_peak_bytes
 from graphviz_core.config import config_from_preset
+from graphviz_core.ui.browser_harness import graph_frame, serve_app
 from graphviz_core.ui.graph_view import apply_view
-from graphviz_core.ui.live import graph_frame, serve_app
 from tests.conftest import captured, choose
 
 pytestmark = pytest.mark.browser

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from graphviz_core.ui.live import graph_frame
+from graphviz_core.ui.browser_harness import graph_frame
 
 pytestmark = pytest.mark.browser
 

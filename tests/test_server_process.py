@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from graphviz_core.config import config_from_preset
+from graphviz_core.ui.browser_harness import free_port, graph_frame, wait_healthy
 from graphviz_core.ui.links import config_params, link_url
-from graphviz_core.ui.live import free_port, graph_frame, wait_healthy
 from tests.conftest import captured, watched_page
 
 ROOT = Path(__file__).resolve().parent.parent

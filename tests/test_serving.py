@@ -10,8 +10,8 @@ from urllib.parse import urlparse
 import pytest
 import tomllib
 
+from graphviz_core.ui.browser_harness import graph_frame
 from graphviz_core.ui.format import escape_markdown
-from graphviz_core.ui.live import graph_frame
 from tests.conftest import captured
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -85,7 +85,7 @@ def test_the_first_capture_on_the_real_server_shares_nothing_with_the_page_that_
     import subprocess
     import sys
 
-    from graphviz_core.ui.live import free_port, wait_healthy
+    from graphviz_core.ui.browser_harness import free_port, wait_healthy
     from tests.server_thread_cpu import MARK
 
     port, log = free_port(), tmp_path / "server.log"

@@ -605,8 +605,8 @@ def _warm_family(config: ModelConfig, device: str) -> None:
     """Once per process, family, attention kernel, dtype and checkpointing: a tiny capture of the same kind first.
 
     Each kind of model meets kernels of its own the first time (convolutions, bfloat16 matmuls, transformers'
-    Python): resnet-tiny's first capture in a walkthrough read forward 2.87 s against backward 266 ms for 3.4
-    MFLOP, and a compare page then showed that first, inflated time as config A's. The tiny twin pays that.
+    Python), which makes a process's first forward of that kind take seconds where later ones take milliseconds;
+    a compare page would show that inflated time as config A's. The tiny twin pays that cost instead.
     """
     key = (device, config.model, config.attention, config.dtype, config.checkpoint)
     with _WARM_LOCK:

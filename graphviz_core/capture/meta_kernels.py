@@ -85,10 +85,9 @@ def fused_attention_on_meta(cuda: bool) -> Iterator[None]:
         return aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, dropout_p, is_causal, scale=scale)[0]
 
     with SDPA_SWAP_LOCK:
-        # Read only once it is this run's turn: read before, a dry run waiting behind another read the other's
-        # function, set it back on leaving, and it stayed for good. Every later context-parallel step then wrapped
-        # that function instead of torch's (under its name, F.sdpa) and ran without its ring (fresh-clone runs:
-        # "F.scaled_dot_product_attention: ...fused_attention_on_meta.<locals>.sdpa on entry").
+        # Read only once it is this run's turn: read before, a dry run waiting behind another would read the
+        # other's swapped-in function, set it back on leaving, and leave it in place for good; every later
+        # context-parallel step would then wrap that function instead of torch's and run without its ring.
         original = F.scaled_dot_product_attention
         F.scaled_dot_product_attention = sdpa
         try:

@@ -25,22 +25,18 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
+from graphviz_core.models.checkpoint_policies import CHECKPOINT_KWARGS, RECOMPUTED, SELECTIVE_OPS_CONTEXTS  # noqa: E402
 from graphviz_core.models.family import Batch  # noqa: E402
-from graphviz_core.models.teaching import (  # noqa: E402
-    CHECKPOINT_KWARGS,
-    RECOMPUTED,
-    SELECTIVE_OPS_CONTEXTS,
-    TORCH_DTYPES,
-)
+from graphviz_core.models.teaching import TORCH_DTYPES  # noqa: E402
 
 if TYPE_CHECKING:
     from graphviz_core.config import ModelConfig
 
 # `transformers` resolves its names lazily on first access, and two threads resolving at once (two sessions opening
-# their first transformers configs on a fresh server) got "module 'transformers' has no attribute
-# 'AutoModelForMaskedLM'" (up to 7 of 8 threads in tests/test_admission.py's repro). A family's names, the model
-# class its Auto class picks included, are resolved once under a lock before any use. Only that family's: resolving
-# all eight families' took 2.2 s more in a fresh process (BertForMaskedLM alone 0.5 s) than Llama's own.
+# their first transformers configs on a fresh server) can get "module 'transformers' has no attribute
+# 'AutoModelForMaskedLM'" (tests/test_admission.py races 8 threads). A family's names, the model class its Auto class
+# picks included, are resolved once under a lock before any use. Only that family's: resolving every family's would
+# import the model code of all of them, seconds in a fresh process, where a request needs one.
 _TRANSFORMERS_LOCK = threading.Lock()
 _TRANSFORMERS_READY: set[str] = set()  # families whose names are resolved
 

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from graphviz_core.ui.live import CHROMIUM, CHROMIUM_ARGS, graph_frame, serve_app
+from graphviz_core.ui.browser_harness import CHROMIUM, CHROMIUM_ARGS, graph_frame, serve_app
 
 # CSS pixels x device pixels per CSS pixel, per kind of picture. Graphs at 2x like the app's "Download PNG";
 # app pages at 1x (text and charts, already legible at 1440 wide).

@@ -75,7 +75,7 @@ def preload() -> None:
 
         device = resolve_device("auto")
         # The imports run under the warm-up's lock: a first capture that starts meanwhile waits for them rather
-        # than have its timed forward share the CPU with them (gpt2-tiny's first forward read 353 ms, not ~5).
+        # than have its timed forward share the CPU with them, which would inflate the time it shows many times over.
         warm_up(device, before=lambda: _import(FIRST_GRAPH))
         from graphviz_core.serve.shared_captures import shared_captures
 

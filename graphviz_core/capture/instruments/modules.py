@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from graphviz_core.capture.instrument import Instrument, Run
 from graphviz_core.capture.walk import next_sequence_nr
-from graphviz_core.models.teaching import RECOMPUTED
+from graphviz_core.models.checkpoint_policies import RECOMPUTED
 
 
 class ModuleTracker(Instrument):

@@ -15,7 +15,7 @@ from graphviz_core.capture.instrument import Instrument, Run
 from graphviz_core.capture.result import SaveEvent
 from graphviz_core.capture.timeline import tensors_in
 from graphviz_core.capture.walk import saved_fields, storage_key
-from graphviz_core.models.teaching import KEPT_BYTES, RECOMPUTED
+from graphviz_core.models.checkpoint_policies import KEPT_BYTES, RECOMPUTED
 
 
 class _Packed:

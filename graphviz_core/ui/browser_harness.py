@@ -1,4 +1,4 @@
-"""A live app for tooling and browser tests: `streamlit run app.py` on a free localhost port, and the
+"""The test-server harness for tooling and browser tests: `streamlit run app.py` on a free localhost port, and the
 Chromium flags this environment needs (Debian's /usr/bin/chromium driven by Playwright)."""
 
 from __future__ import annotations
