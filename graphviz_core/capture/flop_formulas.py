@@ -112,7 +112,7 @@ def layer_norm_backward_flops(grad_out, *args, out_val=None, **kwargs) -> int:
 
 # The matmul and fused-attention formulas below replace flop_counter's own for the same ops with the same counts
 # (tests/test_flops.py checks them against its registry): flop_counter's call each other through their pytree
-# wrappers (addmm_flop -> mm_flop, sdpa -> bmm_flop), which was a fifth of the capture's FLOP counting on gpt2-tiny.
+# wrappers (addmm_flop -> mm_flop, sdpa -> bmm_flop), a cost paid on every matmul the capture counts.
 _EXTRA: dict[object, Formula] = {
     aten.mm: matmul_flops,
     aten.bmm: matmul_flops,

@@ -118,7 +118,7 @@ class Llama(LlamaStyle):
                     seq=8192),
         ),
     )
-    # llama-70b-shape was the same config as llama-3.1-70b under a second name
+    # llama-3.1-70b's former name (the same config), still accepted by --preset and old links
     renamed_presets = (("llama-70b-shape", "llama-3.1-70b"),)
     default_fields = presets[0].fields
 

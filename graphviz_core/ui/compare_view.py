@@ -267,8 +267,8 @@ def _node_diff(c: Comparison) -> None:
     if not c.by_op and not c.by_module:
         st.caption("Every op and every module has the same number of nodes in A and B.")
     else:
-        # One under the other, each the page's width: side by side at a laptop's width the op names and module paths
-        # were cut ("ScaledDotProductFlashAtten…" at 1280 px); the counts need little room.
+        # One under the other, each the page's width: side by side at a laptop's width (1280 px) long op names and
+        # module paths would be cut; the counts need little room.
         counts = {column: st.column_config.NumberColumn(width="small") for column in ("A", "B", "B − A")}
         if c.by_op:
             st.caption("Per op (only ops whose count differs)")
