@@ -105,6 +105,6 @@ def test_a_refused_layout_is_said_at_the_top_of_the_main_area():
     assert not at.exception
     assert [plain(e.value) for e in at.main.error] == [
         "Not run: world size 8 is not divisible by TP degree 3; the 2-D mesh is (world / TP) x TP. The result shown "
-        "is still that of the previous layout (FSDP over 8 ranks)."
+        "is still that of the last layout run (gpt2, FSDP over 8 ranks)."
     ]
     assert at.metric[0].value == "65.9 KiB"  # still FSDP over 8's figure

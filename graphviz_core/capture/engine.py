@@ -258,7 +258,6 @@ class _Phases:
         self.all = list(run.instruments.values())  # the module tracker first
         run.modules = run.instruments["modules"]
         self.reshape_views = plain_names.ReshapeViews()  # the forward's views the mode may have renamed
-        self.plain_ops: list[str] | None = None  # each node's name in a run with no mode (real devices)
         self.renamed_note = ""
 
     def hooked(self, hook: str) -> list[Instrument]:
@@ -279,7 +278,6 @@ class _Phases:
         model, inputs, loss_of = self.build()
         run.model = model
         run.param_storages = {storage_key(p)[0] for p in model.parameters()}
-        self.plain_ops = self.plain_names(model, inputs, loss_of)
         call, handles = self.compiled_call(model, inputs, loss_of)
         for instrument in self.all:
             instrument.start(run)
@@ -394,15 +392,6 @@ class _Phases:
         handles += [m.register_forward_hook(post, with_kwargs=True, always_call=True) for m in model.modules()]
         return handles
 
-    def plain_names(self, model: torch.nn.Module, inputs: tuple, loss_of: Callable) -> list[str] | None:
-        """The names a run without the capture's dispatch mode gives the nodes (graphviz_core.capture.plain_names),
-        where the measured forward runs under one on a real device and outside compiled code."""
-        run = self.run
-        mode_on = bool(self.hooked("on_op"))
-        if not run.real or not mode_on or run.instrument("compiled") is not None or uses_fake_tensors(run):
-            return None
-        return plain_names.plain_op_names(model, inputs, loss_of, autocast_context(run))
-
     def walk(self, loss: torch.Tensor) -> None:
         """Deterministic ids for every node reachable from the loss, then each instrument's after-forward step."""
         run = self.run
@@ -414,14 +403,9 @@ class _Phases:
             instrument.after_forward(run)
 
     def name_as_a_plain_run(self) -> None:
-        """Each node named as the user's own run names it (a dispatch mode turns reshape's ReshapeAliasBackward0 into
-        ViewBackward0); where that run is not known, the graph's notes say how many nodes may differ and why."""
+        """Where the capture's dispatch mode may have renamed a node (reshape's ReshapeAliasBackward0 read as
+        ViewBackward0), the graph's notes say how many and why (graphviz_core.capture.plain_names)."""
         run = self.run
-        changes = plain_names.renamed([run.ops[node] for node in run.nodes], self.plain_ops)
-        if changes is not None:
-            for position, name in changes.items():
-                run.ops[run.nodes[position]] = name
-            return
         numbers = self.reshape_views.sequence_nrs
         candidates = sum(run.ops[n] == "ViewBackward0" and n._sequence_nr() in numbers for n in run.nodes)
         if candidates:
