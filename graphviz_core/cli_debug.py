@@ -14,20 +14,11 @@ import json
 import sys
 from collections.abc import Sequence
 
-EXIT_BAD_INPUT = 2
-
-
-class _Refused(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _Refused(f"{self.prog}: {message} (see --help)")
+from graphviz_core.cli_record import EXIT_BAD_INPUT, Parser, Refused
 
 
 def _parser(add_config_flags) -> argparse.ArgumentParser:
-    parser = _Parser(prog="graphviz-core debug",
+    parser = Parser(prog="graphviz-core debug",
                      description="Gradient-flow findings: where a NaN or inf started, parameters that got no "
                                  "gradient and why, dead units, vanishing and exploding gradients, the scaler's "
                                  "skipped steps (docs/debugging.md). Give a recording's folder, or --preset and "
@@ -49,7 +40,7 @@ def main(argv: Sequence[str], config_flags: tuple) -> int:
     try:
         args = _parser(add_config_flags).parse_args(list(argv[1:]))
         result = _run(args, config_of, names)
-    except (_Refused, ValueError) as exc:
+    except (Refused, ValueError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         sys.stderr.write((message if message.startswith("graphviz-core") else f"graphviz-core: {message}") + "\n")
         return EXIT_BAD_INPUT

@@ -24,18 +24,18 @@ from collections.abc import Sequence
 EXIT_BAD_INPUT = 2
 
 
-class _Refused(Exception):
-    pass
+class Refused(Exception):
+    """Bad input: one sentence for stderr, exit 2 (cli_record and cli_debug)."""
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise _Refused(f"{self.prog}: {message} (see --help)")
+        raise Refused(f"{self.prog}: {message} (see --help)")
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
     if command == "record":
-        parser = _Parser(prog="graphviz-core record",
+        parser = Parser(prog="graphviz-core record",
                          description="Run a training script unchanged and record its backward passes and optimizer "
                                      "steps into a folder (docs/recording.md).")
         parser.add_argument("--steps", type=int, default=None,
@@ -50,7 +50,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("script", help="the Python script to run")
         parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
         return parser
-    parser = _Parser(prog="graphviz-core recording", description="Print a recording (docs/recording.md).")
+    parser = Parser(prog="graphviz-core recording", description="Print a recording (docs/recording.md).")
     parser.add_argument("path", help="the recording's folder")
     parser.add_argument("--format", choices=("json", "tensorboard", "chrome-trace"), default="json",
                         help="json (the recording's figures), tensorboard (event files in the -o folder: scalars and "
@@ -67,7 +67,7 @@ def main(argv: Sequence[str]) -> int:
         if command == "record":
             return _record(args)
         return _recording(args)
-    except (_Refused, ValueError) as exc:
+    except (Refused, ValueError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         sys.stderr.write((message if message.startswith("graphviz-core") else f"graphviz-core: {message}") + "\n")
         return EXIT_BAD_INPUT
