@@ -139,7 +139,8 @@ class DebugWatch:
 
         def detach(tensor):
             node = tensor.grad_fn
-            if node is not None and len(watch.detached) < MAX_DETACHED and not watch.depth:
+            if node is not None and len(watch.detached) < MAX_DETACHED and not watch.depth \
+                    and not torch.compiler.is_compiling():
                 watch.detached.append(node)
             return original(tensor)
 
@@ -177,12 +178,16 @@ class DebugWatch:
         return ""
 
     def _pre(self, module, args) -> None:
+        if torch.compiler.is_compiling():  # inside code dynamo traces: nothing watched, and no graph break added
+            return
         if not self.stack and id(module) not in self.outermost:  # an outermost module first seen (the model)
             self.outermost.add(id(module))
             self.owning |= {id(m) for m in module.modules() if next(m.parameters(recurse=False), None) is not None}
         self.stack.append(module)
 
     def _post(self, module, args, output) -> None:
+        if torch.compiler.is_compiling():
+            return
         if self.stack and self.stack[-1] is module:
             self.stack.pop()
         if self.depth or not self.recorder.active:

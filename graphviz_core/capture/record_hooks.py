@@ -61,6 +61,8 @@ class ModuleCalls:
         self.handles = []
 
     def pre(self, module, args) -> None:
+        if torch.compiler.is_compiling():  # inside code dynamo traces: no call recorded, and no graph break added
+            return
         if not torch.is_grad_enabled():
             self.open.append(-1)
             return
@@ -69,7 +71,7 @@ class ModuleCalls:
         self.open.append(next_sequence_nr())
 
     def post(self, module, args, output) -> None:
-        if not self.open:
+        if torch.compiler.is_compiling() or not self.open:
             return
         start = self.open.pop()
         known = self.paths.get(id(module))

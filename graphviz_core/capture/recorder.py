@@ -33,6 +33,15 @@ from graphviz_core.capture.record_writer import RecordingWriter
 _ACTIVE = threading.Lock()  # one recording per process: the hooks it installs are process-wide
 
 
+
+def _traced(roots: list) -> bool:
+    """Whether a backward is torch.compile tracing one (AOTAutograd's joint graph runs torch.autograd.grad over fake or
+    functional tensors while compiling) rather than the user's own: such a call is passed through untouched."""
+    if torch.compiler.is_compiling():
+        return True
+    return any(isinstance(r, torch.Tensor) and (type(r) is not torch.Tensor and not isinstance(r, torch.nn.Parameter)
+                                                or torch._is_functional_tensor(r)) for r in roots)
+
 class Recorder:
     """The object `record()` yields. `step()` closes a step by hand; `steps_written` counts the steps written."""
 
@@ -256,6 +265,8 @@ class Recorder:
             if not recorder.active or recorder.depth or threading.current_thread() is not recorder.thread:
                 return original(tensors, *args, **kwargs)
             roots = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
+            if _traced(roots):  # torch.compile's own tracing of a backward (fake tensors): not the user's backward
+                return original(tensors, *args, **kwargs)
             recorder.depth += 1
             try:
                 return recorder._backward(original, roots, tensors, args, kwargs)
