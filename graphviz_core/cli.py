@@ -398,19 +398,10 @@ def _json(data: dict) -> str:
     top-level `notes` list says where."""
     import json
 
+    from graphviz_core.units import finite_or_null
+
     places: list[str] = []
-
-    def finite(value, where: str):
-        if isinstance(value, float) and not math.isfinite(value):
-            places.append(where or "(top)")
-            return None
-        if isinstance(value, dict):
-            return {k: finite(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [finite(v, f"{where}[{i}]") for i, v in enumerate(value)]
-        return value
-
-    clean = finite(data, "")
+    clean = finite_or_null(data, places)
     if places:
         shown = ", ".join(places[:10]) + (f" and {len(places) - 10} more" if len(places) > 10 else "")
         clean["notes"] = [*clean.get("notes", []), f"{shown}: not a finite number (NaN or infinite), written as null."]

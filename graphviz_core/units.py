@@ -87,3 +87,16 @@ def format_in(unit: str, value: float, plain: str = "{:,.0f}") -> str:
     if unit == "s":
         return format_seconds(value)
     return plain.format(value)
+
+
+def finite_or_null(value, places: list[str], where: str = ""):
+    """`value` (nested dicts, lists and tuples) with every float that is not finite (NaN, ±inf: not JSON) replaced by
+    None, each such place (`layouts[0].estimate.step_time_s`) appended to `places`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        places.append(where or "(top)")
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v, places, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(v, places, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value

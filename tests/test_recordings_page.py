@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from graphviz_core.analysis.gradient_flow import parameter_layer as layer_of
 from graphviz_core.graph.recording import RecordingError, open_recording
 from graphviz_core.ui.recordings_view import (
     RECORDINGS_ENV,
     contained,
-    layer_of,
     layer_table,
     listed_recordings,
     unpack,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from graphviz_core.analysis.flop_analysis import layer_of
 from graphviz_core.graph.recording import Recording, RecordingError, open_recording
 
 KINDS = ("nonfinite-backward", "nonfinite-forward", "nonfinite-loss", "no-gradient", "dead-units",
@@ -254,6 +255,41 @@ def _step_figures(rank, step, line: dict | None) -> dict:
     return {"step": step.step, "rank": rank,
             "noise_scale": _number(noise_scale(step.micro_grad_norms, step.grad_norm)),
             "micro_batches": len(step.micro_grad_norms), "dead_units": dead, "update_ratio": update_ratios(step)}
+
+
+def parameter_layer(name: str) -> str:
+    """A parameter's layer: its module's layer in the grouping the FLOPs, memory and compare panels use
+    (flop_analysis.layer_of: `transformer.h.3.attn.c_attn.weight` -> `transformer.h.3`); "(model)" for a parameter
+    of the root module itself."""
+    module = name.rpartition(".")[0]
+    return layer_of(module) if module else "(model)"
+
+
+def _root_sum_squares(values: list) -> float | None:
+    """sqrt of the sum of squares; None if a value is missing; NaN and inf kept (they are findings, not noise)."""
+    if not values or any(v is None for v in values):
+        return None
+    return math.sqrt(sum(v * v for v in values))
+
+
+def layer_figures(steps: list, figure: str) -> list[tuple[int, str, float | None]]:
+    """(step, layer, value) for every layer of every step, layers in the order first seen: "grad_norm" is the L2 norm
+    of the layer's whole gradient (of its parameters' gradient norms), "update_ratio" its update's norm over its
+    weights' norm; None where a figure is missing (a skipped step's update)."""
+    rows = []
+    for step in steps:
+        groups: dict[str, list] = {}
+        for name, p in step.parameters.items():
+            groups.setdefault(parameter_layer(name), []).append(p)
+        for layer, params in groups.items():
+            if figure == "grad_norm":
+                value = _root_sum_squares([p.grad_norm for p in params])
+            else:
+                update = _root_sum_squares([p.update_norm for p in params])
+                weight = _root_sum_squares([p.weight_norm for p in params])
+                value = None if update is None or not weight else update / weight
+            rows.append((step.step, layer, value))
+    return rows
 
 
 def update_ratios(step) -> dict:

@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphviz_core.capture.flop_formulas import op_info
-from graphviz_core.capture.walk import next_sequence_nr
+from graphviz_core.capture.walk import autograd_nodes, next_sequence_nr
 from graphviz_core.graph.categories import category_in_module, normalise_op
 from graphviz_core.graph.schema import NodeRecord
 
@@ -102,14 +102,8 @@ class ModuleCalls:
 
 def walk(roots: list) -> tuple[list, list[str], list[tuple[int, int]]]:
     """Every node reachable from the roots' grad_fn, in pre-order; their op names; the edges as index pairs."""
-    order, index, stack = [], {}, [r for r in reversed(roots) if r is not None]
-    while stack:
-        node = stack.pop()
-        if node in index:
-            continue
-        index[node] = len(order)
-        order.append(node)
-        stack.extend(reversed([n for n, _ in node.next_functions if n is not None]))
+    order = autograd_nodes(*roots)
+    index = {node: i for i, node in enumerate(order)}
     edges = [(index[node], index[child]) for node in order for child, _ in node.next_functions if child is not None]
     return order, [normalise_op(n.name()) for n in order], edges
 

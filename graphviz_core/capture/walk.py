@@ -8,9 +8,9 @@ import torch
 next_sequence_nr = torch._C._autograd._get_sequence_nr  # the number autograd gives the next node this thread makes
 
 
-def autograd_nodes(root) -> list:
-    """Every node reachable from `root`, in deterministic pre-order (next_functions order)."""
-    order, seen, stack = [], set(), [root]
+def autograd_nodes(*roots) -> list:
+    """Every node reachable from the roots (None ones skipped), in deterministic pre-order (next_functions order)."""
+    order, seen, stack = [], set(), [r for r in reversed(roots) if r is not None]
     while stack:
         node = stack.pop()
         if node in seen:

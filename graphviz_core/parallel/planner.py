@@ -40,7 +40,7 @@ from graphviz_core.parallel.settings import (
     ParallelConfig,
     check_parallel,
 )
-from graphviz_core.units import format_bytes
+from graphviz_core.units import finite_or_null, format_bytes
 
 # H100 SXM: 989.4 TFLOP/s dense BF16 (NVIDIA H100 datasheet; 1979 with sparsity), 80 GB of HBM3 (the planner's
 # --gpu-memory is the caller's), NVLink 4 at 450 GB/s each way, one 400 Gb/s NDR InfiniBand NIC per GPU = 50 GB/s.
@@ -563,7 +563,7 @@ class Plan:
         """The plan as JSON takes it: a figure that is not finite (a step at a rate so low its time overflows) is
         null, and `notes` names it."""
         notes: list[str] = []
-        out = _finite(self._dict(), "", notes)
+        out = finite_or_null(self._dict(), notes)
         if notes:
             out["notes"] = [f"{', '.join(notes)}: not a finite number at these rates (too large for a float), written "
                             "as null."]
@@ -615,19 +615,6 @@ def plan(config: ModelConfig, cluster: Cluster, global_batch: int, checkpoints: 
                           "microbatch_size": layout.microbatch_size, "reason": reason}
                          for layout, reason in search.skipped.items()]
     return Plan(config, cluster, global_batch, tuple(planned), tuple(skipped), time.perf_counter() - started)
-
-
-def _finite(value, where: str, notes: list[str]):
-    """`value` with every float that is not finite replaced by None, its place (`layouts[0].estimate.step_time_s`)
-    appended to `notes`."""
-    if isinstance(value, float) and not math.isfinite(value):
-        notes.append(where)
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v, f"{where}.{k}" if where else str(k), notes) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v, f"{where}[{i}]", notes) for i, v in enumerate(value)]
-    return value
 
 
 def ranked(planned: Iterable[Planned]) -> list[Planned]:

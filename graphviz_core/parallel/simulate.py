@@ -1054,7 +1054,7 @@ def _nodes_by_category(*roots: torch.Tensor) -> dict[str, int]:
     from graphviz_core.capture.walk import autograd_nodes
     from graphviz_core.graph.categories import category_of, normalise_op
 
-    nodes = {node: None for root in roots if root.grad_fn is not None for node in autograd_nodes(root.grad_fn)}
+    nodes = autograd_nodes(*(root.grad_fn for root in roots))
     counts = Counter(category_of(normalise_op(node.name())) for node in nodes)
     return dict(sorted(counts.items()))
 

@@ -26,6 +26,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from graphviz_core.analysis.gradient_flow import layer_figures
 from graphviz_core.export.render import METRICS, node_details, render_html
 from graphviz_core.graph.recording import MANIFEST, Recording, RecordingError, open_recording
 from graphviz_core.ui.charts import show_chart
@@ -185,22 +186,6 @@ def _local() -> Path | None:
 
 
 # ---- figures per layer ------------------------------------------------------------------------------------------------
-def layer_of(name: str) -> str:
-    """A parameter's layer: its module path up to the first number (`transformer.h.3.attn.c_attn.weight` ->
-    `transformer.h.3`), else its module (`transformer.wte.weight` -> `transformer.wte`); `(model)` for a bare name."""
-    parts = name.split(".")[:-1]
-    for i, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: i + 1])
-    return ".".join(parts) or "(model)"
-
-
-def _root_sum_squares(values: list[float | None]) -> float | None:
-    if not values or any(v is None for v in values):
-        return None
-    return math.sqrt(sum(v * v for v in values))
-
-
 def kind_of(value: float | None) -> str | None:
     """Where a value goes in a heatmap: "finite" (the log scale), "NaN", "+inf", "zero"; None: no value."""
     if value is None:
@@ -213,26 +198,15 @@ def kind_of(value: float | None) -> str | None:
 
 
 def layer_table(steps: list, figure: str) -> pd.DataFrame:
-    """One row per (step, layer): the layer's `figure`, "grad_norm" (the L2 of its parameters' gradient norms: the
-    norm of the layer's whole gradient) or "update_ratio" (its update's norm over its weights' norm), with its kind."""
+    """One row per (step, layer) of gradient_flow.layer_figures' `figure`, with where it goes in the heatmap."""
     rows, order = [], {}
-    for step in steps:
-        groups: dict[str, list] = {}
-        for name, p in step.parameters.items():
-            order.setdefault(layer_of(name), len(order))
-            groups.setdefault(layer_of(name), []).append(p)
-        for layer, params in groups.items():
-            if figure == "grad_norm":
-                value = _root_sum_squares([p.grad_norm for p in params])
-            else:
-                update = _root_sum_squares([p.update_norm for p in params])
-                weight = _root_sum_squares([p.weight_norm for p in params])
-                value = None if update is None or not weight else update / weight
-            kind = kind_of(value)
-            if kind is not None:
-                rows.append({"step": step.step, "layer": layer, "kind": kind, "order": order[layer],
-                             "value": value if kind == "finite" else None,
-                             "shown": f"{value:.4g}" if kind == "finite" else kind})
+    for step, layer, value in layer_figures(steps, figure):
+        order.setdefault(layer, len(order))
+        kind = kind_of(value)
+        if kind is not None:
+            rows.append({"step": step, "layer": layer, "kind": kind, "order": order[layer],
+                         "value": value if kind == "finite" else None,
+                         "shown": f"{value:.4g}" if kind == "finite" else kind})
     return pd.DataFrame(rows, columns=["step", "layer", "kind", "order", "value", "shown"])
 
 
