@@ -41,17 +41,21 @@ def make():
 '''
 
 
-@functools.lru_cache(maxsize=1)
-def gpt2_tiny_json() -> dict:
-    """`graph --preset gpt2-tiny --compile --format json`, as a user gets it."""
+@functools.lru_cache(maxsize=2)
+def compiled_json(preset: str) -> dict:
+    """`graph --preset PRESET --compile --format json`, as a user gets it."""
     import os
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "compiled.json")
-        assert main(["graph", "--preset", "gpt2-tiny", "--device", "cpu", "--compile", "-o", out]) == 0
+        assert main(["graph", "--preset", preset, "--device", "cpu", "--compile", "-o", out]) == 0
         with open(out) as f:
             return json.load(f)
+
+
+def gpt2_tiny_json() -> dict:
+    return compiled_json("gpt2-tiny")
 
 
 def compiled_keeping_graphs(model: torch.nn.Module) -> tuple[torch.nn.Module, dict]:
@@ -319,17 +323,8 @@ def test_a_dispatch_mode_flag_left_set_by_other_threads_does_not_make_the_step_c
     assert capture.summary.by_op["CompiledFunctionBackward"] == 2  # the graph break's two regions
 
 
-@functools.lru_cache(maxsize=1)
 def llama_tiny_json() -> dict:
-    """`graph --preset llama-tiny --compile --format json`, as a user gets it."""
-    import os
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        out = os.path.join(folder, "compiled.json")
-        assert main(["graph", "--preset", "llama-tiny", "--device", "cpu", "--compile", "-o", out]) == 0
-        with open(out) as f:
-            return json.load(f)
+    return compiled_json("llama-tiny")
 
 
 def test_a_compiled_steps_forward_flops_are_filed_under_the_modules_that_ran_them():

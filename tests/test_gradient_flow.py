@@ -140,15 +140,20 @@ class _Adapted(torch.nn.Module):
         return self.head(h)
 
 
+def sgd_steps(folder, model, batch, steps: int = 2) -> None:
+    """`steps` recorded SGD steps (lr 0.1) on the mean square of the model's output for a fresh `batch()`."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with graphviz_core.record(folder, model=model):
+        for _ in range(steps):
+            model(batch()).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+
 def test_parameters_without_a_gradient_are_named_with_their_reasons(tmp_path):
     torch.manual_seed(7)
     model = _Adapted()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with graphviz_core.record(tmp_path / "run", model=model):
-        for _ in range(2):
-            model(torch.randn(4, 8)).pow(2).mean().backward()
-            opt.step()
-            opt.zero_grad()
+    sgd_steps(tmp_path / "run", model, lambda: torch.randn(4, 8))
     findings = [f for f in analyse(open_recording(tmp_path / "run"))["findings"] if f["kind"] == "no-gradient"]
     reasons = {f["parameter"]: f["reason"] for f in findings}
     assert set(reasons) == {f"{m}.{p}" for m in ("adapter", "unused_head", "frozen_path", "zero")
@@ -372,12 +377,7 @@ def _tampered(tmp_path, name, change):
 def test_a_damaged_or_hostile_debug_log_is_one_sentence(tmp_path):
     torch.manual_seed(12)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with graphviz_core.record(tmp_path / "base", model=model):
-        for _ in range(2):
-            model(torch.randn(16, 4)).pow(2).mean().backward()
-            opt.step()
-            opt.zero_grad()
+    sgd_steps(tmp_path / "base", model, lambda: torch.randn(16, 4))
     lines = (tmp_path / "base" / "rank-0" / "debug.jsonl").read_text().splitlines()
     assert len(lines) == 3  # the parameters line, then one line per step
 
