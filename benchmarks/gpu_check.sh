@@ -10,7 +10,7 @@ py=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 $py -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, torch.cuda.get_device_name())"
 # one process for the GPU tests (they read the allocator's peaks and fill the GPU on purpose), several for the rest
-timeout 240 $py -m pytest -p no:cacheprovider -q -rA tests/test_cuda.py 2>&1 | tee "$out/pytest-cuda.log" | tail -40
+timeout 240 $py -m pytest -p no:cacheprovider -q -rA tests/test_cuda.py tests/test_cuda_record.py 2>&1 | tee "$out/pytest-cuda.log" | tail -40
 timeout 240 $py -m pytest -p no:cacheprovider -q -n 4 tests/test_device.py tests/test_multi_gpu.py tests/test_allocator.py \
   tests/test_autocast.py 2>&1 | tee "$out/pytest-rest.log" | tail -15
 cli() { timeout 180 $py -c "from graphviz_core.cli import main; raise SystemExit(main())" "$@"; }
@@ -24,6 +24,12 @@ m = json.load(open(f"{sys.argv[1]}/llama-tiny-memory-cuda.json"))
 print("gpt2-small on", g["device"], "nodes", g["summary"]["nodes"], "memory", g["memory"], "time", g["time"])
 print("llama-tiny bf16 memory on cuda: peak", m.get("peak_bytes"), "training step", m.get("training_step"))
 PY
+cli debug --preset gpt2-tiny --device cuda --format json > "$out/debug-gpt2-tiny-cuda.json" && echo "debug gpt2-tiny on cuda: ok" \
+  && cat "$out/debug-gpt2-tiny-cuda.json" | head -c 400; echo
+# what recording costs on the GPU (the CPU's figures: benchmarks/bench_record.py)
+timeout 200 $py benchmarks/gpu_record_bench.py --steps 12 --rounds 3 2>&1 | tee "$out/record-bench.log"
+# STEP_CHECKS=0 leaves out the four step checks below (Llama 3.1 8B's shape cut to 2 layers: minutes)
+[ "${STEP_CHECKS:-1}" = 0 ] && exit 0
 for d in float32 bfloat16; do for e in True False; do
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:$e timeout 150 $py benchmarks/gpu_step_check.py --seq 4096 --dtype $d \
     --json "$out/step-$d-expandable-$e.json"

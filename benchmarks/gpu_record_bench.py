@@ -1,0 +1,98 @@
+"""What recording costs on a CUDA GPU (issue 35's benchmark, the GPU's column; benchmarks/bench_record.py is the CPU's).
+
+One transformers GPT-2 (random weights; gpt2-small: 12 layers, width 768, b=4, s=256, or as given) trains with AdamW
+on the GPU. Each round runs every variant for `--steps` steps, the order rotating round by round; a step's time is
+taken with the GPU synchronised at both ends; a variant's figure is its median step time (the first step left out),
+and the table gives the median over rounds of its ratio to the bare loop's in the same round, plus the recorded
+peak beside the allocator's peak of the bare loop.
+
+    python benchmarks/gpu_record_bench.py [--steps 20] [--rounds 3] [--layers 12 --hidden 768 --batch 4 --seq 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import statistics
+import tempfile
+import time
+
+import torch
+
+import graphviz_core
+from graphviz_core.graph.recording import open_recording
+
+VARIANTS = ("bare", "anomaly", "recorder", "parameters only", "recorder + forward check")
+
+
+def model_and_batch(layers: int, hidden: int, batch: int, seq: int, vocab: int = 50257):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=layers, n_embd=hidden, n_head=max(1, hidden // 64), vocab_size=vocab,
+                        n_positions=max(seq, 32), bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config).cuda(), torch.randint(0, vocab, (batch, seq), device="cuda")
+
+
+def run_variant(name: str, model, ids, steps: int, folder: str) -> list[float]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    around = contextlib.nullcontext()
+    if name == "anomaly":
+        around = torch.autograd.detect_anomaly(check_nan=True)
+    elif name != "bare":
+        shutil.rmtree(folder, ignore_errors=True)
+        around = graphviz_core.record(folder, model=model, nodes=name != "parameters only",
+                                      check_forward=name == "recorder + forward check")
+    times = []
+    with around:
+        for _ in range(steps):
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            model(ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - started)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=256)
+    args = parser.parse_args()
+    model, ids = model_and_batch(args.layers, args.hidden, args.batch, args.seq)
+    folder = tempfile.mkdtemp()
+    ratios: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    medians: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for r in range(args.rounds):
+        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+        got = {v: statistics.median(run_variant(v, model, ids, args.steps, f"{folder}/{v}")[1:]) for v in order}
+        for v in VARIANTS:
+            ratios[v].append(got[v] / got["bare"])
+            medians[v].append(got[v])
+    print(f"{torch.cuda.get_device_name()}: GPT-2 {args.layers} layers, width {args.hidden}, b={args.batch}, "
+          f"s={args.seq}, {args.steps} steps x {args.rounds} rounds")
+    print(f"{'variant':<28}{'median step (ms)':>18}{'x bare (median of rounds)':>28}")
+    for v in VARIANTS:
+        print(f"{v:<28}{1e3 * statistics.median(medians[v]):>18.1f}{statistics.median(ratios[v]):>28.3f}")
+    # the recorded peak (the caching allocator's) beside the bare loop's, read by hand
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    for _ in range(3):  # the third step, as the recorded one: the optimizer's state exists already
+        torch.cuda.reset_peak_memory_stats()
+        model(ids, labels=ids).loss.backward()
+        opt.step()
+        bare_peak = torch.cuda.max_memory_allocated()
+        opt.zero_grad()
+    steps = open_recording(f"{folder}/recorder").steps()
+    print(f"peak bytes: bare loop {bare_peak:,}; recorded (step 2) {steps[2].peak_bytes:,} ({steps[2].peak_source})")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
