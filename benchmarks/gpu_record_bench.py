@@ -3,8 +3,8 @@
 One transformers GPT-2 (random weights; gpt2-small: 12 layers, width 768, b=4, s=256, or as given) trains with AdamW
 on the GPU. Each round runs every variant for `--steps` steps, the order rotating round by round; a step's time is
 taken with the GPU synchronised at both ends; a variant's figure is its median step time (the first step left out),
-and the table gives the median over rounds of its ratio to the bare loop's in the same round, plus the recorded
-peak beside the allocator's peak of the bare loop.
+and the table gives the median over rounds of its ratio to the bare loop's in the same round; then each recording's
+peak beside the bare loop's, read from the allocator by hand.
 
     python benchmarks/gpu_record_bench.py [--steps 20] [--rounds 3] [--layers 12 --hidden 768 --batch 4 --seq 256]
 """
@@ -81,16 +81,22 @@ def main() -> None:
     print(f"{'variant':<28}{'median step (ms)':>18}{'x bare (median of rounds)':>28}")
     for v in VARIANTS:
         print(f"{v:<28}{1e3 * statistics.median(medians[v]):>18.1f}{statistics.median(ratios[v]):>28.3f}")
-    # the recorded peak (the caching allocator's) beside the bare loop's, read by hand
+    # the recorded peak (the caching allocator's, the recorder's own copy of the parameters left out) beside the
+    # bare loop's, read by hand from the allocator: the difference is what the per-node figures add in backward
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    for _ in range(3):  # the third step, as the recorded one: the optimizer's state exists already
+    bare_peaks = []
+    for _ in range(4):  # from the third step on the optimizer's state exists, as in the recorded steps compared
         torch.cuda.reset_peak_memory_stats()
         model(ids, labels=ids).loss.backward()
         opt.step()
-        bare_peak = torch.cuda.max_memory_allocated()
         opt.zero_grad()
-    steps = open_recording(f"{folder}/recorder").steps()
-    print(f"peak bytes: bare loop {bare_peak:,}; recorded (step 2) {steps[2].peak_bytes:,} ({steps[2].peak_source})")
+        bare_peaks.append(torch.cuda.max_memory_allocated())
+    del opt
+    bare = max(bare_peaks[2:])
+    for v in ("parameters only", "recorder", "recorder + forward check"):
+        recorded = max(s.peak_bytes for s in open_recording(f"{folder}/{v}").steps()[2:])
+        print(f"peak bytes, {v}: recorded {recorded:,}; bare loop {bare:,} by hand; "
+              f"{(recorded - bare) / 2**20:+.1f} MiB")
     shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.skipif(
 
 def _mlp():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).cuda()
+    # 64*1024 + 1024*1024 + 1024*10 weights and 2,058 biases: 4,497,448 bytes of float32 parameters
+    return torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                               torch.nn.Linear(1024, 10)).cuda()
 
 
 def _sgd_loop(model, opt, steps, on_step=None):
@@ -58,8 +60,10 @@ def test_sgd_on_cuda_gradient_norms_update_ratio_and_the_allocators_peak(tmp_pat
             assert math.isclose(p.update_ratio, lr * g / w, rel_tol=1e-5)  # plain SGD: |lr g| / |w|
         assert step.peak_source == "cuda allocator"
 
-    # the same loop without the recorder, its peak per step read from the allocator by hand: the recorded peak is at
-    # least that (the recorder's own temporaries can only add to it)
+    # the same loop without the recorder, its peak per step read from the allocator by hand: the recorded peak is the
+    # loop's, the recorder's copy of the parameters (4,497,448 bytes, for the update's norm) left out; what stays is
+    # the per-node figures' temporaries in backward (0-dim results, one boolean per gradient value: 32x1024 at most),
+    # well under 1 MiB
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     bare = []
@@ -73,7 +77,7 @@ def test_sgd_on_cuda_gradient_norms_update_ratio_and_the_allocators_peak(tmp_pat
         opt.zero_grad()
         torch.cuda.reset_peak_memory_stats()
     for step, peak in zip(steps, bare, strict=True):
-        assert step.peak_bytes >= peak, f"step {step.step}: recorded {step.peak_bytes:,} B, bare loop {peak:,} B"
+        assert peak <= step.peak_bytes <= peak + 2**20, f"step {step.step}: recorded {step.peak_bytes:,} B, bare {peak:,} B"
 
 
 def test_a_grad_scaler_on_cuda_skips_and_unscales(tmp_path):

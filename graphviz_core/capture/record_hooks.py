@@ -284,7 +284,7 @@ class BackwardProbe:
         l2 = torch.linalg.vector_norm(flat, dtype=torch.float32)
         low, high = torch.aminmax(flat.abs() if g.is_complex() else flat)  # NaN if any is NaN
         if self.cuda:
-            bad = torch.logical_not(torch.isfinite(g)).sum()
+            bad = g.numel() - torch.isfinite(g).sum()  # one temporary of the gradient's size, not two
         else:
             bad = 0 if math.isfinite(l2.item()) else int(torch.logical_not(torch.isfinite(g)).sum())
         figures = (l2, low.float(), high.float(), bad)

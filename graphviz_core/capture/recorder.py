@@ -62,6 +62,7 @@ class Recorder:
         self._reset_step()
         self.before: dict[int, torch.Tensor] = {}  # id(param) -> its weights before the optimizer's step
         self.pre_figures: dict | None = None
+        self.peak_before_step: int | None = None  # CUDA: the loop's peak before the optimizer's step (_before_step)
         self.optimizer_stepped = False
         self.scaler_scales: dict[int, tuple] = {}  # id(scaled loss) -> (weakref, the scale tensor then)
         self.handles: list = []
@@ -156,6 +157,10 @@ class Recorder:
                     out[i] = value
         return out
 
+    def _own_bytes(self) -> int:
+        """Bytes the recorder itself holds on the GPU: its copy of the parameters from before the optimizer's step."""
+        return sum(b.numel() * b.element_size() for b in self.before.values() if b.is_cuda)
+
     def _before_step(self, optimizer, args, kwargs) -> None:
         if not self.active:
             return
@@ -163,6 +168,10 @@ class Recorder:
         params = [p for p, _ in pairs]
         self.pre_figures = {"params": params, "lrs": [lr for _, lr in pairs], "grad": self._norms(params),
                             "weight": self._norms(params, grads=False)}
+        if params and params[0].is_cuda:
+            # the loop's peak so far (forward and backward), the recorder's own copy left out; the peak counter then
+            # starts again for the optimizer's step, read with the copy left out again (_peak)
+            self.peak_before_step = torch.cuda.max_memory_allocated(params[0].device) - self._own_bytes()
         with torch.no_grad():
             buffers = []
             for p in params:  # one buffer per parameter, kept from step to step: no allocation per step
@@ -172,6 +181,8 @@ class Recorder:
                 buffers.append(buffer)
             if buffers:
                 torch._foreach_copy_(buffers, [p.detach() for p in params])
+        if params and params[0].is_cuda:
+            torch.cuda.reset_peak_memory_stats(params[0].device)
 
     def _after_step(self, optimizer, args, kwargs) -> None:
         if not self.active or self.pre_figures is None:
@@ -248,7 +259,11 @@ class Recorder:
 
     def _peak(self, params, optimizer) -> tuple[int | None, str]:
         if params and params[0].is_cuda:
-            return torch.cuda.max_memory_allocated(params[0].device), "cuda allocator"
+            # the loop's own peak: the allocator's, less the recorder's copy of the parameters (held all through the
+            # optimizer's step, where the counter was restarted), the larger of before and during the step
+            during = torch.cuda.max_memory_allocated(params[0].device) - self._own_bytes()
+            before, self.peak_before_step = self.peak_before_step, None
+            return max(during, before or 0), "cuda allocator"
         parameter_bytes = sum(p.numel() * p.element_size() for p in params)
         state = 0
         if optimizer is not None:
