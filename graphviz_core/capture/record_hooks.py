@@ -172,6 +172,18 @@ class _Flops(TorchDispatchMode):
         return out
 
 
+COUNT_CHUNK = 1 << 22  # values per non-finite count on the GPU (see nonfinite_count)
+
+
+def nonfinite_count(flat: torch.Tensor) -> torch.Tensor:
+    """How many of a flat gradient's values are NaN or inf, a 0-dim tensor on its GPU, read after the backward (no
+    synchronisation per node). Counted 4,194,304 values at a time: `isfinite` makes one boolean per value and summing
+    booleans makes an integer copy of them, so a whole 51-million-value logits gradient at once held 441.7 MiB of
+    temporaries at the step's peak (gpt2-small, b=4, s=256, on an H200); a chunk holds 4 MiB + 16 MiB (int32)."""
+    parts = [part.numel() - torch.isfinite(part).sum(dtype=torch.int32) for part in flat.split(COUNT_CHUNK)]
+    return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
+
+
 class BackwardProbe:
     """One backward: hooks on every node of the walked graph; `figures()` after it ran."""
 
@@ -284,7 +296,7 @@ class BackwardProbe:
         l2 = torch.linalg.vector_norm(flat, dtype=torch.float32)
         low, high = torch.aminmax(flat.abs() if g.is_complex() else flat)  # NaN if any is NaN
         if self.cuda:
-            bad = g.numel() - torch.isfinite(g).sum()  # one temporary of the gradient's size, not two
+            bad = nonfinite_count(flat)
         else:
             bad = 0 if math.isfinite(l2.item()) else int(torch.logical_not(torch.isfinite(g)).sum())
         figures = (l2, low.float(), high.float(), bad)
