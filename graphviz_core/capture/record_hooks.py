@@ -115,6 +115,18 @@ def graph_id(ops: list[str], edges: list[tuple[int, int]]) -> str:
     return digest.hexdigest()
 
 
+def _storage_of(t: torch.Tensor) -> tuple[int, int] | None:
+    """(address, bytes) of the storage holding `t`'s values in this process: a DTensor's (FSDP2, tensor parallel)
+    local shard's. None where there is none to read (another wrapper subclass)."""
+    try:
+        if hasattr(t, "to_local"):
+            t = t.to_local()
+        storage = t.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
 def _saved_of(node, parameter_storages: set[int]) -> list[dict]:
     """The tensors saved for `node`'s backward, read from its raw saved fields: a tensor packed by a saved-tensor hook
     (checkpointing) is left out, never unpacked (unpacking a checkpoint's tensor runs its forward again)."""
@@ -128,11 +140,11 @@ def _saved_of(node, parameter_storages: set[int]) -> list[dict]:
             continue
         for item in raw if isinstance(raw, (list, tuple)) else (raw,):
             data = getattr(item, "data", None)
-            if isinstance(data, torch.Tensor):
-                storage = data.untyped_storage()
-                key = storage.data_ptr()
+            found = _storage_of(data) if isinstance(data, torch.Tensor) else None
+            if found is not None:
+                key, size = found
                 out.append({"shape": list(data.shape), "dtype": str(data.dtype).removeprefix("torch."),
-                            "bytes": storage.nbytes(), "key": key, "parameter": key in parameter_storages})
+                            "bytes": size, "key": key, "parameter": key in parameter_storages})
     return out
 
 
@@ -218,7 +230,7 @@ class BackwardProbe:
         for ref in self.modules.roots:  # frozen parameters too (no AccumulateGrad node)
             root = ref()
             parameters += list(root.parameters()) if root is not None else []
-        storages = {p.untyped_storage().data_ptr() for p in parameters}
+        storages = {found[0] for found in map(_storage_of, parameters) if found is not None}
         records = []
         for i, node in enumerate(self.nodes):
             op = self.ops[i]

@@ -144,16 +144,23 @@ class Recorder:
         items = [p.grad if grads else p.detach() for p in tensors]
         groups: dict = {}
         for i, t in enumerate(items):
-            groups.setdefault((t.device, t.dtype), []).append(i)
+            # a DTensor (FSDP2, tensor parallel) by its mesh and placements too: its norm is the whole tensor's
+            layout = (t.device_mesh, tuple(t.placements)) if hasattr(t, "device_mesh") else None
+            groups.setdefault((t.device, t.dtype, layout), []).append(i)
         out = [0.0] * len(items)
         with torch.no_grad():
-            for indices in groups.values():
+            for (_, _, layout), indices in groups.items():
                 group = [items[i] for i in indices]
                 if group[0].is_sparse:
                     norms = [torch.linalg.vector_norm(t.coalesce().values(), dtype=torch.float32) for t in group]
                 else:
                     norms = torch._foreach_norm(group, 2, dtype=torch.float32)
-                for i, value in zip(indices, torch.stack(list(norms)).tolist(), strict=True):
+                stacked = torch.stack(list(norms))
+                if layout is not None:
+                    # the shards' norms combined across the ranks holding them (one collective for the group): the
+                    # whole parameter's norm on every rank, as torch.nn.utils.clip_grad_norm_ takes it
+                    stacked = stacked.full_tensor()
+                for i, value in zip(indices, stacked.tolist(), strict=True):
                     out[i] = value
         return out
 
@@ -174,13 +181,15 @@ class Recorder:
             self.peak_before_step = torch.cuda.max_memory_allocated(params[0].device) - self._own_bytes()
         with torch.no_grad():
             buffers = []
-            for p in params:  # one buffer per parameter, kept from step to step: no allocation per step
+            locals_ = [_local(p) for p in params]
+            for p, local in zip(params, locals_, strict=True):  # one buffer per parameter, kept from step to step
                 buffer = self.before.get(id(p))
-                if buffer is None or buffer.shape != p.shape or buffer.dtype != p.dtype or buffer.device != p.device:
-                    buffer = self.before[id(p)] = torch.empty_like(p, memory_format=torch.preserve_format)
+                if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype or \
+                        buffer.device != local.device:
+                    buffer = self.before[id(p)] = torch.empty_like(local, memory_format=torch.preserve_format)
                 buffers.append(buffer)
             if buffers:
-                torch._foreach_copy_(buffers, [p.detach() for p in params])
+                torch._foreach_copy_(buffers, locals_)
         if params and params[0].is_cuda:
             torch.cuda.reset_peak_memory_stats(params[0].device)
 
@@ -193,8 +202,8 @@ class Recorder:
         with torch.no_grad():  # before - after, in the buffers themselves: its norm is the update's
             deltas = [self.before[id(p)] for p in params]
             if deltas:
-                torch._foreach_sub_(deltas, [p.detach() for p in params])
-        updates = self._norms(deltas, grads=False)
+                torch._foreach_sub_(deltas, [_local(p) for p in params])
+        updates = self._norms([_like(p, d) for p, d in zip(params, deltas, strict=True)], grads=False)
         self._write(params, (figures["grad"], figures["weight"]), updates, skipped=False, lrs=figures["lrs"],
                     optimizer=optimizer)
 
@@ -354,6 +363,21 @@ class Recorder:
             return result
 
         return step
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """The values of `p` this process holds: a DTensor's (FSDP2, tensor parallel) local shard, else `p` itself."""
+    return p.to_local() if hasattr(p, "to_local") else p.detach()
+
+
+def _like(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """`local` (this process's part) laid out as `p` is: a DTensor again for a DTensor parameter, so that its norm is
+    the whole tensor's."""
+    if not hasattr(p, "device_mesh"):
+        return local
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
 
 
 @contextlib.contextmanager
