@@ -20,6 +20,7 @@ import json
 import math
 import os
 import sys
+import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -126,6 +127,7 @@ class DebugWatch:
         self.sources: dict[int, tuple] = {}
         self.producers: dict[str, dict] = {}
         self.losses: list = []
+        self.zero_beside: dict[int, tuple] = {}  # id(param) -> (name, weakref) of the all-zero weight beside it
 
     # ---- installing ---------------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -269,8 +271,12 @@ class DebugWatch:
                     continue  # not stepped by the optimizer, but it has a gradient
                 name = names.get(id(p), "")
                 module = owners.get(id(p))
+                beside = self.zero_beside.get(id(p))
+                if beside is not None and beside[1]() is not None and bool(beside[1]().detach().any()):
+                    continue  # zero beside a zero weight the optimizer has just moved: LoRA's first step, expected
                 missing.append({"parameter": name, "module": self._path(module),
-                                "reason": self._reason(module, zero=norm == 0)})
+                                "reason": self._reason(module, zero=norm == 0,
+                                                       beside=beside[0] if beside is not None else None)})
             dead = {}
             for key, alive in self.dead.items():
                 known = self.recorder.modules.paths.get(key)
@@ -295,10 +301,26 @@ class DebugWatch:
         known = self.recorder.modules.paths.get(id(module)) if module is not None else None
         return known[0] if known else ""
 
-    def _reason(self, module, zero: bool) -> str:
+    def before_update(self, params: list, grads: list) -> None:
+        """Before the optimizer's step: for each parameter whose gradient is exactly zero, the all-zero weight beside
+        it (LoRA's B beside its A), read while the step has not moved it yet. At the step's end a zero gradient beside
+        a weight the step moved is expected and not a finding; beside one that stayed zero (B frozen, or a learning
+        rate of 0) A never learns, and that is the finding."""
+        self.depth += 1
+        try:
+            owners = self._owners()
+            for p, norm in zip(params, grads, strict=False):
+                if norm == 0:
+                    found = self._zero_neighbour(owners.get(id(p)), with_tensor=True)
+                    if found is not None:
+                        self.zero_beside[id(p)] = (found[0], weakref.ref(found[1]))
+        finally:
+            self.depth -= 1
+
+    def _reason(self, module, zero: bool, beside: str | None = None) -> str:
         path = self._path(module) or "its module"
         if zero:
-            beside = self._zero_neighbour(module)
+            beside = beside or self._zero_neighbour(module)
             if beside:
                 return (f"its gradient is exactly zero: the gradient reaches it through {beside}, whose values are "
                         f"all zero (LoRA's B starts at zero: A's gradient stays zero until B moves)")
@@ -315,7 +337,7 @@ class DebugWatch:
                     f"used, do not require one)")
         return f"not on any path from the loss: the output of {path} never reached it"
 
-    def _zero_neighbour(self, module) -> str | None:
+    def _zero_neighbour(self, module, with_tensor: bool = False):
         """A weight matrix near `module` (under its parent or grandparent, never the whole model) whose values are
         all zero: a zero-initialised LoRA B beside its A. Biases (often zero at initialisation) are not counted."""
         path = self._path(module)
@@ -335,7 +357,7 @@ class DebugWatch:
                 for p in near.parameters():
                     name = names.get(id(p), "")
                     if not name.startswith(path + ".") and p.dim() >= 2 and p.numel() and not bool(p.detach().any()):
-                        return name
+                        return (name, p) if with_tensor else name
         return None
 
     def _parameters(self) -> None:

@@ -175,6 +175,8 @@ class Recorder:
         params = [p for p, _ in pairs]
         self.pre_figures = {"params": params, "lrs": [lr for _, lr in pairs], "grad": self._norms(params),
                             "weight": self._norms(params, grads=False)}
+        if self.debug is not None:
+            self.debug.before_update(params, self.pre_figures["grad"])
         if params and params[0].is_cuda:
             # the loop's peak so far (forward and backward), the recorder's own copy left out; the peak counter then
             # starts again for the optimizer's step, read with the copy left out again (_peak)
