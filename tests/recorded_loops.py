@@ -55,4 +55,20 @@ def float16_grad_scaler(path, steps: int = 5, overflow_at: int = 2) -> None:
             opt.zero_grad()
 
 
+def mlp_nan_fault(path, steps: int = 3, fault_at: int = 2) -> None:
+    """An MLP with SGD whose hidden layer takes the square root of an exact zero at step `fault_at` (the last, so no NaN reaches the weights before it): its gradient there
+    is 0 / (2 * 0) = NaN, started at that SqrtBackward0 node (not one of LOOPS: the findings' own test opens it)."""
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with graphviz_core.record(path, model=model):
+        for step in range(steps):
+            hidden = model[1](model[0](torch.randn(6, 8)))
+            if step == fault_at:
+                hidden = hidden + 0.0 * torch.sqrt(hidden - hidden.detach())
+            torch.nn.functional.cross_entropy(model[2](hidden), torch.randint(0, 3, (6,))).backward()
+            opt.step()
+            opt.zero_grad()
+
+
 LOOPS = {"mlp-sgd": mlp_sgd, "gpt2-adamw-accumulation": gpt2_adamw_accumulation, "float16-grad-scaler": float16_grad_scaler}

@@ -9,11 +9,12 @@ import shutil
 
 import pytest
 
+from graphviz_core.analysis.gradient_flow import analyse
 from graphviz_core.graph.recording import open_recording
 from graphviz_core.ui.browser_harness import graph_frame, serve_app
-from graphviz_core.ui.recordings_view import RECORDINGS_ENV
+from graphviz_core.ui.recordings_view import RECORDINGS_ENV, finding_label
 from tests.conftest import LAPTOP, both_sizes, choose, idle
-from tests.recorded_loops import LOOPS
+from tests.recorded_loops import LOOPS, mlp_nan_fault
 
 pytestmark = pytest.mark.browser
 SHOTS = os.environ.get("GRAPHVIZ_CORE_SHOTS")  # where to keep the screenshots (default: pytest's tmp folder)
@@ -24,6 +25,7 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("recordings")
     for name, loop in LOOPS.items():
         loop(root / name)
+    mlp_nan_fault(root / "nan-fault")
     shutil.copytree(root / "mlp-sgd", root / "truncated")
     (root / "truncated" / "graphs").rename(root / "truncated" / "gone")  # its graph files missing
     with serve_app({"GRAPHVIZ_CORE_DEVICE": "cpu", RECORDINGS_ENV: str(root)},
@@ -82,3 +84,32 @@ def test_a_broken_recording_is_one_sentence(page, server):
     assert "missing" in alerts.first.inner_text()
     json.dumps(page.outside)
     assert not page.outside
+
+
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
+def test_a_finding_opens_at_its_node_with_the_path_from_the_loss(page, server, tmp_path):
+    """The NaN injected at step 2 (the square root of an exact zero in the hidden layer): the Findings list names
+    SqrtBackward0; choosing it opens step 2's graph with that node selected, its details shown, and the nodes from the
+    loss down to it ringed."""
+    url, root = server
+    _open(page, url, "nan-fault")
+    main = page.locator('[data-testid="stMain"]')
+    page.get_by_text("Findings", exact=True).wait_for(timeout=30_000)
+    box = page.get_by_role("combobox", name="Open a finding at its node in the step's graph below")
+    found = [f for f in analyse(open_recording(root / "nan-fault"))["findings"] if f["kind"] == "nonfinite-backward"]
+    assert [(f["step"], f["node"]) for f in found] == [(2, "SqrtBackward0")]
+    choose(page, box, finding_label(found[0]))
+    idle(page, settle_ms=1000)
+    graph = open_recording(root / "nan-fault").step_graph(2)
+    deadline_frame = graph_frame(page, graph.number_of_nodes(), timeout_s=90)
+    shown = deadline_frame.evaluate("() => ({selected: window.network.getSelectedNodes(), "
+                                    "details: document.getElementById('details').innerText})")
+    assert len(shown["selected"]) == 1
+    node = shown["selected"][0]
+    assert graph.nodes[node]["op"] == "SqrtBackward0" and "SqrtBackward0" in shown["details"]
+    assert "nodes from the loss down to it ringed in pink" in main.inner_text()
+    assert page.locator('[data-testid="stException"]').count() == 0
+    both_sizes(page, os.path.join(SHOTS or str(tmp_path), "recordings-finding"))
+    page.locator("iframe").last.scroll_into_view_if_needed()
+    both_sizes(page, os.path.join(SHOTS or str(tmp_path), "recordings-finding-graph"))
+    assert not page.outside, page.outside

@@ -48,3 +48,17 @@ def test_a_frozen_b_leaves_a_without_gradient_and_is_named(tmp_path):
     assert {f["kind"] for f in findings} == {"no-gradient"}
     for f in findings:
         assert f"through {f['parameter'].replace('lora_A', 'lora_B')}, whose values are all zero" in f["reason"]
+
+
+def test_the_path_from_the_loss_runs_down_to_the_node():
+    """A diamond under a root: loss -> a -> c, loss -> b -> d -> c; the shortest path to c is loss, a, c; a node no
+    root reaches is its own path."""
+    import networkx as nx
+
+    from graphviz_core.analysis.gradient_flow import path_from_loss
+
+    graph = nx.DiGraph([("loss", "a"), ("a", "c"), ("loss", "b"), ("b", "d"), ("d", "c")])
+    graph.add_node("alone")
+    assert path_from_loss(graph, "c") == ["loss", "a", "c"]
+    assert path_from_loss(graph, "d") == ["loss", "b", "d"]
+    assert path_from_loss(graph, "loss") == ["loss"] and path_from_loss(graph, "alone") == ["alone"]

@@ -137,6 +137,14 @@ def _first_source(graph: nx.DiGraph) -> tuple[str | None, list[str]]:
     return (sources[0] if sources else None), sources[1:]
 
 
+def path_from_loss(graph: nx.DiGraph, node: str) -> list[str]:
+    """The nodes a gradient passes from the loss (a node no other sends a gradient to) down to `node`, both ends in;
+    the shortest such path. [node] alone where no root reaches it."""
+    roots = [n for n in graph.nodes if graph.in_degree(n) == 0]
+    paths = [nx.shortest_path(graph, r, node) for r in roots if r == node or nx.has_path(graph, r, node)]
+    return min(paths, key=len) if paths else [node]
+
+
 def _node_finding(graph, node, log: DebugLog, graph_id: str) -> dict:
     data = graph.nodes[node]
     row = node.rpartition(":")[2]

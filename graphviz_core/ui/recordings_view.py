@@ -26,7 +26,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from graphviz_core.analysis.gradient_flow import layer_figures
+from graphviz_core.analysis.gradient_flow import analyse, layer_figures, path_from_loss
 from graphviz_core.export.render import METRICS, node_details, render_html
 from graphviz_core.graph.recording import MANIFEST, Recording, RecordingError, open_recording
 from graphviz_core.ui.charts import show_chart
@@ -278,8 +278,54 @@ def _show(recording: Recording) -> None:
     st.caption("How far each optimizer step moved a layer's weights: the norm of the change over the norm of the "
                "weights before it. Empty where a step had no update (closed by hand) or the weights were all zero.")
     _show_heatmap(heatmap(layer_table(steps, "update_ratio"), "update / weight"))
+    _show_findings(recording, rank)
     _step_graph(recording, steps, rank)
     _two_steps(steps)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _findings(path: str, signature: tuple) -> list[dict]:
+    return analyse(_opened(path, signature))["findings"]
+
+
+FINDING_COLUMNS = ("kind", "step", "node", "module", "parameter", "source", "reason")
+
+
+def finding_label(f: dict) -> str:
+    """A finding as one line of the picker: kind, step, where."""
+    where = f.get("node") or f.get("parameter") or f.get("module") or ""
+    return f"{f['kind']} at step {f.get('step', '?')}: {where}" + (f" ({f['module']})" if f.get("node") and
+                                                                     f.get("module") else "")
+
+
+def _show_findings(recording: Recording, rank: int) -> None:
+    st.subheader("Findings")
+    st.caption("Gradient-flow debugging of this recording (docs/debugging.md): where a NaN or inf started, parameters "
+               "that got no gradient and why, dead units, vanishing or exploding layers, steps the GradScaler skipped.")
+    mine = [f for f in _findings(str(recording.path), _signature(recording.path)) if f.get("rank", 0) == rank]
+    if not mine:
+        st.success("No finding: every gradient was finite, every trainable parameter got one, no layer vanished or "
+                   "exploded by the stated rules.")
+        return
+    frame = pd.DataFrame([{c: "" if f.get(c) is None else str(f.get(c)) for c in FINDING_COLUMNS} for f in mine])
+    st.dataframe(frame, width="stretch", hide_index=True)
+    at_nodes = [f for f in mine if f.get("node_id")]
+    if not at_nodes:
+        return
+    labels = [finding_label(f) for f in at_nodes]
+
+    def opened() -> None:
+        chosen = st.session_state.get("rec.finding")
+        found = next((f for f, label in zip(at_nodes, labels, strict=True) if label == chosen), None)
+        if found is None:
+            st.session_state.pop("rec.focus", None)
+            return
+        st.session_state["rec.step"] = found["step"]
+        st.session_state["rec.backward"] = found.get("backward", 0)
+        st.session_state["rec.focus"] = (found["step"], found.get("backward", 0), found["node_id"])
+
+    st.selectbox("Open a finding at its node in the step's graph below", labels, index=None, key="rec.finding",
+                 placeholder="Choose a finding", on_change=opened)
 
 
 def _show_heatmap(chart: alt.LayerChart) -> None:
@@ -306,11 +352,20 @@ def _step_graph(recording: Recording, steps: list, rank: int) -> None:
             ["max |value| of its gradient", "n/a" if data.get("max_abs") is None else f"{data['max_abs']:.4g}"],
             ["NaN or inf values in its gradient", "n/a" if data.get("nonfinite") is None else f"{data['nonfinite']:,}"]]
     note = f"{graph.number_of_nodes():,} nodes; colour: {METRICS[colour]} at step {step}, white = least, dark red = most"
-    if broken:
+    wanted = st.session_state.get("rec.focus")  # (step, backward, node) of the finding opened; only on that graph
+    focus = wanted[2] if isinstance(wanted, tuple) and wanted[:2] == (step, backward) else None
+    ringed, selected = broken, None
+    if focus in graph:
+        path = path_from_loss(graph, focus)
+        ringed, selected = set(path), focus
+        note += (f"; the finding's node {graph.nodes[focus].get('op', focus)} selected, and the {len(path):,} nodes "
+                 f"from the loss down to it ringed in pink")
+    elif broken:
         note += f"; {len(broken):,} nodes with a NaN or inf gradient ringed in pink (grey: no finite value)"
     st.caption(escape_markdown(note))
     html = render_html(graph, title=f"step {step}, backward {backward}", subtitle=f"recorded rank {rank}",
-                       colour_by=colour, highlight=frozenset(broken), highlight_is_search=False, vis_src=vis_src())
+                       colour_by=colour, highlight=frozenset(ringed), highlight_is_search=False, vis_src=vis_src(),
+                       selected=selected)
     st.iframe(html, height=790)
 
 
