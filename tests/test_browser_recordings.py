@@ -113,3 +113,41 @@ def test_a_finding_opens_at_its_node_with_the_path_from_the_loss(page, server, t
     page.locator("iframe").last.scroll_into_view_if_needed()
     both_sizes(page, os.path.join(SHOTS or str(tmp_path), "recordings-finding-graph"))
     assert not page.outside, page.outside
+
+
+def _zipped(folder) -> bytes:
+    import io
+    import zipfile
+
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w") as archive:
+        for path in folder.rglob("*"):
+            if path.is_file():
+                archive.write(path, f"run/{path.relative_to(folder)}")
+    return data.getvalue()
+
+
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
+def test_an_upload_opens_and_a_hostile_one_is_a_sentence(page, server, tmp_path_factory, tmp_path):
+    """On a person's own machine (no recordings folder configured) the page takes a recording's folder as a .zip
+    through its uploader: the MLP loop opens with its 6 steps; a pickle renamed .zip is one sentence, no traceback."""
+    _, root = server
+    with serve_app({"GRAPHVIZ_CORE_DEVICE": "cpu"}, log=tmp_path_factory.mktemp("local") / "server.log") as url:
+        page.goto(f"{url}/recordings")
+        uploader = page.locator('[data-testid="stFileUploader"] input[type="file"]')
+        uploader.wait_for(state="attached", timeout=60_000)
+        uploader.set_input_files(files=[{"name": "mlp.zip", "mimeType": "application/zip",
+                                         "buffer": _zipped(root / "mlp-sgd")}])
+        main = page.locator('[data-testid="stMain"]')
+        page.get_by_text("6 steps", exact=False).first.wait_for(timeout=60_000)
+        idle(page, settle_ms=500)
+        assert page.locator('[data-testid="stException"]').count() == 0
+        both_sizes(page, os.path.join(SHOTS or str(tmp_path), "recordings-upload"))
+        import pickle
+
+        uploader.set_input_files(files=[{"name": "evil.zip", "mimeType": "application/zip",
+                                         "buffer": pickle.dumps({"a": 1})}])
+        alert = page.locator('[data-testid="stAlert"]').filter(has_text="not a .zip")
+        alert.first.wait_for(timeout=60_000)
+        assert page.locator('[data-testid="stException"]').count() == 0
+        assert "Traceback" not in main.inner_text()

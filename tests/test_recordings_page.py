@@ -161,3 +161,20 @@ def test_every_hostile_recording_is_one_sentence_in_the_page(served, monkeypatch
         assert len(at.error) == 1, (kind, [e.value for e in at.error])
         assert "\n" not in at.error[0].value and str(root) not in plain(at.error[0].value), kind
     assert not marker.exists()
+
+
+def test_old_unpacked_uploads_are_swept_and_nothing_else(tmp_path):
+    """An unpacked upload whose session ended is removed once it is older than UPLOAD_MAX_AGE_S (24 h), when the
+    next upload is unpacked; a younger one, and a folder not named as an upload, stay."""
+    import os
+
+    from graphviz_core.ui.recordings_view import UPLOAD_MAX_AGE_S, UPLOAD_PREFIX, sweep_uploads
+
+    now = 1_000_000_000.0
+    old, young, other = tmp_path / f"{UPLOAD_PREFIX}old", tmp_path / f"{UPLOAD_PREFIX}young", tmp_path / "someone-old"
+    for folder, age in ((old, UPLOAD_MAX_AGE_S + 60), (young, UPLOAD_MAX_AGE_S - 60), (other, 10 * UPLOAD_MAX_AGE_S)):
+        (folder / "run").mkdir(parents=True)
+        (folder / "run" / "manifest.json").write_text("{}")
+        os.utime(folder, (now - age, now - age))
+    assert sweep_uploads(now=now, temp=str(tmp_path)) == [old.name]
+    assert not old.exists() and young.exists() and other.exists()

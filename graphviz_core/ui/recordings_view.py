@@ -165,16 +165,55 @@ def _served(root: Path) -> Path | None:
     return contained(root / name, root)
 
 
+UPLOAD_PREFIX = "graphviz-core-upload-"
+UPLOAD_MAX_AGE_S = 24 * 3600  # an unpacked upload older than this is removed when the next one is unpacked
+
+
+def _remove_upload(folder: Path) -> None:
+    import shutil
+
+    if Path(folder).name.startswith(UPLOAD_PREFIX):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def sweep_uploads(now: float | None = None, temp: str | None = None) -> list[str]:
+    """Remove unpacked uploads older than UPLOAD_MAX_AGE_S from the temporary folder (a session that ended never
+    removed its own); the names removed."""
+    import time
+
+    now = time.time() if now is None else now
+    removed = []
+    root = Path(temp or tempfile.gettempdir())
+    for folder in root.glob(UPLOAD_PREFIX + "*"):
+        try:
+            if folder.is_dir() and not folder.is_symlink() and now - folder.stat().st_mtime > UPLOAD_MAX_AGE_S:
+                _remove_upload(folder)
+                removed.append(folder.name)
+        except OSError:
+            continue
+    return removed
+
+
 def _local() -> Path | None:
     typed = st.text_input("Recording folder on this machine", key="rec.path",
                           placeholder="e.g. runs/exp1 (the folder graphviz_core.record wrote)")
     upload = st.file_uploader(f"or upload a recording's folder as a .zip (at most {format_bytes(MAX_UPLOAD_BYTES)})",
                               type=["zip"], key="rec.upload", max_upload_size=MAX_UPLOAD_BYTES // 2**20)
+    kept = st.session_state.get("rec.unpacked")
+    if kept is not None and (upload is None or kept[0] != upload.file_id):
+        st.session_state.pop("rec.unpacked")  # removed or replaced: its unpacked copy goes with it
+        _remove_upload(kept[2])
     if upload is not None:
         kept = st.session_state.get("rec.unpacked")
-        if kept is None or kept[0] != upload.file_id:  # unpacked once per upload, not on every rerun
-            into = Path(tempfile.mkdtemp(prefix="graphviz-core-upload-"))
-            st.session_state["rec.unpacked"] = kept = (upload.file_id, contained(unpack(upload.getvalue(), into), into))
+        if kept is None:  # unpacked once per upload, not on every rerun
+            sweep_uploads()
+            into = Path(tempfile.mkdtemp(prefix=UPLOAD_PREFIX))
+            try:
+                found = contained(unpack(upload.getvalue(), into), into)
+            except BaseException:
+                _remove_upload(into)
+                raise
+            st.session_state["rec.unpacked"] = kept = (upload.file_id, found, into)
         return kept[1]
     if typed.strip():
         folder = Path(typed.strip()).expanduser()
