@@ -18,6 +18,7 @@ PANELS = {
     "Measured vs textbook": ("graphviz_core.ui.textbook_view", "show_textbook_comparison"),
     "Memory": ("graphviz_core.ui.memory_view", "show_memory"),
     "FLOPs and time": ("graphviz_core.ui.flops_view", "show_flops"),
+    "Debug": ("graphviz_core.ui.debug_view", "show_debug"),
 }
 
 run_through_app()

@@ -353,9 +353,33 @@ def analyse(recording: Recording) -> dict:
 def analyse_config(config, check_forward: bool = False) -> dict:
     """The findings of one step of `config`'s model: one real forward and backward on its example batch, recorded
     into a temporary folder by the same recorder as a user's loop (no optimizer step), then `analyse`d."""
+    return debug_step(config, check_forward)[0]
+
+
+def debug_step(config, check_forward: bool = False) -> tuple[dict, list[nx.DiGraph]]:
+    """`analyse_config`'s result and the recorded graph of each backward of the step, every node with its recorded
+    figures (what the explorer's Debug view draws the findings on)."""
     with tempfile.TemporaryDirectory(prefix="graphviz-core-debug-") as folder:
         record_step(config, folder, check_forward=check_forward)
-        return analyse(open_recording(folder))
+        recording = open_recording(folder)
+        steps = recording.steps()
+        graphs = [recording.step_graph(steps[0].step, 0, b) for b in range(len(steps[0].backward_graphs))] \
+            if steps else []
+        return analyse(recording), graphs
+
+
+def finding_node(graph: nx.DiGraph, finding: dict) -> str | None:
+    """The node of `graph` a finding is placed at: its own node, else the AccumulateGrad node of its parameter (a
+    parameter whose gradient was exactly zero is in the graph; one that got none is not)."""
+    node = finding.get("node_id")
+    if node in graph:
+        return node
+    name = finding.get("parameter")
+    if name:
+        for n, data in graph.nodes(data=True):
+            if (data.get("param") or {}).get("name") == name:
+                return n
+    return None
 
 
 def record_step(config, folder: str, check_forward: bool = False) -> None:

@@ -26,12 +26,12 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from graphviz_core.analysis.gradient_flow import analyse, layer_figures, path_from_loss
-from graphviz_core.export.render import METRICS, node_details, render_html
+from graphviz_core.analysis.gradient_flow import analyse, layer_figures
+from graphviz_core.export.render import METRICS, node_details
 from graphviz_core.graph.recording import MANIFEST, Recording, RecordingError, open_recording
 from graphviz_core.ui.charts import show_chart
+from graphviz_core.ui.findings import finding_label, findings_frame, focused_graph_html, placed
 from graphviz_core.ui.format import escape_markdown
-from graphviz_core.ui.vis_script import vis_src
 from graphviz_core.units import format_bytes
 
 RECORDINGS_ENV = "GRAPHVIZ_CORE_RECORDINGS"
@@ -327,14 +327,16 @@ def _findings(path: str, signature: tuple) -> list[dict]:
     return analyse(_opened(path, signature))["findings"]
 
 
-FINDING_COLUMNS = ("kind", "step", "node", "module", "parameter", "source", "reason")
-
-
-def finding_label(f: dict) -> str:
-    """A finding as one line of the picker: kind, step, where."""
-    where = f.get("node") or f.get("parameter") or f.get("module") or ""
-    return f"{f['kind']} at step {f.get('step', '?')}: {where}" + (f" ({f['module']})" if f.get("node") and
-                                                                     f.get("module") else "")
+def _graph_of(recording: Recording, finding: dict, rank: int):
+    """The recorded graph a finding's step ran (its backward's; the first where it names none), or None."""
+    step = finding.get("step")
+    try:
+        record = next((s for s in recording.steps(rank) if s.step == step), None)
+        if record is None or not record.backward_graphs:
+            return None
+        return recording.step_graph(step, rank, finding.get("backward", 0))
+    except (RecordingError, IndexError):
+        return None
 
 
 def _show_findings(recording: Recording, rank: int) -> None:
@@ -346,22 +348,22 @@ def _show_findings(recording: Recording, rank: int) -> None:
         st.success("No finding: every gradient was finite, every trainable parameter got one, no layer vanished or "
                    "exploded by the stated rules.")
         return
-    frame = pd.DataFrame([{c: "" if f.get(c) is None else str(f.get(c)) for c in FINDING_COLUMNS} for f in mine])
-    st.dataframe(frame, width="stretch", hide_index=True)
-    at_nodes = [f for f in mine if f.get("node_id")]
+    st.dataframe(findings_frame(mine), width="stretch", hide_index=True)
+    at_nodes = placed(mine, lambda f: _graph_of(recording, f, rank))
     if not at_nodes:
         return
-    labels = [finding_label(f) for f in at_nodes]
+    labels = [finding_label(f) for f, _ in at_nodes]
 
     def opened() -> None:
         chosen = st.session_state.get("rec.finding")
-        found = next((f for f, label in zip(at_nodes, labels, strict=True) if label == chosen), None)
+        found = next((pair for pair, label in zip(at_nodes, labels, strict=True) if label == chosen), None)
         if found is None:
             st.session_state.pop("rec.focus", None)
             return
-        st.session_state["rec.step"] = found["step"]
-        st.session_state["rec.backward"] = found.get("backward", 0)
-        st.session_state["rec.focus"] = (found["step"], found.get("backward", 0), found["node_id"])
+        finding, node = found
+        st.session_state["rec.step"] = finding["step"]
+        st.session_state["rec.backward"] = finding.get("backward", 0)
+        st.session_state["rec.focus"] = (finding["step"], finding.get("backward", 0), node)
 
     st.selectbox("Open a finding at its node in the step's graph below", labels, index=None, key="rec.finding",
                  placeholder="Choose a finding", on_change=opened)
@@ -393,18 +395,13 @@ def _step_graph(recording: Recording, steps: list, rank: int) -> None:
     note = f"{graph.number_of_nodes():,} nodes; colour: {METRICS[colour]} at step {step}, white = least, dark red = most"
     wanted = st.session_state.get("rec.focus")  # (step, backward, node) of the finding opened; only on that graph
     focus = wanted[2] if isinstance(wanted, tuple) and wanted[:2] == (step, backward) else None
-    ringed, selected = broken, None
-    if focus in graph:
-        path = path_from_loss(graph, focus)
-        ringed, selected = set(path), focus
-        note += (f"; the finding's node {graph.nodes[focus].get('op', focus)} selected, and the {len(path):,} nodes "
-                 f"from the loss down to it ringed in pink")
+    html, said_focus = focused_graph_html(graph, focus, broken, title=f"step {step}, backward {backward}",
+                                          subtitle=f"recorded rank {rank}", colour_by=colour)
+    if said_focus:
+        note += "; " + said_focus
     elif broken:
         note += f"; {len(broken):,} nodes with a NaN or inf gradient ringed in pink (grey: no finite value)"
     st.caption(escape_markdown(note))
-    html = render_html(graph, title=f"step {step}, backward {backward}", subtitle=f"recorded rank {rank}",
-                       colour_by=colour, highlight=frozenset(ringed), highlight_is_search=False, vis_src=vis_src(),
-                       selected=selected)
     st.iframe(html, height=790)
 
 

@@ -1,0 +1,68 @@
+"""The explorer's Debug tab: gradient-flow debugging of the config's step (docs/debugging.md).
+
+The step runs once more under the recorder and its gradient-flow watch (analysis.gradient_flow.debug_step: the same
+weights, batch, autocast and LoRA as the capture, no optimizer step), and its findings are listed; one placed at a
+node opens in that step's graph with the node selected and the path from the loss down to it ringed. Refused with
+the analysis's own sentence where the step cannot run that way (meta, --compile, checkpointing)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from graphviz_core.analysis.gradient_flow import debug_step
+from graphviz_core.export.render import METRICS
+from graphviz_core.ui.findings import finding_label, findings_frame, focused_graph_html, placed
+from graphviz_core.ui.format import escape_markdown
+
+COLOURS = ("grad_norm", "time_s")
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _debugged(key: str, check_forward: bool, _config) -> tuple[dict, list]:
+    """One debugged step per (config, forward check): the findings and the recorded graph of each backward."""
+    return debug_step(_config, check_forward)
+
+
+def show_debug(capture) -> None:
+    config = capture.config
+    st.caption("Where a NaN or inf started in backward, which trainable parameters got no gradient and why, dead "
+               "units: the step run once more under the gradient-flow watch, with the same weights and batch "
+               "(docs/debugging.md).")
+    check = st.checkbox("Also check every op of the forward for NaN and inf (names the op that produced one; costs "
+                        "more)", key="debug.forward")
+    try:
+        with st.spinner("Running the step under the gradient-flow watch..."):
+            result, graphs = _debugged(repr(config), check, config)
+    except ValueError as exc:
+        st.info(escape_markdown(f"The Debug view cannot run this config: {exc}"))
+        return
+    findings = result["findings"]
+    checked = "; every op of the forward checked" if result["forward_checked"] else ""
+    if not findings:
+        st.success(escape_markdown(f"No finding: every gradient was finite and every trainable parameter got one"
+                                   f"{checked}."))
+    else:
+        st.caption(escape_markdown(f"{len(findings)} finding{'s' if len(findings) != 1 else ''}{checked}."))
+        st.dataframe(findings_frame(findings), width="stretch", hide_index=True)
+    if not graphs:
+        return
+    at_nodes = placed(findings, lambda f: graphs[f.get("backward", 0)] if f.get("backward", 0) < len(graphs) else None)
+    labels = [finding_label(f) for f, _ in at_nodes]
+    row = st.columns([3, 1])
+    chosen = row[0].selectbox("Open a finding at its node", labels, index=None, key="debug.finding",
+                              placeholder="Choose a finding" if labels else "No finding is placed at a node",
+                              disabled=not labels)
+    colour = row[1].selectbox("Colour by", COLOURS, key="debug.colour", format_func=METRICS.get)
+    pair = next((p for p, label in zip(at_nodes, labels, strict=True) if label == chosen), None)
+    backward = pair[0].get("backward", 0) if pair else 0
+    graph = graphs[backward]
+    broken = {n for n, d in graph.nodes(data=True) if d.get("nonfinite")}
+    html, said = focused_graph_html(graph, pair[1] if pair else None, broken, title="the step, recorded",
+                                    subtitle=f"backward {backward}", colour_by=colour)
+    note = f"{graph.number_of_nodes():,} nodes; colour: {METRICS[colour]}, white = least, dark red = most"
+    if said:
+        note += "; " + said
+    elif broken:
+        note += f"; {len(broken):,} nodes with a NaN or inf gradient ringed in pink"
+    st.caption(escape_markdown(note))
+    st.iframe(html, height=790)

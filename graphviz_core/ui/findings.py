@@ -1,0 +1,54 @@
+"""Gradient-flow findings as the pages show them (docs/debugging.md): one table row each, one line each in the picker
+that opens a finding at its node, and the graph drawn with that node selected and the path from the loss ringed.
+Used by the Recordings page (a recorded loop) and the explorer's Debug tab (the config's step)."""
+
+from __future__ import annotations
+
+import networkx as nx
+import pandas as pd
+
+from graphviz_core.analysis.gradient_flow import finding_node, path_from_loss
+from graphviz_core.export.render import render_html
+from graphviz_core.ui.vis_script import vis_src
+
+FINDING_COLUMNS = ("kind", "step", "node", "module", "parameter", "source", "reason")
+
+
+def finding_label(f: dict) -> str:
+    """A finding as one line of the picker: kind, step, where."""
+    where = f.get("node") or f.get("parameter") or f.get("module") or ""
+    return f"{f['kind']} at step {f.get('step', '?')}: {where}" + (f" ({f['module']})" if f.get("node") and
+                                                                     f.get("module") else "")
+
+
+def findings_frame(findings: list[dict]) -> pd.DataFrame:
+    """The findings' table: text cells (the dataframe escapes them), empty where a field does not apply."""
+    return pd.DataFrame([{c: "" if f.get(c) is None else str(f.get(c)) for c in FINDING_COLUMNS} for f in findings])
+
+
+def focused_graph_html(graph: nx.DiGraph, focus: str | None, ringed: set[str], *, title: str, subtitle: str,
+                       colour_by: str) -> tuple[str, str]:
+    """The graph's page with `focus` (a finding's node) selected and the nodes from the loss down to it ringed in
+    pink, or `ringed` where there is no focus; and a sentence saying what is ringed."""
+    note = ""
+    selected = None
+    if focus is not None and focus in graph:
+        path = path_from_loss(graph, focus)
+        ringed, selected = set(path), focus
+        note = (f"the finding's node {graph.nodes[focus].get('op', focus)} selected, and the {len(path):,} nodes from the "
+                f"loss down to it ringed in pink")
+    html = render_html(graph, title=title, subtitle=subtitle, colour_by=colour_by, highlight=frozenset(ringed),
+                       highlight_is_search=False, vis_src=vis_src(), selected=selected)
+    return html, note
+
+
+def placed(findings: list[dict], graph_of) -> list[tuple[dict, str]]:
+    """(finding, node) for each finding that has a node in its step's graph; `graph_of(finding)` gives that graph
+    (None where the finding's step has none)."""
+    out = []
+    for f in findings:
+        graph = graph_of(f)
+        node = finding_node(graph, f) if graph is not None else None
+        if node is not None:
+            out.append((f, node))
+    return out
