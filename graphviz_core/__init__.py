@@ -24,14 +24,14 @@ __all__ = ["build", "capture_backward", "capture_module", "family_of", "record",
 
 if TYPE_CHECKING:
     from graphviz_core.capture.engine import capture_backward
+    from graphviz_core.capture.own_module import capture_module
     from graphviz_core.capture.recorder import record
-    from graphviz_core.capture.user import capture_module
     from graphviz_core.config import resolve_config
     from graphviz_core.models.registry import family_of
 
 _LAZY = {
     "capture_backward": "graphviz_core.capture.engine",
-    "capture_module": "graphviz_core.capture.user",
+    "capture_module": "graphviz_core.capture.own_module",
     "record": "graphviz_core.capture.recorder",
     "resolve_config": "graphviz_core.config",
     "family_of": "graphviz_core.models.registry",

@@ -520,8 +520,8 @@ def _capture_model_file(spec: str, ctrl_c: _CtrlC, compile: bool = False):
 
     A KeyboardInterrupt is the user's Ctrl-C when a SIGINT really arrived (`ctrl_c`, noted by main); that one still
     interrupts, wherever it lands."""
-    from graphviz_core.capture.user import capture_module
-    from graphviz_core.models.user import load_factory, user_code_apart
+    from graphviz_core.capture.own_module import capture_module
+    from graphviz_core.models.model_files import load_factory, user_code_apart
 
     factory = spec.rpartition(":")[2]
     phase = f"while loading it (importing the file and calling {factory}())"
@@ -559,7 +559,7 @@ def _say_what_it_did(spec: str, report) -> None:
 
 
 def _stopped_sentence(spec: str, exc: BaseException, phase: str) -> str:
-    from graphviz_core.models.user import ExitCalled, first_line
+    from graphviz_core.models.model_files import ExitCalled, first_line
 
     if isinstance(exc, SystemExit):
         code = "" if exc.code is None else _short(repr(exc.code), 40)

@@ -260,7 +260,7 @@ def test_compiled_captures_in_threads_beside_eager_ones_each_get_their_own_regio
     # Each compiled capture sees its 2 regions and their bytes, and its step runs the code its compile step made.
     from concurrent.futures import ThreadPoolExecutor
 
-    from graphviz_core.capture.user import capture_module
+    from graphviz_core.capture.own_module import capture_module
 
     def compiled_capture():
         model, x, loss = _two_halves()
@@ -291,7 +291,7 @@ def test_a_dispatch_mode_flag_left_set_by_other_threads_does_not_make_the_step_c
     from torch.utils import _python_dispatch as dispatch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from graphviz_core.capture.user import capture_module
+    from graphviz_core.capture.own_module import capture_module
 
     class Passing(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -251,7 +251,7 @@ def test_no_preset_contacts_the_network(monkeypatch):
 
 
 def test_your_own_module_through_the_python_api():
-    from graphviz_core.capture.user import capture_module
+    from graphviz_core.capture.own_module import capture_module
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     capture = capture_module(model, torch.randn(4, 8), lambda out: out.pow(2).mean(), name="two-layer net")

@@ -8,7 +8,7 @@ import pytest
 from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import ModelConfig
 from graphviz_core.models.custom import CUSTOM
-from graphviz_core.models.user import TRUSTED_DIR_ENV, trusted_factories, trusted_source
+from graphviz_core.models.model_files import TRUSTED_DIR_ENV, trusted_factories, trusted_source
 
 # A factory that leaves a mark when it runs: the proof that code outside the folder was executed.
 MARKING = """

@@ -72,8 +72,8 @@ from graphviz_core.capture.walk import autograd_nodes, storage_key
 from graphviz_core.config import ModelConfig
 from graphviz_core.graph.categories import category_in_module, normalise_op
 from graphviz_core.models.family import Source
+from graphviz_core.models.model_files import first_line
 from graphviz_core.models.registry import build_model, compute_loss, make_batch
-from graphviz_core.models.user import first_line
 
 Progress = Callable[[str], None]
 
@@ -99,7 +99,7 @@ def capture_backward(
 ) -> Capture:
     """Build the model, run forward + backward once with instrumentation, and return the Capture.
 
-    `source` replaces the model, batch and loss that `config` would build (graphviz_core.capture.user passes a
+    `source` replaces the model, batch and loss that `config` would build (graphviz_core.capture.own_module passes a
     user's own module this way). `instruments` names the instruments to run (INSTRUMENTS' keys; None: all, the
     graph's every field; GRAPH_ONLY: the graph's nodes, edges, categories and modules alone); what is not measured
     keeps the schema's neutral value (0 bytes and FLOPs, no time, no norm). Raises ValueError (CaptureError) with an

@@ -1,8 +1,8 @@
 """The user's own `nn.Module` as a family: its fields describe nothing, since the module decides its own shapes.
 
 From Python or the CLI (`--model-file PATH:FACTORY`) the capture is handed the module, inputs and loss directly
-(graphviz_core.capture.user); in the web app, a factory from the trusted folder is named by `config.preset` and
-loaded here (graphviz_core.models.user)."""
+(graphviz_core.capture.own_module); in the web app, a factory from the trusted folder is named by `config.preset` and
+loaded here (graphviz_core.models.model_files)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class Custom(Family):
 
     def source(self, config: ModelConfig):
         """The trusted-folder factory `config.preset` names: (module, inputs, loss), refused unless allowed."""
-        from graphviz_core.models.user import trusted_source
+        from graphviz_core.models.model_files import trusted_source
 
         return trusted_source(config.preset)
 

@@ -33,7 +33,7 @@ from graphviz_core.config import (
     config_from_preset,
 )
 from graphviz_core.models.family import FIELD_LABELS
-from graphviz_core.models.user import trusted_factories
+from graphviz_core.models.model_files import trusted_factories
 from graphviz_core.ui.format import escape_markdown
 from graphviz_core.ui.links import copy_link, dismiss_notices, restore_from_link, show_notices, sync_url
 from graphviz_core.ui.state import keep_widget_state

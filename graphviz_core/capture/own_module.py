@@ -1,6 +1,6 @@
 """Captures your own `nn.Module`: from Python (`capture_module`) or from a file's factory (`--model-file PATH:FACTORY`).
 
-Loading a factory file (and the web app's trusted folder) is graphviz_core.models.user's part.
+Loading a factory file (and the web app's trusted folder) is graphviz_core.models.model_files's part.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from graphviz_core.capture.engine import Progress, capture_backward
 from graphviz_core.capture.result import Capture
 from graphviz_core.config import CUSTOM, ModelConfig
 from graphviz_core.models.family import Source
-from graphviz_core.models.user import checked_loss, load_factory
+from graphviz_core.models.model_files import checked_loss, load_factory
 
 
 def capture_module(
