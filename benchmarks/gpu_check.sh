@@ -27,7 +27,7 @@ PY
 cli debug --preset gpt2-tiny --device cuda --format json > "$out/debug-gpt2-tiny-cuda.json" && echo "debug gpt2-tiny on cuda: ok" \
   && cat "$out/debug-gpt2-tiny-cuda.json" | head -c 400; echo
 # what recording costs on the GPU (the CPU's figures: benchmarks/bench_record.py)
-timeout 200 $py benchmarks/gpu_record_bench.py --steps 12 --rounds 3 2>&1 | tee "$out/record-bench.log"
+timeout 240 $py benchmarks/gpu_record_bench.py --steps 21 --rounds 3 2>&1 | tee "$out/record-bench.log"
 # STEP_CHECKS=0 leaves out the four step checks below (Llama 3.1 8B's shape cut to 2 layers: minutes)
 [ "${STEP_CHECKS:-1}" = 0 ] && exit 0
 for d in float32 bfloat16; do for e in True False; do

@@ -44,6 +44,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("-o", "--output", required=True, help="the folder to write the recording in (new)")
         parser.add_argument("--parameters-only", action="store_true",
                             help="record the per-step and per-parameter figures only, no per-node figures (cheaper)")
+        parser.add_argument("--nodes-every", type=int, default=1, metavar="N",
+                            help="per-node figures on every N-th step only (0, N, 2N, ...), the per-step and "
+                                 "per-parameter figures on every step (default 1: every step; docs/recording.md)")
         parser.add_argument("--check-forward", action="store_true",
                             help="check every op of the forward for NaN and inf and keep each node's forward source "
                                  "line (costs more; docs/debugging.md)")
@@ -86,7 +89,8 @@ def _record(args: argparse.Namespace) -> int:
     sys.argv = [script, *script_args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
-        with record(args.output, steps=args.steps, nodes=not args.parameters_only, check_forward=args.check_forward):
+        with record(args.output, steps=args.steps, nodes=not args.parameters_only, check_forward=args.check_forward,
+                    nodes_every=args.nodes_every):
             try:
                 runpy.run_path(script, run_name="__main__")
             except SystemExit as exit_:

@@ -252,8 +252,10 @@ class DebugWatch:
             self.depth -= 1
 
     # ---- the step -----------------------------------------------------------------------------------------------
-    def end_step(self, index: int, params: list, grads: list) -> None:
-        """The step is written: its no-gradient parameters with their reasons, dead units, forward producers."""
+    def end_step(self, index: int, params: list, grads: list, sampled: bool = True) -> None:
+        """The step is written: its no-gradient parameters with their reasons, dead units, forward producers. A step
+        without per-node figures (`sampled` False: record's nodes_every) names no parameter: the reasons are read from
+        the walked graph."""
         self.depth += 1
         try:
             got = {id(p): g for p, g in zip(params, grads, strict=False)}
@@ -261,7 +263,7 @@ class DebugWatch:
             owners = self._owners()
             self.owning = {id(m) for m in owners.values()}
             missing = []
-            for p in self.recorder._known_parameters():
+            for p in self.recorder._known_parameters() if sampled else ():
                 if not p.requires_grad:
                     continue
                 norm = got.get(id(p))

@@ -45,7 +45,8 @@ def _traced(roots: list) -> bool:
 class Recorder:
     """The object `record()` yields. `step()` closes a step by hand; `steps_written` counts the steps written."""
 
-    def __init__(self, path, steps: int | None, model: torch.nn.Module | None, nodes: bool) -> None:
+    def __init__(self, path, steps: int | None, model: torch.nn.Module | None, nodes: bool,
+                 nodes_every: int = 1) -> None:
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
             raise ValueError(f"steps must be a whole number of optimizer steps, 1 or more (or None for all); got "
                              f"{steps!r}.")
@@ -54,6 +55,7 @@ class Recorder:
         self.writer = RecordingWriter(path, steps)
         self.limit = steps
         self.nodes = nodes
+        self.nodes_every = nodes_every  # per-node figures on every this-many-th step (0, N, 2N, ...)
         self.modules = ModuleCalls(model, track_calls=nodes)
         self.depth = 0  # > 0 while a recorded backward runs (a reentrant checkpoint's inner backward is part of it)
         self.active = True
@@ -100,6 +102,10 @@ class Recorder:
             self.debug.remove()
 
     # ---- steps --------------------------------------------------------------------------------------------------
+    def nodes_now(self) -> bool:
+        """Whether the step being recorded gets per-node figures (nodes=True, and a multiple of nodes_every)."""
+        return self.nodes and self.steps_written % self.nodes_every == 0
+
     def _reset_step(self) -> None:
         self.backwards: list[dict] = []  # per backward: graph id, node columns, loss, gradient into the parameters
         self.scale: float | None = None
@@ -258,7 +264,7 @@ class Recorder:
         }
         self.writer.write_step(step, parameters, columns)
         if self.debug is not None:
-            self.debug.end_step(index, params, grads)
+            self.debug.end_step(index, params, grads, sampled=bool(walked))
         self.started = now
         self.steps_written += 1
         self._reset_step()
@@ -311,7 +317,9 @@ class Recorder:
                 scale_tensor = found[1]
         loss = roots[0].detach() if len(roots) == 1 and isinstance(roots[0], torch.Tensor) and \
             roots[0].numel() == 1 else None
-        if not self.nodes:
+        if not self.nodes_now():
+            if self.nodes:
+                self.modules.clear()  # this step's module calls are not needed: no graph is walked
             result = original(tensors, *args, **kwargs)
             scale = float(scale_tensor) if scale_tensor is not None else 1.0
             self.backwards.append({"graph": None, "loss": None if loss is None else float(loss) / scale,
@@ -384,22 +392,30 @@ def _like(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def record(path, *, steps: int | None = None, model: torch.nn.Module | None = None, check_forward: bool = False,
-           nodes: bool = True) -> Iterator[Recorder]:
+           nodes: bool = True, nodes_every: int = 1) -> Iterator[Recorder]:
     """Record the training loop run inside the block into the folder `path` (docs/recording.md).
 
     `steps`: stop recording after that many optimizer steps (the loop runs on). `model`: the module being trained
     (parameter and module names come from it; without it, from the outermost module the forward calls).
     `nodes=False` records the per-step and per-parameter figures only (no per-node hooks: the cheapest mode).
+    `nodes_every=N`: the per-node figures on steps 0, N, 2N, ... only, the per-step and per-parameter figures on
+    every step (on a GPU, where the per-node work costs most: docs/recording.md).
     `check_forward=True`: every op of the forward checked for NaN and inf, and each node's forward source line
     kept (capture.nonfinite; docs/debugging.md).
     """
+    if isinstance(nodes_every, bool) or not isinstance(nodes_every, int) or nodes_every < 1:
+        raise ValueError(f"nodes_every is how often a step gets per-node figures: a whole number from 1 (every "
+                         f"step), not {nodes_every!r}.")
+    if nodes_every != 1 and not nodes:
+        raise ValueError("nodes_every chooses the steps with per-node figures; a recording with nodes=False has none "
+                         "(leave one of them out).")
     if check_forward and not nodes:
         raise ValueError("check_forward needs the per-node figures; record with nodes=True (the default).")
     if not _ACTIVE.acquire(blocking=False):
         raise ValueError("a recording is already running in this process; record one loop at a time.")
     recorder = None
     try:
-        recorder = Recorder(path, steps, model, nodes)
+        recorder = Recorder(path, steps, model, nodes, nodes_every)
         recorder.thread = threading.current_thread()
         recorder.saved_bytes_of = {}
         if nodes:
