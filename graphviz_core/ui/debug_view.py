@@ -11,7 +11,7 @@ import streamlit as st
 
 from graphviz_core.analysis.gradient_flow import debug_step
 from graphviz_core.export.render import METRICS
-from graphviz_core.ui.findings import finding_label, findings_frame, focused_graph_html, placed
+from graphviz_core.ui.findings import finding_label, findings_frame, placed, show_recorded_graph
 from graphviz_core.ui.format import escape_markdown
 
 COLOURS = ("grad_norm", "time_s")
@@ -55,14 +55,5 @@ def show_debug(capture) -> None:
     colour = row[1].selectbox("Colour by", COLOURS, key="debug.colour", format_func=METRICS.get)
     pair = next((p for p, label in zip(at_nodes, labels, strict=True) if label == chosen), None)
     backward = pair[0].get("backward", 0) if pair else 0
-    graph = graphs[backward]
-    broken = {n for n, d in graph.nodes(data=True) if d.get("nonfinite")}
-    html, said = focused_graph_html(graph, pair[1] if pair else None, broken, title="the step, recorded",
-                                    subtitle=f"backward {backward}", colour_by=colour)
-    note = f"{graph.number_of_nodes():,} nodes; colour: {METRICS[colour]}, white = least, dark red = most"
-    if said:
-        note += "; " + said
-    elif broken:
-        note += f"; {len(broken):,} nodes with a NaN or inf gradient ringed in pink"
-    st.caption(escape_markdown(note))
-    st.iframe(html, height=790)
+    show_recorded_graph(graphs[backward], pair[1] if pair else None, colour, title="the step, recorded",
+                        subtitle=f"backward {backward}")

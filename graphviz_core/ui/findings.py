@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import networkx as nx
 import pandas as pd
+import streamlit as st
 
 from graphviz_core.analysis.gradient_flow import finding_node, path_from_loss
-from graphviz_core.export.render import render_html
+from graphviz_core.export.render import METRICS, node_details, render_html
+from graphviz_core.ui.format import escape_markdown
 from graphviz_core.ui.vis_script import vis_src
 
 FINDING_COLUMNS = ("kind", "step", "node", "module", "parameter", "source", "reason")
@@ -52,3 +54,25 @@ def placed(findings: list[dict], graph_of) -> list[tuple[dict, str]]:
         if node is not None:
             out.append((f, node))
     return out
+
+
+def show_recorded_graph(graph: nx.DiGraph, focus: str | None, colour: str, *, title: str, subtitle: str,
+                        at: str = "") -> None:
+    """A recorded graph on the page: every node coloured by `colour`, its details with the recorded max |value| and
+    count of NaN and inf values, and either `focus` (a finding's node) selected with the path from the loss ringed,
+    or every node whose gradient held a NaN or inf ringed."""
+    broken = set()
+    for node, data in graph.nodes(data=True):
+        if data.get("nonfinite"):
+            broken.add(node)
+        data["details"] = node_details(node, data) + [
+            ["max |value| of its gradient", "n/a" if data.get("max_abs") is None else f"{data['max_abs']:.4g}"],
+            ["NaN or inf values in its gradient", "n/a" if data.get("nonfinite") is None else f"{data['nonfinite']:,}"]]
+    note = f"{graph.number_of_nodes():,} nodes; colour: {METRICS[colour]}{at}, white = least, dark red = most"
+    html, said = focused_graph_html(graph, focus, broken, title=title, subtitle=subtitle, colour_by=colour)
+    if said:
+        note += "; " + said
+    elif broken:
+        note += f"; {len(broken):,} nodes with a NaN or inf gradient ringed in pink (grey: no finite value)"
+    st.caption(escape_markdown(note))
+    st.iframe(html, height=790)

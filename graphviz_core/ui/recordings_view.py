@@ -27,10 +27,10 @@ import pandas as pd
 import streamlit as st
 
 from graphviz_core.analysis.gradient_flow import analyse, layer_figures
-from graphviz_core.export.render import METRICS, node_details
+from graphviz_core.export.render import METRICS
 from graphviz_core.graph.recording import MANIFEST, Recording, RecordingError, open_recording
 from graphviz_core.ui.charts import show_chart
-from graphviz_core.ui.findings import finding_label, findings_frame, focused_graph_html, placed
+from graphviz_core.ui.findings import finding_label, findings_frame, placed, show_recorded_graph
 from graphviz_core.ui.format import escape_markdown
 from graphviz_core.units import format_bytes
 
@@ -380,29 +380,16 @@ def _step_graph(recording: Recording, steps: list, rank: int) -> None:
     step = row[0].select_slider("Step", [s.step for s in steps], key="rec.step")
     record = next(s for s in steps if s.step == step)
     if not record.backward_graphs:
-        st.info(f"Step {step} recorded no per-node figures (recorded with parameters only).")
+        st.info(f"Step {step} recorded no per-node figures (recorded with parameters only, or a step that nodes_every "
+                "left out).")
         return
     backward = row[1].selectbox("Backward (micro-batch)", range(len(record.backward_graphs)), key="rec.backward")
     colour = row[2].selectbox("Colour by", GRAPH_METRICS, key="rec.colour", format_func=METRICS.get)
     graph = recording.step_graph(step, rank, backward)
-    broken = set()
-    for node, data in graph.nodes(data=True):
-        if data.get("nonfinite"):
-            broken.add(node)
-        data["details"] = node_details(node, data) + [
-            ["max |value| of its gradient", "n/a" if data.get("max_abs") is None else f"{data['max_abs']:.4g}"],
-            ["NaN or inf values in its gradient", "n/a" if data.get("nonfinite") is None else f"{data['nonfinite']:,}"]]
-    note = f"{graph.number_of_nodes():,} nodes; colour: {METRICS[colour]} at step {step}, white = least, dark red = most"
     wanted = st.session_state.get("rec.focus")  # (step, backward, node) of the finding opened; only on that graph
     focus = wanted[2] if isinstance(wanted, tuple) and wanted[:2] == (step, backward) else None
-    html, said_focus = focused_graph_html(graph, focus, broken, title=f"step {step}, backward {backward}",
-                                          subtitle=f"recorded rank {rank}", colour_by=colour)
-    if said_focus:
-        note += "; " + said_focus
-    elif broken:
-        note += f"; {len(broken):,} nodes with a NaN or inf gradient ringed in pink (grey: no finite value)"
-    st.caption(escape_markdown(note))
-    st.iframe(html, height=790)
+    show_recorded_graph(graph, focus, colour, title=f"step {step}, backward {backward}",
+                        subtitle=f"recorded rank {rank}", at=f" at step {step}")
 
 
 def _two_steps(steps: list) -> None:
