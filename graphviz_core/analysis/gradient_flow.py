@@ -158,8 +158,17 @@ def _node_finding(graph, node, log: DebugLog, graph_id: str) -> dict:
                     for p in graph.predecessors(node)],
         "saved": [{"shape": s.get("shape"), "dtype": s.get("dtype")} for s in (data.get("saved") or [])],
     }
-    return {"node": data.get("op"), "node_id": node, "module": data.get("module") or "",
-            "source": log.sources.get(graph_id, {}).get(row), "figures": figures}
+    finding = {"node": data.get("op"), "node_id": node, "module": data.get("module") or "",
+               "source": log.sources.get(graph_id, {}).get(row), "figures": figures}
+    # the parameters it sends a non-finite gradient to directly: for a compiled region (one node for many ops, no
+    # module of its own) the place in the model is theirs
+    hit = [(graph.nodes[c].get("param") or {}).get("name") for c in graph.successors(node)
+           if graph.nodes[c].get("param") and graph.nodes[c].get("nonfinite")]
+    if hit:
+        figures["parameters"] = hit
+        if data.get("op") == "CompiledFunctionBackward":
+            finding["parameter"] = hit[0]
+    return finding
 
 
 def _backward_findings(recording, rank, step, index, log: DebugLog, loss_bad: bool) -> list[dict]:
