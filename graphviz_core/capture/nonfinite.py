@@ -27,6 +27,9 @@ from torch.overrides import TorchFunctionMode
 
 DEBUG_FILE = "debug.jsonl"
 RELU_FAMILY = (torch.nn.ReLU, torch.nn.ReLU6)
+# the functional forms, seen by the forward check alone (its torch-function mode sees every call); inside an nn.ReLU
+# module the module's own count stands
+FUNCTIONAL_RELUS = {torch.nn.functional.relu, torch.relu, torch.nn.functional.relu6, torch.Tensor.relu}
 MAX_DETACHED = 256  # detach calls kept between two backwards
 _ACCESSORS = ("__get__", "__set__", "__delete__")  # a tensor's attribute read (p.grad), not an op of the forward
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -75,6 +78,8 @@ class _ForwardCheck(TorchFunctionMode):
         watch = self.watch
         if not torch.is_grad_enabled() or watch.depth or getattr(func, "__name__", "") in _ACCESSORS:
             return out
+        if func in FUNCTIONAL_RELUS and not (watch.stack and isinstance(watch.stack[-1], RELU_FAMILY)):
+            watch.functional_relu(out)
         outputs = _tensors(out)
         where = None
         for t in outputs:
@@ -124,6 +129,8 @@ class DebugWatch:
         self.outputs: list = []  # (id(module), grad_fn) of this backward's window
         self.detached: list = []  # grad_fns whose tensor was detached
         self.dead: dict[int, torch.Tensor] = {}  # id(module) -> bool mask of units seen non-zero
+        self.dead_functional: dict[str, torch.Tensor] = {}  # functional ReLUs (forward check): label -> that mask
+        self.relu_calls: dict[str, int] = {}  # functional ReLU calls per module in the current forward
         self.sources: dict[int, tuple] = {}
         self.producers: dict[str, dict] = {}
         self.losses: list = []
@@ -182,6 +189,8 @@ class DebugWatch:
     def _pre(self, module, args) -> None:
         if torch.compiler.is_compiling():  # inside code dynamo traces: nothing watched, and no graph break added
             return
+        if not self.stack:
+            self.relu_calls = {}  # a forward starts: functional ReLUs are numbered again within each module
         if not self.stack and id(module) not in self.outermost:  # an outermost module first seen (the model)
             self.outermost.add(id(module))
             self.owning |= {id(m) for m in module.modules() if next(m.parameters(recurse=False), None) is not None}
@@ -218,6 +227,24 @@ class DebugWatch:
                 self.dead[id(module)] = alive if seen is None or seen.shape != alive.shape else seen | alive
             finally:
                 self.depth -= 1
+
+    def functional_relu(self, out) -> None:
+        """A functional ReLU's output (F.relu in a module's forward): its units seen non-zero, keyed by the calling
+        module and the call's order within it ("mlp (F.relu 1)")."""
+        if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.is_meta:
+            return
+        path = self.current_module()
+        count = self.relu_calls.get(path, 0) + 1
+        self.relu_calls[path] = count
+        key = f"{path or '(model)'} (F.relu {count})"
+        self.depth += 1
+        try:
+            with torch.no_grad():
+                alive = (out != 0).reshape(-1, out.shape[-1]).any(0)
+            seen = self.dead_functional.get(key)
+            self.dead_functional[key] = alive if seen is None or seen.shape != alive.shape else seen | alive
+        finally:
+            self.depth -= 1
 
     # ---- backward -----------------------------------------------------------------------------------------------
     def backward(self, probe, roots: list) -> None:
@@ -284,6 +311,8 @@ class DebugWatch:
                 known = self.recorder.modules.paths.get(key)
                 if known is not None:
                     dead[known[0]] = [int(alive.numel() - int(alive.sum())), int(alive.numel())]
+            for label, alive in self.dead_functional.items():
+                dead[label] = [int(alive.numel() - int(alive.sum())), int(alive.numel())]
             self._line({"step": index, "no_gradient": missing, "dead_units": dead, "losses": self.losses,
                         "forward": self.producers})
         finally:

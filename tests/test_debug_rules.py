@@ -1,6 +1,9 @@
-"""LoRA's first step is not a bug (issue 36, "1,000 clean steps: zero findings"): B starts at zero, so A's gradient is
+"""Rules of gradient-flow debugging (docs/debugging.md) that earlier versions got wrong or left out.
+
+LoRA's first step is not a bug (issue 36, "1,000 clean steps: zero findings"): B starts at zero, so A's gradient is
 exactly zero until the optimizer moves B. A recorded LoRA loop gives no `no-gradient` finding; where B cannot move
-(frozen), A never learns, and that is named at every step with B as the reason."""
+(frozen), A never learns, and that is named at every step with B as the reason. The path from the loss to a
+finding's node; a functional ReLU's dead units, counted by the forward check."""
 
 import torch
 
@@ -62,3 +65,32 @@ def test_the_path_from_the_loss_runs_down_to_the_node():
     assert path_from_loss(graph, "c") == ["loss", "a", "c"]
     assert path_from_loss(graph, "d") == ["loss", "b", "d"]
     assert path_from_loss(graph, "loss") == ["loss"] and path_from_loss(graph, "alone") == ["alone"]
+
+
+class _FunctionalMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(8, 32), torch.nn.Linear(32, 3)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.relu(self.up(x)))  # a functional ReLU: no module of its own
+
+
+def test_a_functional_relus_dead_units_are_counted_under_the_forward_check(tmp_path):
+    """Half of the 32 units after `up` get a bias no input overcomes: F.relu zeroes them for the whole batch. The
+    forward check (it sees every torch function) counts them under the module that called F.relu; without it no
+    hook sees a functional ReLU, and the step says nothing about it."""
+    found = {}
+    for check in (True, False):
+        torch.manual_seed(0)
+        model = _FunctionalMLP()
+        with torch.no_grad():
+            model.up.bias[:16] = -1e4
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        with graphviz_core.record(tmp_path / f"run-{check}", model=model, check_forward=check):
+            model(torch.randn(10, 8)).pow(2).mean().backward()
+            opt.step()
+        found[check] = analyse(open_recording(tmp_path / f"run-{check}"))
+    assert found[True]["steps"][0]["dead_units"] == {"(model) (F.relu 1)": 0.5}  # 16 of 32 units, the called one
+    assert [(f["kind"], f["module"]) for f in found[True]["findings"]] == [("dead-units", "(model) (F.relu 1)")]
+    assert found[False]["steps"][0]["dead_units"] == {} and found[False]["findings"] == []
