@@ -7,8 +7,10 @@ left out), and the table gives the median over rounds of its ratio to the bare l
 
 Variants: the bare loop; torch.profiler recording every step (`prof.step()`); torch.autograd.detect_anomaly; a
 hand-written per-parameter gradient-norm logger (what Lightning's `grad_norm` does: one norm per parameter and the
-total, read every step); the recorder with every figure; the recorder with parameters only (`nodes=False`).
-Goals: the recorder <= 1.15x the bare loop, parameters only <= 1.03x. Also printed: the recording's bytes per step,
+total, read every step); the recorder with every figure (the backward's gradient-flow check included); the recorder
+with parameters only (`nodes=False`); the recorder with the forward check (`check_forward=True`).
+Goals: the recorder <= 1.15x the bare loop, parameters only <= 1.03x (issue 36: the backward check <= 1.2x, the
+forward check's cost printed beside detect_anomaly's). Also printed: the recording's bytes per step,
 and the first recorded step's extra time (a new graph: its structure, saved bytes and FLOPs are read once).
 
     python benchmarks/bench_record.py [--steps 20] [--rounds 2] [--layers 12 --hidden 768 --batch 4 --seq 256]
@@ -32,7 +34,7 @@ import torch
 import graphviz_core
 
 CPU_TIME = False  # --cpu-time: the process's CPU time (every thread) instead of wall time: steadier on a shared machine
-VARIANTS = ("bare", "profiler", "anomaly", "norm logger", "recorder", "parameters only")
+VARIANTS = ("bare", "profiler", "anomaly", "norm logger", "recorder", "parameters only", "forward check")
 
 
 def model_and_batch(layers: int, hidden: int, batch: int, seq: int, vocab: int = 50257):
@@ -64,9 +66,12 @@ def run_variant(name: str, model, ids, steps: int, folder: str) -> list[float]:
         around = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     elif name == "anomaly":
         around = torch.autograd.detect_anomaly(check_nan=True)
-    elif name in ("recorder", "parameters only"):
+    elif name in ("recorder", "parameters only", "forward check"):
         shutil.rmtree(folder, ignore_errors=True)
-        around = graphviz_core.record(folder, model=model, nodes=name == "recorder")  # "parameters only": nodes=False
+        # "recorder": every figure and the backward's gradient-flow check (docs/debugging.md); "parameters only":
+        # nodes=False; "forward check": the recorder with check_forward=True (every op of the forward checked)
+        around = graphviz_core.record(folder, model=model, nodes=name != "parameters only",
+                                      check_forward=name == "forward check")
     times = []
     clock = time.process_time if CPU_TIME else time.perf_counter
     with around as context:
