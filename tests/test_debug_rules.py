@@ -5,6 +5,7 @@ exactly zero until the optimizer moves B. A recorded LoRA loop gives no `no-grad
 (frozen), A never learns, and that is named at every step with B as the reason. The path from the loss to a
 finding's node; a functional ReLU's dead units, counted by the forward check."""
 
+import pytest
 import torch
 
 import graphviz_core
@@ -94,3 +95,27 @@ def test_a_functional_relus_dead_units_are_counted_under_the_forward_check(tmp_p
     assert found[True]["steps"][0]["dead_units"] == {"(model) (F.relu 1)": 0.5}  # 16 of 32 units, the called one
     assert [(f["kind"], f["module"]) for f in found[True]["findings"]] == [("dead-units", "(model) (F.relu 1)")]
     assert found[False]["steps"][0]["dead_units"] == {} and found[False]["findings"] == []
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_a_thousand_clean_steps_give_no_finding(tmp_path, dtype):
+    """Issue 36's clean run: 1,000 recorded steps of a transformers GPT-2 (2 layers, random weights, AdamW, float32 or
+    bfloat16 autocast) give no finding at all, by any of the stated rules, over the whole run."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=61, n_positions=16, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(5)
+    model = GPT2LMHeadModel(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with graphviz_core.record(tmp_path / "run", model=model):
+        for _ in range(1000):
+            x = torch.randint(0, 61, (3, 12))
+            with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                loss = model(x, labels=x).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    result = analyse(open_recording(tmp_path / "run"))
+    assert len(result["steps"]) == 1000
+    assert result["findings"] == []

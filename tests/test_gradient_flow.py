@@ -17,7 +17,7 @@ import graphviz_core
 from graphviz_core.analysis.gradient_flow import analyse, noise_scale
 from graphviz_core.graph.recording import open_recording
 
-LAYERS, FAULT_LAYER, STEPS, FAULT_STEP = 5, 3, 4, 3  # the 12/7/37 cut for time; no example in the docs uses it
+LAYERS, FAULT_LAYER, STEPS, FAULT_STEP = 12, 7, 38, 37  # the case; no example in the docs uses it
 
 
 def _gpt2(**extra):
