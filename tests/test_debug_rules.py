@@ -119,3 +119,18 @@ def test_a_thousand_clean_steps_give_no_finding(tmp_path, dtype):
     result = analyse(open_recording(tmp_path / "run"))
     assert len(result["steps"]) == 1000
     assert result["findings"] == []
+
+
+def test_the_picker_places_at_most_a_hundred_findings():
+    """A run whose every step after a NaN is a finding (150 here): the picker reads the graphs of the first
+    PLACED_AT_MOST (100) only, and places each of them at its own node."""
+    import networkx as nx
+
+    from graphviz_core.ui.findings import PLACED_AT_MOST, placed
+
+    graph = nx.DiGraph([("loss", "a")])
+    findings = [{"kind": "nonfinite-backward", "step": i, "node_id": "a"} for i in range(150)]
+    asked = []
+    out = placed(findings, lambda f: asked.append(f["step"]) or graph)
+    assert PLACED_AT_MOST == 100 and len(out) == 100 and asked == list(range(100))
+    assert all(node == "a" for _, node in out)

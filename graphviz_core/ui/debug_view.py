@@ -11,7 +11,7 @@ import streamlit as st
 
 from graphviz_core.analysis.gradient_flow import debug_step
 from graphviz_core.export.render import METRICS
-from graphviz_core.ui.findings import finding_label, findings_frame, placed, show_recorded_graph
+from graphviz_core.ui.findings import PLACED_AT_MOST, finding_label, findings_frame, placed, show_recorded_graph
 from graphviz_core.ui.format import escape_markdown
 
 COLOURS = ("grad_norm", "time_s")
@@ -48,6 +48,8 @@ def show_debug(capture) -> None:
         return
     at_nodes = placed(findings, lambda f: graphs[f.get("backward", 0)] if f.get("backward", 0) < len(graphs) else None)
     labels = [finding_label(f) for f, _ in at_nodes]
+    if len(findings) > PLACED_AT_MOST:
+        st.caption(f"The list below offers the first {PLACED_AT_MOST} of the {len(findings):,} findings.")
     row = st.columns([3, 1])
     chosen = row[0].selectbox("Open a finding at its node", labels, index=None, key="debug.finding",
                               placeholder="Choose a finding" if labels else "No finding is placed at a node",

@@ -44,11 +44,15 @@ def focused_graph_html(graph: nx.DiGraph, focus: str | None, ringed: set[str], *
     return html, note
 
 
+PLACED_AT_MOST = 100  # findings offered in the picker: each reads its step's graph on every rerun of the page
+
+
 def placed(findings: list[dict], graph_of) -> list[tuple[dict, str]]:
-    """(finding, node) for each finding that has a node in its step's graph; `graph_of(finding)` gives that graph
-    (None where the finding's step has none)."""
+    """(finding, node) for each of the first PLACED_AT_MOST findings that has a node in its step's graph;
+    `graph_of(finding)` gives that graph (None where the finding's step has none). A run whose every step after a
+    NaN is a finding would otherwise read a thousand graphs at each click."""
     out = []
-    for f in findings:
+    for f in findings[:PLACED_AT_MOST]:
         graph = graph_of(f)
         node = finding_node(graph, f) if graph is not None else None
         if node is not None:

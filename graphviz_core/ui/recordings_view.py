@@ -30,7 +30,7 @@ from graphviz_core.analysis.gradient_flow import analyse, layer_figures
 from graphviz_core.export.render import METRICS
 from graphviz_core.graph.recording import MANIFEST, Recording, RecordingError, open_recording
 from graphviz_core.ui.charts import show_chart
-from graphviz_core.ui.findings import finding_label, findings_frame, placed, show_recorded_graph
+from graphviz_core.ui.findings import PLACED_AT_MOST, finding_label, findings_frame, placed, show_recorded_graph
 from graphviz_core.ui.format import escape_markdown
 from graphviz_core.units import format_bytes
 
@@ -350,6 +350,8 @@ def _show_findings(recording: Recording, rank: int) -> None:
         return
     st.dataframe(findings_frame(mine), width="stretch", hide_index=True)
     at_nodes = placed(mine, lambda f: _graph_of(recording, f, rank))
+    if len(mine) > PLACED_AT_MOST:
+        st.caption(f"The list below offers the first {PLACED_AT_MOST} of the {len(mine):,} findings.")
     if not at_nodes:
         return
     labels = [finding_label(f) for f, _ in at_nodes]
