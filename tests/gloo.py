@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import sys
 from collections.abc import Callable, Iterator
 
 import torch
@@ -21,12 +22,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def _no_main_script() -> Iterator[None]:
+    """A spawned rank imports its function by module name and need not run the parent's `__main__`. Under pytest,
+    Streamlit's AppTest leaves `sys.modules["__main__"]` as its own script module (a temporary file calling
+    `_compare_app(*__args, ...)`), which a spawned child then ran and died on (NameError), so the rank never reported:
+    an FSDP test failed after tests/test_timing_notice.py in the same worker and passed alone."""
+    main = sys.modules["__main__"]
+    saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
 def spawn_ranks(rank_fn: Callable, world: int, *args, timeout: float = 120):
     """Run `rank_fn(rank, world, port, *args, results)` in `world` real processes; what rank 0 puts on `results`.
     The queue is read before the processes are joined: rank 0 flushes it on exit."""
     results = mp.get_context("spawn").Queue()
-    ranks = mp.start_processes(rank_fn, args=(world, free_port(), *args, results), nprocs=world, start_method="spawn",
-                               join=False)
+    with _no_main_script():
+        ranks = mp.start_processes(rank_fn, args=(world, free_port(), *args, results), nprocs=world,
+                                   start_method="spawn", join=False)
     out = results.get(timeout=timeout)
     while not ranks.join():
         pass
