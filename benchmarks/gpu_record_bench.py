@@ -19,20 +19,12 @@ import tempfile
 import time
 
 import torch
+from bench_record import model_and_batch  # the CPU benchmark's model and batch (benchmarks/ is on the path)
 
 import graphviz_core
 from graphviz_core.graph.recording import open_recording
 
 VARIANTS = ("bare", "anomaly", "recorder", "nodes every 10th step", "parameters only", "recorder + forward check")
-
-
-def model_and_batch(layers: int, hidden: int, batch: int, seq: int, vocab: int = 50257):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    config = GPT2Config(n_layer=layers, n_embd=hidden, n_head=max(1, hidden // 64), vocab_size=vocab,
-                        n_positions=max(seq, 32), bos_token_id=0, eos_token_id=0)
-    return GPT2LMHeadModel(config).cuda(), torch.randint(0, vocab, (batch, seq), device="cuda")
 
 
 def run_variant(name: str, model, ids, steps: int, folder: str) -> list[float]:
@@ -68,6 +60,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=256)
     args = parser.parse_args()
     model, ids = model_and_batch(args.layers, args.hidden, args.batch, args.seq)
+    model, ids = model.cuda(), ids.cuda()
     folder = tempfile.mkdtemp()
     ratios: dict[str, list[float]] = {v: [] for v in VARIANTS}
     medians: dict[str, list[float]] = {v: [] for v in VARIANTS}

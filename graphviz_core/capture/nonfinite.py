@@ -128,8 +128,8 @@ class DebugWatch:
         self.calls: dict[int, dict] = {}  # id(module) -> {"grad": bool, "nograd": bool, "reached": bool, ...}
         self.outputs: list = []  # (id(module), grad_fn) of this backward's window
         self.detached: list = []  # grad_fns whose tensor was detached
-        self.dead: dict[int, torch.Tensor] = {}  # id(module) -> bool mask of units seen non-zero
-        self.dead_functional: dict[str, torch.Tensor] = {}  # functional ReLUs (forward check): label -> that mask
+        # bool mask of units seen non-zero: by id(module) for a ReLU module, by label for a functional ReLU
+        self.dead: dict[int | str, torch.Tensor] = {}
         self.relu_calls: dict[str, int] = {}  # functional ReLU calls per module in the current forward
         self.sources: dict[int, tuple] = {}
         self.producers: dict[str, dict] = {}
@@ -218,31 +218,30 @@ class DebugWatch:
             entry["output"] = True
             if not entry["reached"]:
                 self.outputs.append((id(module), node))
-        if relu and outs and outs[0].dim() >= 1 and not outs[0].is_meta:
-            self.depth += 1
-            try:
-                with torch.no_grad():
-                    alive = (outs[0] != 0).reshape(-1, outs[0].shape[-1]).any(0)
-                seen = self.dead.get(id(module))
-                self.dead[id(module)] = alive if seen is None or seen.shape != alive.shape else seen | alive
-            finally:
-                self.depth -= 1
+        if relu and outs:
+            self._units_seen(id(module), outs[0])
 
     def functional_relu(self, out) -> None:
         """A functional ReLU's output (F.relu in a module's forward): its units seen non-zero, keyed by the calling
         module and the call's order within it ("mlp (F.relu 1)")."""
-        if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.is_meta:
+        if not isinstance(out, torch.Tensor):
             return
         path = self.current_module()
         count = self.relu_calls.get(path, 0) + 1
         self.relu_calls[path] = count
-        key = f"{path or '(model)'} (F.relu {count})"
+        self._units_seen(f"{path or '(model)'} (F.relu {count})", out)
+
+    def _units_seen(self, key: int | str, out: torch.Tensor) -> None:
+        """The units (positions of the last dimension) of a ReLU's output seen non-zero so far this step, kept under
+        `key`: a ReLU module's id, or a functional ReLU's label."""
+        if out.dim() < 1 or out.is_meta:
+            return
         self.depth += 1
         try:
             with torch.no_grad():
                 alive = (out != 0).reshape(-1, out.shape[-1]).any(0)
-            seen = self.dead_functional.get(key)
-            self.dead_functional[key] = alive if seen is None or seen.shape != alive.shape else seen | alive
+            seen = self.dead.get(key)
+            self.dead[key] = alive if seen is None or seen.shape != alive.shape else seen | alive
         finally:
             self.depth -= 1
 
@@ -308,11 +307,9 @@ class DebugWatch:
                                                        beside=beside[0] if beside is not None else None)})
             dead = {}
             for key, alive in self.dead.items():
-                known = self.recorder.modules.paths.get(key)
+                known = (key,) if isinstance(key, str) else self.recorder.modules.paths.get(key)
                 if known is not None:
                     dead[known[0]] = [int(alive.numel() - int(alive.sum())), int(alive.numel())]
-            for label, alive in self.dead_functional.items():
-                dead[label] = [int(alive.numel() - int(alive.sum())), int(alive.numel())]
             self._line({"step": index, "no_gradient": missing, "dead_units": dead, "losses": self.losses,
                         "forward": self.producers})
         finally:
@@ -337,14 +334,16 @@ class DebugWatch:
         it (LoRA's B beside its A), read while the step has not moved it yet. At the step's end a zero gradient beside
         a weight the step moved is expected and not a finding; beside one that stayed zero (B frozen, or a learning
         rate of 0) A never learns, and that is the finding."""
+        zero = [p for p, norm in zip(params, grads, strict=False) if norm == 0]
+        if not zero:
+            return
         self.depth += 1
         try:
             owners = self._owners()
-            for p, norm in zip(params, grads, strict=False):
-                if norm == 0:
-                    found = self._zero_neighbour(owners.get(id(p)), with_tensor=True)
-                    if found is not None:
-                        self.zero_beside[id(p)] = (found[0], weakref.ref(found[1]))
+            for p in zero:
+                found = self._zero_neighbour(owners.get(id(p)), with_tensor=True)
+                if found is not None:
+                    self.zero_beside[id(p)] = (found[0], weakref.ref(found[1]))
         finally:
             self.depth -= 1
 

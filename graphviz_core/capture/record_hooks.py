@@ -188,8 +188,8 @@ COUNT_CHUNK = 1 << 22  # values per non-finite count on the GPU (see nonfinite_c
 
 
 def nonfinite_count(flat: torch.Tensor) -> torch.Tensor:
-    """How many of a flat gradient's values are NaN or inf, a 0-dim tensor on its GPU, read after the backward (no
-    synchronisation per node). Counted 4,194,304 values at a time: `isfinite` makes one boolean per value and summing
+    """How many of a flat gradient's values are NaN or inf, a 0-dim tensor on its device (on a GPU read after the
+    backward: no synchronisation per node). Counted 4,194,304 values at a time: `isfinite` makes one boolean per value and summing
     booleans makes an integer copy of them, so a whole 51-million-value logits gradient at once held 441.7 MiB of
     temporaries at the step's peak (gpt2-small, b=4, s=256, on an H200); a chunk holds 4 MiB + 16 MiB (int32)."""
     parts = [part.numel() - torch.isfinite(part).sum(dtype=torch.int32) for part in flat.split(COUNT_CHUNK)]
@@ -310,7 +310,7 @@ class BackwardProbe:
         if self.cuda:
             bad = nonfinite_count(flat)
         else:
-            bad = 0 if math.isfinite(l2.item()) else int(torch.logical_not(torch.isfinite(g)).sum())
+            bad = 0 if math.isfinite(l2.item()) else int(nonfinite_count(flat))
         figures = (l2, low.float(), high.float(), bad)
         self.seen[id(key)] = (weakref.ref(key), figures)
         if same is not None:

@@ -28,22 +28,6 @@ def findings_frame(findings: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{c: "" if f.get(c) is None else str(f.get(c)) for c in FINDING_COLUMNS} for f in findings])
 
 
-def focused_graph_html(graph: nx.DiGraph, focus: str | None, ringed: set[str], *, title: str, subtitle: str,
-                       colour_by: str) -> tuple[str, str]:
-    """The graph's page with `focus` (a finding's node) selected and the nodes from the loss down to it ringed in
-    pink, or `ringed` where there is no focus; and a sentence saying what is ringed."""
-    note = ""
-    selected = None
-    if focus is not None and focus in graph:
-        path = path_from_loss(graph, focus)
-        ringed, selected = set(path), focus
-        note = (f"the finding's node {graph.nodes[focus].get('op', focus)} selected, and the {len(path):,} nodes from the "
-                f"loss down to it ringed in pink")
-    html = render_html(graph, title=title, subtitle=subtitle, colour_by=colour_by, highlight=frozenset(ringed),
-                       highlight_is_search=False, vis_src=vis_src(), selected=selected)
-    return html, note
-
-
 PLACED_AT_MOST = 100  # findings offered in the picker: each reads its step's graph on every rerun of the page
 
 
@@ -73,10 +57,14 @@ def show_recorded_graph(graph: nx.DiGraph, focus: str | None, colour: str, *, ti
             ["max |value| of its gradient", "n/a" if data.get("max_abs") is None else f"{data['max_abs']:.4g}"],
             ["NaN or inf values in its gradient", "n/a" if data.get("nonfinite") is None else f"{data['nonfinite']:,}"]]
     note = f"{graph.number_of_nodes():,} nodes; colour: {METRICS[colour]}{at}, white = least, dark red = most"
-    html, said = focused_graph_html(graph, focus, broken, title=title, subtitle=subtitle, colour_by=colour)
-    if said:
-        note += "; " + said
+    ringed, selected = broken, None
+    if focus is not None and focus in graph:
+        path = path_from_loss(graph, focus)
+        ringed, selected = set(path), focus
+        note += (f"; the finding's node {graph.nodes[focus].get('op', focus)} selected, and the {len(path):,} nodes "
+                 f"from the loss down to it ringed in pink")
     elif broken:
         note += f"; {len(broken):,} nodes with a NaN or inf gradient ringed in pink (grey: no finite value)"
     st.caption(escape_markdown(note))
-    st.iframe(html, height=790)
+    st.iframe(render_html(graph, title=title, subtitle=subtitle, colour_by=colour, highlight=frozenset(ringed),
+                          highlight_is_search=False, vis_src=vis_src(), selected=selected), height=790)

@@ -329,13 +329,9 @@ def _findings(path: str, signature: tuple) -> list[dict]:
 
 def _graph_of(recording: Recording, finding: dict, rank: int):
     """The recorded graph a finding's step ran (its backward's; the first where it names none), or None."""
-    step = finding.get("step")
-    try:
-        record = next((s for s in recording.steps(rank) if s.step == step), None)
-        if record is None or not record.backward_graphs:
-            return None
-        return recording.step_graph(step, rank, finding.get("backward", 0))
-    except (RecordingError, IndexError):
+    try:  # a step without per-node figures, or without that backward, is refused by step_graph itself
+        return recording.step_graph(finding.get("step"), rank, finding.get("backward", 0))
+    except RecordingError:
         return None
 
 
