@@ -3,9 +3,20 @@ the progress line undimmed (Streamlit fades stale elements only ~1 s into a run,
 
 import pytest
 
+from graphviz_core.ui.browser_harness import serve_app
 from tests.conftest import idle
 
 pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def streamlit_url(tmp_path_factory):
+    """A server of this file's own: whether a rerun is quick (its capture still cached) must depend on this file's steps
+    only. On the session's shared server, captures that earlier files' pages started can still be running and fill the
+    shared cache (least recently used out first); the quick-rerun check failed there once in a fresh-clone run and
+    never alone or under a CPU load."""
+    with serve_app({"GRAPHVIZ_CORE_DEVICE": "cpu"}, log=tmp_path_factory.mktemp("stale") / "server.log") as url:
+        yield url
 
 # Every frame while the page shows its progress (a capture's Cancel box, the simulation's spinner): the most opaque
 # element left from the last run. Installed before the click, read after the page is done.
