@@ -33,7 +33,8 @@ from graphviz_core.analysis.allocator import replay
 from graphviz_core.config import resolve_config
 from graphviz_core.models.registry import build_model, compute_loss, make_batch
 from graphviz_core.parallel.settings import ParallelConfig
-from graphviz_core.parallel.simulate import fake_world, measure_step, simulation_lock, workload_of
+from graphviz_core.parallel.simulate import measure_step, workload_of
+from graphviz_core.parallel.world import fake_world, simulation_lock
 
 ATTENTION_OPS = ("attention", "softmax", "bmm", "baddbmm", "repeat_interleave")
 

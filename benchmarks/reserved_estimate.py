@@ -24,7 +24,8 @@ import time
 from graphviz_core.analysis.allocator import replay
 from graphviz_core.config import resolve_config
 from graphviz_core.parallel.settings import ParallelConfig
-from graphviz_core.parallel.simulate import fake_world, measure_step, simulation_lock, workload_of
+from graphviz_core.parallel.simulate import measure_step, workload_of
+from graphviz_core.parallel.world import fake_world, simulation_lock
 
 GIB = 2**30
 

@@ -90,8 +90,39 @@ def configs() -> dict[str, list[str]]:
                                         "--strategy", "tp", "--world-size", "2", "--tp", "2"]),
         ("llama-3.1-8b L2 fsdp+tp w16 tp8 meta", ["--preset", "llama-3.1-8b", "--layers", "2", "--device", "meta",
                                                   "--strategy", "fsdp+tp", "--world-size", "16", "--tp", "8"]),
+        # context, sequence and pipeline parallel; the step's choices (LoRA, optimizer, autocast) on every rank
+        ("llama-tiny fsdp w4 cp2 meta", ["--preset", "llama-tiny", "--device", "meta", "--strategy", "fsdp",
+                                         "--world-size", "4", "--cp", "2"]),
+        ("llama-tiny fsdp+tp w4 tp2 sp meta", ["--preset", "llama-tiny", "--device", "meta", "--strategy", "fsdp+tp",
+                                               "--world-size", "4", "--tp", "2", "--sequence-parallel"]),
+        ("llama-tiny w2 pp2 gpipe meta", ["--preset", "llama-tiny", "--device", "meta", "--strategy", "none",
+                                       "--world-size", "2", "--pp", "2", "--schedule", "gpipe"]),
+        ("llama-tiny fsdp w4 pp2 1f1b meta", ["--preset", "llama-tiny", "--device", "meta", "--strategy", "fsdp",
+                                              "--world-size", "4", "--pp", "2", "--schedule", "1f1b"]),
+        ("llama-tiny fsdp w4 pp2 interleaved meta", ["--preset", "llama-tiny", "--layers", "4", "--batch", "4", "--device", "meta",
+                                                     "--strategy", "fsdp", "--world-size", "4", "--pp", "2",
+                                                     "--schedule", "interleaved-1f1b", "--stages-per-rank", "2"]),
+        ("llama-tiny fsdp w8 pp2 cp2 meta", ["--preset", "llama-tiny", "--device", "meta", "--strategy", "fsdp",
+                                             "--world-size", "8", "--pp", "2", "--cp", "2"]),
+        ("llama-tiny fsdp+tp w8 tp2 pp2 sp meta", ["--preset", "llama-tiny", "--device", "meta", "--strategy",
+                                                   "fsdp+tp", "--world-size", "8", "--tp", "2", "--pp", "2",
+                                                   "--sequence-parallel"]),
+        ("llama-tiny fsdp w4 lora meta", ["--preset", "llama-tiny", "--device", "meta", "--strategy", "fsdp",
+                                          "--world-size", "4", "--finetune", "lora"]),
+        ("llama-tiny fsdp+tp w4 tp2 lora sp meta", ["--preset", "llama-tiny", "--device", "meta", "--strategy",
+                                                    "fsdp+tp", "--world-size", "4", "--tp", "2", "--finetune", "lora",
+                                                    "--sequence-parallel"]),
+        ("llama-tiny fsdp w4 bf16-autocast sgd meta", ["--preset", "llama-tiny", "--device", "meta", "--strategy",
+                                                       "fsdp", "--world-size", "4", "--autocast", "bfloat16",
+                                                       "--optimizer", "sgd"]),
+        ("gpt2-tiny ddp w2 fp16-autocast adafactor meta", ["--preset", "gpt2-tiny", "--device", "meta", "--strategy",
+                                                           "ddp", "--world-size", "2", "--autocast", "float16",
+                                                           "--optimizer", "adafactor"]),
     ]:
         graph(name, *flags)
+    out["plan llama-tiny 8 gpus pp 1,2 cp 1,2"] = ["plan", "--preset", "llama-tiny", "--device", "meta", "--gpus", "8",
+                                                   "--global-batch", "8", "--pp-degrees", "1,2", "--cp-degrees", "1,2",
+                                                   "--format", "json"]
     graph("model-file tiny-mlp", "--model-file", f"{MODEL_FILE}:make")
     # memory panel
     out["memory gpt2-tiny cpu checkpoints budget1"] = ["memory", "--preset", "gpt2-tiny", "--device", "cpu",
@@ -159,7 +190,7 @@ def run_one(python: str, repo: Path, tmp: str, argv: list[str]) -> dict:
 
 def dump(args: argparse.Namespace) -> int:
     repo = Path(args.repo).resolve()
-    todo = configs()
+    todo = {name: argv for name, argv in configs().items() if not args.only or any(word in name for word in args.only)}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="same_numbers_") as tmp:
         Path(tmp, "tiny_model.py").write_text(FACTORY, encoding="utf-8")
@@ -237,6 +268,8 @@ def main() -> int:
     d.add_argument("-o", "--output", required=True)
     d.add_argument("--jobs", type=int, default=2, help="configs run at once, each in its own process (default 2)")
     d.add_argument("--python", default=sys.executable, help="interpreter with torch etc. (default: this one)")
+    d.add_argument("--only", action="append", default=[], metavar="WORD",
+                   help="run only the configs whose name holds WORD (repeat for any of several); e.g. --only fsdp")
     c = commands.add_parser("compare", help="compare two dumps; exit 1 if any config differs")
     c.add_argument("before")
     c.add_argument("after")

@@ -12,8 +12,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from graphviz_core.config import ModelConfig
+from graphviz_core.parallel.report import PerRank
 from graphviz_core.parallel.settings import ParallelConfig
-from graphviz_core.parallel.simulate import PerRank, build_meshes, measure_step, workload_of
+from graphviz_core.parallel.simulate import measure_step, workload_of
+from graphviz_core.parallel.world import build_meshes
 
 
 def free_port() -> int:

@@ -13,7 +13,8 @@ from graphviz_core.analysis.allocator import replay
 from graphviz_core.config import resolve_config
 from graphviz_core.parallel.allocation_trace import AllocationRecorder
 from graphviz_core.parallel.settings import ParallelConfig
-from graphviz_core.parallel.simulate import fake_world, measure_step, simulation_lock, workload_of
+from graphviz_core.parallel.simulate import measure_step, workload_of
+from graphviz_core.parallel.world import fake_world, simulation_lock
 
 
 def test_each_new_storage_is_an_allocation_and_its_last_tensor_frees_it():

@@ -241,7 +241,7 @@ def test_a_step_whose_attention_skipped_the_ring_is_an_error_not_figures():
     """Figures from a context-parallel step whose attention ran plain would be wrong everywhere (no ring output copy,
     no key/value exchange) yet look plausible: the step says so instead. Here the step calls no attention at all."""
     from graphviz_core.parallel.context import sequence_sharded
-    from graphviz_core.parallel.simulate import fake_world, simulation_lock
+    from graphviz_core.parallel.world import fake_world, simulation_lock
 
     tokens = torch.arange(32).expand(2, 32).contiguous()
     with simulation_lock(), fake_world(ParallelConfig("fsdp", 2, cp=2)) as meshes:

@@ -10,7 +10,8 @@ import torch
 from graphviz_core.config import resolve_config
 from graphviz_core.parallel.pipeline import simulate_layout
 from graphviz_core.parallel.settings import ParallelConfig
-from graphviz_core.parallel.simulate import build_meshes, simulate_parallel
+from graphviz_core.parallel.simulate import simulate_parallel
+from graphviz_core.parallel.world import build_meshes
 from tests.gloo import fsdp_over_gloo, gloo_group, spawn_ranks
 
 # llama-tiny: V=512, h=64, 4 heads of 16, 2 key/value heads (k, v project to 32), MLP 128, 2 layers, untied, float32.

@@ -138,7 +138,7 @@ def test_tensor_parallel_layouts_run_sequence_parallel_where_the_model_takes_it(
 
 def test_each_layout_request_starts_from_empty_sharding_caches():
     """DTensor caches its sharding decisions by a key whose mesh equals any later mesh of that shape made in the same
-    thread (simulate.forget_sharding_decisions). simulate_layout empties the caches first, so a second request makes
+    thread (world.forget_sharding_decisions). simulate_layout empties the caches first, so a second request makes
     the same cache misses as the first (not none: every decision then came from the first request's torn-down world)."""
     import torch
 

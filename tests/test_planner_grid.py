@@ -33,7 +33,7 @@ def test_a_pipeline_with_context_parallel_equals_its_full_simulation():
     the planner's peak once read 3,295,760 B against the full simulation's 3,258,768 (36,992 B apart); alone, and
     after the CP and pipeline tests, the two are equal. A loaded run then read 3,292,792 B in a fresh process too:
     not the order of tests but which thread ids the pipeline's rank threads were given (a reused id reuses DTensor's
-    cached decisions); a pipeline simulation now empties those caches first (simulate.empty_sharding_caches). Kept in
+    cached decisions); a pipeline simulation now empties those caches first (world.empty_sharding_caches). Kept in
     a process of its own all the same."""
     import json
     import os

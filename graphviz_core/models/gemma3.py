@@ -55,7 +55,7 @@ class Gemma3(LlamaStyle):
     # through each attention module's `rotary` child (graphviz_core.models.hf), so its ops are categorised position.
     rotary = True
     rms_norm = True
-    # Not tensor parallel: the plan in graphviz_core.parallel.simulate splits q/k/v/o and gate/up/down by name,
+    # Not tensor parallel: the plan in graphviz_core.parallel.tensor splits q/k/v/o and gate/up/down by name,
     # which would fit, but QK-norm's weights then see only their rank's heads and need their gradients all-reduced
     # across the tensor-parallel ranks (transformers' own plan: "replicated_with_grad_allreduce"), which that plan
     # does not do; and Gemma 3 1B's single key-value head cannot be split at all.

@@ -76,7 +76,7 @@ class SelfAttention(nn.Module):
                 return checkpoint(self._mha, x, mask, **CHECKPOINT_KWARGS)
             return self._mha(x, mask)
         # Heads and widths come from the projection's output, not the config, so that under tensor
-        # parallelism (graphviz_core.parallel.simulate) a rank whose qkv holds 3C/tp columns runs nh/tp whole heads.
+        # parallelism (graphviz_core.parallel.tensor) a rank whose qkv holds 3C/tp columns runs nh/tp whole heads.
         head_dim = hidden // self.heads
         q, k, v = self.qkv(x).chunk(3, dim=2)  # 3 x (B, T, C) (C/tp per rank under TP)
         q = q.view(batch, seq, -1, head_dim).transpose(1, 2)  # (B, nh, T, hs)

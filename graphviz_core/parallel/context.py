@@ -162,3 +162,15 @@ def kv_exchange_bytes(batch: int, seq: int, kv_width: int, element_bytes: int, c
     local_kv = 2 * batch * (seq // cp) * kv_width
     gather = (cp - 1) * local_kv * element_bytes
     return {"forward_bytes": gather, "backward_bytes": gather + cp * local_kv * 4}
+
+
+def context_parallel_step(workload, parallel, meshes: dict, inputs, targets):
+    """(a context to hold the step in, the forward to call). Under context parallelism torch's context_parallel
+    cuts the ids, targets and positions to this rank's chunks in place (before tracking starts) and runs attention
+    as its ring until the step ends; the model gets the positions its chunks hold."""
+    step = contextlib.ExitStack()
+    if parallel.cp == 1:
+        return step, workload.forward
+    positions = torch.arange(inputs.shape[1]).expand(inputs.shape).contiguous()
+    step.enter_context(sequence_sharded(meshes["cp"], [inputs, targets, positions]))
+    return step, lambda model, x: model(x, position_ids=positions)

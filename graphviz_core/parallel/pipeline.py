@@ -21,7 +21,7 @@ import functools
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -34,110 +34,39 @@ from graphviz_core.config import ModelConfig
 from graphviz_core.models.registry import build_model, compute_loss
 from graphviz_core.models.teaching import TORCH_DTYPES
 from graphviz_core.parallel.collectives import CollectiveRecorder
-from graphviz_core.parallel.settings import FSDP_STRATEGIES, ParallelConfig, check_parallel
-from graphviz_core.parallel.simulate import (
+from graphviz_core.parallel.fsdp import resharded_after_forward
+from graphviz_core.parallel.memory import PhasePeaks, memory_tracker, parts_of
+from graphviz_core.parallel.report import (
     Expectation,
     PerRank,
-    _buffers,
-    _downsample,
-    _FrozenSkipped,
-    _group_names,
-    _nodes_by_category,
-    _parts,
-    _PhasePeaks,
-    _resharded_after_forward,
-    _this_thread_only,
-    _to_empty_keeping_ties,
-    _warm_optimizer_state,
+    PipelineReport,
+    StageReport,
+    nodes_by_category,
+    per_rank_of,
+)
+from graphviz_core.parallel.settings import ParallelConfig, check_parallel
+from graphviz_core.parallel.simulate import (
     apply_parallelism,
     autocast_region,
-    empty_sharding_caches,
-    fake_world,
-    forget_sharding_decisions,
     optimizer_step,
-    phase_memories,
     scaled_for_backward,
     simulate_parallel,
     simulate_workload,
-    simulation_lock,
-    step_notes,
+    warm_optimizer_state,
     workload_of,
+)
+from graphviz_core.parallel.world import (
+    empty_sharding_caches,
+    fake_world,
+    forget_sharding_decisions,
+    group_names,
+    mesh_sizes,
+    simulation_lock,
+    this_thread_only,
+    to_empty_keeping_ties,
 )
 
 SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B"}
-
-
-@dataclass(frozen=True)
-class StageReport:
-    """One pipeline stage: what it holds, what it sends, and how many microbatches it keeps alive at most."""
-
-    stage: int
-    rank: int  # the pipeline rank holding it (its coordinate on the mesh's pp dimension)
-    layers: tuple[int, int]  # first layer, one past the last (the model's numbering)
-    embedding: bool  # holds the token embedding (the first stage)
-    head: bool  # holds the final norm, the head and the loss (the last stage)
-    parameter_bytes: int  # this stage's parameters on one of its ranks (sharded by the strategy)
-    gradient_bytes: int
-    optimizer_bytes: int
-    activation_bytes_per_microbatch: int  # what one microbatch's forward (and the loss, last stage) leaves alive
-    microbatches_in_flight_at_peak: int  # from the schedule's actions: forwards run whose backward has not
-    microbatches_held_at_measured_peak: int  # the same count, as run, at the op where the rank's memory peaked
-    peak_bytes: int  # the most bytes live on the rank holding this stage (all its stages), measured
-    send_bytes: int  # per step: activations sent to the next stage and gradients to the previous one
-    recv_bytes: int
-    forward_flops_per_microbatch: int
-    backward_flops_per_microbatch: int  # recomputation under checkpointing included
-
-    def to_dict(self) -> dict:
-        out = dataclasses.asdict(self)
-        out["layers"] = self.layers[1] - self.layers[0]
-        out["first_layer"], out["last_layer"] = self.layers[0], self.layers[1] - 1
-        return out
-
-
-@dataclass(frozen=True)
-class PipelineReport:
-    """One step of the whole pipeline: every stage, the schedule's order of actions and its bubble."""
-
-    schedule: str
-    pp: int
-    stages_per_rank: int
-    microbatches: int
-    microbatch_size: int
-    per_stage: tuple[StageReport, ...]
-    # pipeline rank -> its forwards and backwards in the order its runtime ran them, written as torch writes actions
-    # ("0F3": stage 0, forward, microbatch 3; "2B0")
-    order: dict[int, tuple[str, ...]]
-    bubble_fraction: float  # idle share of the ranks' time in the schedule, actions timed by their measured FLOPs
-    ranks: tuple[PerRank, ...] = field(repr=False)  # pipeline rank r's figures (its phases, collectives)
-    order_note: str = ""  # where torch's own listing of the actions (schedule.pipeline_order) differs from `order`
-
-    @property
-    def send_bytes(self) -> int:
-        return sum(s.send_bytes for s in self.per_stage)
-
-    @property
-    def peak_bytes(self) -> int:
-        return max(s.peak_bytes for s in self.per_stage)
-
-    def to_dict(self) -> dict:
-        return {
-            "schedule": self.schedule,
-            "pp": self.pp,
-            "stages": len(self.per_stage),
-            "stages_per_rank": self.stages_per_rank,
-            "microbatches": self.microbatches,
-            "microbatch_size": self.microbatch_size,
-            "bubble_fraction": self.bubble_fraction,
-            "bubble": "idle share of the pipeline ranks' time when each runs the schedule's actions in order, each as "
-            "soon as its input has arrived, a forward or backward taking time in proportion to its measured FLOPs "
-            "(transfers not timed)",
-            "send_bytes": self.send_bytes,
-            "recv_bytes": sum(s.recv_bytes for s in self.per_stage),
-            "peak_bytes": self.peak_bytes,
-            "order": {str(rank): list(actions) for rank, actions in self.order.items()},
-            "order_note": self.order_note,
-        }
 
 
 def simulate_layout(config: ModelConfig, parallel: ParallelConfig, single_device: bool = True) -> PerRank:
@@ -484,10 +413,7 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
     from torch.distributed.pipelining import PipelineStage
 
     started = time.perf_counter()
-    mesh_sizes = {}  # read outside fake mode: a mesh's rank table is a real tensor
-    for key, mesh in meshes.items():
-        if key != "root" or parallel.cp > 1:  # context parallel: pp, dp, cp (and tp), then dp_cp (FSDP's group)
-            mesh_sizes.update(zip(mesh.mesh_dim_names, mesh.mesh.shape, strict=True))
+    sizes = mesh_sizes(meshes, parallel)  # read outside fake mode: a mesh's rank table is a real tensor
     stage_ids = rank_stages(parallel, rank)
     bounds = stage_bounds(config.layers, parallel.stages)
     last_stage = parallel.stages - 1
@@ -497,10 +423,10 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
     holder = nn.ModuleList(modules)
     with FakeTensorMode(allow_non_fake_inputs=True):
         for module in modules:
-            _to_empty_keeping_ties(module)
+            to_empty_keeping_ties(module)
         holder.train()
         optimizer = make_optimizer(config.optimizer, list(holder.parameters()))
-        _warm_optimizer_state(holder, optimizer)
+        warm_optimizer_state(holder, optimizer)
         stages = []
         for s, module in zip(stage_ids, modules, strict=True):
             example_in, example_out = _stage_shapes(config, parallel, s == 0, s == last_stage)
@@ -508,10 +434,10 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
                                         output_args=(example_out,), group=meshes["pp"].get_group()))
         schedule = _schedule(parallel, stages, functools.partial(_loss, config))
         tokens = torch.zeros(config.batch, config.seq, dtype=torch.long)  # (b, s): inputs and targets alike
-        tracker = _pipeline_tracker(modules, holder, optimizer, parallel)
-        recorder = CollectiveRecorder(_group_names(meshes))
+        tracker = memory_tracker(modules[0], optimizer, parallel, holder=holder)
+        recorder = CollectiveRecorder(group_names(meshes))
         for module_tracker in (tracker._mod_tracker, recorder.modules):
-            _this_thread_only(module_tracker)
+            this_thread_only(module_tracker)
         peaks = _PipelinePeaks(tracker, [layer for module in modules for layer in module.model.model.layers])
         log = _ActionLog(stages, peaks, recorder)
         step, positions = _sequence_split(parallel, meshes, tokens)  # entered at once: closed by the `with` below
@@ -528,14 +454,12 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
             updated = optimizer_step(optimizer)
             peaks.observe()
             snapshot = next(iter(tracker.get_tracker_snapshot("current").values()))
-        per_rank = _rank_figures(config, parallel, mesh_sizes, holder, peaks, recorder, snapshot, started)
         nodes: dict[str, int] = {}  # one microbatch's backward graph on each of the rank's stages, summed
         for counts in log.graph_nodes.values():
             for category, count in counts.items():
                 nodes[category] = nodes.get(category, 0) + count
-        per_rank = dataclasses.replace(per_rank, optimizer=config.optimizer, autocast=config.autocast,
-                                       notes=step_notes(config.optimizer, config.autocast, updated),
-                                       backward_nodes_by_category=dict(sorted(nodes.items())))
+        per_rank = _rank_figures(config, parallel, sizes, holder, peaks, recorder, snapshot, started, updated,
+                                 dict(sorted(nodes.items())))
         executed = tuple(log.executed)
         reports = [
             _stage_report(config, parallel, s, rank, bounds[s], module, optimizer, log, executed, per_rank)
@@ -558,24 +482,6 @@ def _sequence_split(parallel: ParallelConfig, meshes: dict, tokens: torch.Tensor
 
         step.enter_context(sequence_sharded(meshes["cp"], [tokens, positions]))
     return step, positions
-
-
-def _pipeline_tracker(modules: list[nn.Module], holder: nn.Module, optimizer, parallel: ParallelConfig):
-    """torch's memory tracker over every stage this rank holds."""
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    if parallel.strategy in (*FSDP_STRATEGIES, "ddp"):
-        tracker = FSDPMemTracker(modules[0], optimizer)
-        # FSDPMemTracker takes one FSDP root; a rank of an interleaved schedule holds several. It instruments the
-        # FSDP modules it finds under its root, so the rank's stages together (a plain ModuleList) serve.
-        tracker._root_mod = holder
-    else:
-        tracker = MemTracker()
-        tracker.track_external(holder, optimizer)
-    tracker._update_peak_stats = lambda peak_state: None  # as graphviz_core.parallel.simulate._tracker, for speed
-    tracker._param_to_grad_hook_handles = _FrozenSkipped()  # frozen parameters (LoRA, --freeze) take no hooks
-    return tracker
 
 
 @contextlib.contextmanager
@@ -615,8 +521,8 @@ def _gathers_filed(tracker, holder: nn.Module):
             del group.wait_for_unshard  # the class's method again
 
 
-class _PipelinePeaks(_PhasePeaks):
-    """The phase peaks and FLOPs (graphviz_core.parallel.simulate) plus how many microbatches each stage held when
+class _PipelinePeaks(PhasePeaks):
+    """The phase peaks and FLOPs (graphviz_core.parallel.memory) plus how many microbatches each stage held when
     the rank's memory peaked."""
 
     def __init__(self, tracker, layers: list[nn.Module] = ()) -> None:
@@ -655,7 +561,7 @@ class _ActionLog:
 
     def _activations(self) -> int:
         snapshot = self.peaks.tracker._curr_mem_snap
-        return _parts(next(iter(snapshot.values())))["activations"] if snapshot else 0
+        return parts_of(next(iter(snapshot.values())))["activations"] if snapshot else 0
 
     def _settle(self) -> None:
         """The stage whose first forward (and loss) just ended: what it left alive is one microbatch's activations."""
@@ -690,7 +596,7 @@ class _ActionLog:
                 if first:
                     self.pending = index
                     outputs = out if isinstance(out, (tuple, list)) else (out,)
-                    self.graph_nodes[index] = _nodes_by_category(*(t for t in outputs if isinstance(t, torch.Tensor)))
+                    self.graph_nodes[index] = nodes_by_category(*(t for t in outputs if isinstance(t, torch.Tensor)))
                 return out
 
             return run
@@ -743,35 +649,17 @@ def _stage_report(config, parallel, stage, rank, bounds, module, optimizer, log,
     )
 
 
-def _rank_figures(config, parallel, mesh_sizes, holder, peaks, recorder, snapshot, started) -> PerRank:
+def _rank_figures(config, parallel, sizes, holder, peaks, recorder, snapshot, started, updated, nodes) -> PerRank:
     """One pipeline rank's step as a PerRank: its phases, collectives (sends and receives included) and peak."""
-    phases = phase_memories(peaks)
-    end, end_buffers = _parts(snapshot), _buffers(snapshot)
     resharded = {}
     for module in holder:
-        resharded.update(_resharded_after_forward(module))
+        resharded.update(resharded_after_forward(module))
     stage_params = _tensor_bytes(holder.parameters())
     trained = _tensor_bytes(p for p in holder.parameters() if p.requires_grad)  # LoRA's adapters; not --freeze's
-    return PerRank(
-        config=config,
-        parallel=parallel,
-        rank=dist.get_rank() if dist.is_initialized() else 0,
-        mesh=mesh_sizes,
-        parameter_count=sum(p.numel() for p in holder.parameters()),
-        parameter_bytes=end["parameters"],
-        buffer_bytes=end_buffers,
-        gradient_bytes=end["gradients"],
-        optimizer_bytes=end["optimizer"],
-        peak_bytes=max(p.peak_bytes for p in phases),
-        phases=phases,
-        timeline=_downsample(peaks.samples),
-        collectives=tuple(recorder.collectives),
-        backward_nodes_by_category={},
-        expected=Expectation(stage_params, trained, end["optimizer"],
-                             "this rank's stages' parameters as torch sharded them (no closed form under pipelining)"),
-        single_device=None,
-        simulate_s=time.perf_counter() - started,
-        resharded_after_forward=resharded,
-        flops_by_phase=dict(peaks.flops_by_phase),
-        segment_peaks=dict(peaks.segment_peaks),
-    )
+    expected = Expectation(stage_params, trained, parts_of(snapshot)["optimizer"],
+                           "this rank's stages' parameters as torch sharded them (no closed form under pipelining)")
+    return per_rank_of(config, parallel, rank=dist.get_rank() if dist.is_initialized() else 0, mesh=sizes,
+                       parameter_count=sum(p.numel() for p in holder.parameters()), peaks=peaks,
+                       collectives=tuple(recorder.collectives), snapshot=snapshot, expected=expected,
+                       resharded=resharded, nodes=nodes, optimizer=config.optimizer, autocast=config.autocast,
+                       updated=updated, started=started)

@@ -282,7 +282,8 @@ def simulate_sample(config: ModelConfig, layout: Layout, per_stage: int | None,
     Planned in one process, FSDP 2 x TP 2's tensor-parallel mesh equals TP 2 x CP 2's, and the later layout's step
     asked for a group that no longer existed ("Could not resolve the process group registered under the name 3")."""
     from graphviz_core.parallel.pipeline import simulate_pipeline
-    from graphviz_core.parallel.simulate import forget_sharding_decisions, simulate_parallel
+    from graphviz_core.parallel.simulate import simulate_parallel
+    from graphviz_core.parallel.world import forget_sharding_decisions
 
     layers = None if per_stage is None else per_stage * layout.pp + config.layers % layout.pp
     model = layout.model(config, layers)

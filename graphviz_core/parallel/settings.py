@@ -203,7 +203,7 @@ def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
     if tp == 1:
         return
     if not family.tensor_parallel:
-        # Families whose projections graphviz_core.parallel.simulate.tp_plan recognises (this project's blocks,
+        # Families whose projections graphviz_core.parallel.tensor.tp_plan recognises (this project's blocks,
         # Llama-style layers; Mixtral's attention is split, its experts stay whole on every TP rank).
         known = ", ".join(m for m in MODELS if FAMILIES[m].tensor_parallel)
         raise ValueError(

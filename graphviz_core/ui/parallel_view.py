@@ -14,6 +14,7 @@ from graphviz_core.capture.instruments.optimizer import OPTIMIZER_NAMES
 from graphviz_core.config import ModelConfig
 from graphviz_core.parallel.collectives import GPUS_PER_NODE, INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
 from graphviz_core.parallel.pipeline import simulate_layout
+from graphviz_core.parallel.report import PerRank
 from graphviz_core.parallel.settings import (
     FSDP_STRATEGIES,
     MAX_WORLD,
@@ -22,7 +23,6 @@ from graphviz_core.parallel.settings import (
     STRATEGIES,
     ParallelConfig,
 )
-from graphviz_core.parallel.simulate import PerRank
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, format_seconds, literal_cells
 from graphviz_core.ui.links import (
