@@ -45,11 +45,15 @@ serve: $(STAMP) $(VIS_STATIC)
 		--server.enableCORS true --server.maxUploadSize 1
 
 # Two pytest-xdist workers, each taking one test file at a time (the docs' commands share files under /tmp; a file's
-# tests share its fixtures); TEST_WORKERS=0 runs everything in one process.
+# tests share its fixtures); TEST_WORKERS=0 runs everything in one process. One torch thread per process (workers,
+# the servers and CLI runs they start): two workers on two cores already fill the machine, and torch's threads then
+# wait on each other (1,000 recorded steps of a tiny GPT-2 with two other busy processes: 44.3 s with torch's default
+# threads, 20.5 s with one; 11.7 s on a quiet machine).
 TEST_WORKERS ?= 2
+TEST_THREADS ?= 1
 test: $(STAMP) $(VIS_STATIC) chromium graphviz
 	$(VENV)/bin/ruff check graphviz_core pages app.py tests benchmarks
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	OMP_NUM_THREADS=$(TEST_THREADS) MKL_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check graphviz_core pages app.py tests benchmarks

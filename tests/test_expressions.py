@@ -219,7 +219,7 @@ def _expressions():
     )
 
 
-@settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_expressions(), st.floats(-3, 3), st.floats(-3, 3), st.floats(-3, 3))
 def test_generated_expressions_parse_and_trace_or_say_why(text, a, b, c):
     parse_expression(text)  # well-formed: must parse
@@ -231,7 +231,7 @@ def test_generated_expressions_parse_and_trace_or_say_why(text, a, b, c):
     assert math.isfinite(trace.value)
 
 
-@settings(max_examples=300, deadline=1000)
+@settings(max_examples=300, deadline=None)
 @given(st.text(max_size=300))
 def test_arbitrary_text_never_escapes_the_parser(text):
     started = time.perf_counter()
