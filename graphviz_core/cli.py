@@ -1,5 +1,7 @@
-"""The `graphviz-core` command line: `graph` captures and exports, `expr` traces a toy expression, `compare`
-diffs two configs.
+"""The `graphviz-core` command line (docs/cli.md): `graph` captures one step and exports its autograd graph (and, with
+a parallel layout, simulates its ranks), `memory` writes the memory panel, `compare` diffs two configs, `plan` ranks
+the parallel layouts of a GPU count, `expr` traces a toy expression; `record`, `recording` and `debug` (cli_record.py,
+cli_debug.py) record a user's own training script, print a recording, and find its gradient-flow problems.
 
 Every subcommand exits 0 on success and 2 with one line on stderr for bad input, never a traceback; Ctrl-C ends it
 with one line and 130.
