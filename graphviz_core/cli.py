@@ -29,6 +29,7 @@ from graphviz_core.config import (
     MODELS,
     OPTIMIZERS,
     PRESETS,
+    field_help,
     preset_named,
     resolve_config,
 )
@@ -38,26 +39,6 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program stopped by 
 INT_FLAGS = ("hidden", "heads", "layers", "vocab", "batch", "seq", "context", "seed", "kv_heads", "intermediate",
              "experts", "experts_per_token", "image_size", "lora_rank", "lora_alpha")
 TEXT_FLAGS = ("lora_targets", "freeze")
-FLAG_HELP = {
-    "autocast": "run the ops under torch.autocast in this dtype; the weights stay in --dtype (fp32 master weights)",
-    "finetune": "full: every parameter trains; lora: peft adapters on --lora-targets, the base weights frozen",
-    "optimizer": "the torch.optim optimizer whose state the training step counts (default adamw)",
-    "lora_rank": "LoRA rank r (default 8)",
-    "lora_alpha": "LoRA alpha; the adapter's output is scaled by alpha/r (default 16)",
-    "lora_targets": "module names LoRA adapts, comma-separated (default: the family's attention query and value "
-                    "projections)",
-    "freeze": "freeze parameters whose names match this glob, e.g. '*embed*' (fnmatch)",
-    "layers": "transformer layers; for resnet its depth (18, 34, 50, 101, 152)",
-    "vocab": "vocabulary size; for vit and resnet the number of classes",
-    "hidden": "hidden size; for resnet the stem width (64 in ResNet-50)",
-    "context": "position-embedding rows (gpt2, gpt2-hf, bert); 0 = seq",
-    "kv_heads": "key-value heads for grouped-query attention (llama, mistral, qwen2, mixtral)",
-    "intermediate": "MLP width (transformers families; default 4*hidden)",
-    "experts": "experts per layer (mixtral)",
-    "experts_per_token": "experts each token is routed to (mixtral)",
-    "image_size": "square image side in pixels (vit, resnet)",
-    "seed": "random seed for weights and inputs, 0 .. 2**31-1",
-}
 CHOICE_FLAGS = {"model": MODELS, "attention": ATTENTIONS, "checkpoint": CHECKPOINTS, "device": DEVICES, "dtype": DTYPES,
                 "autocast": AUTOCASTS, "finetune": FINETUNES, "optimizer": OPTIMIZERS}
 CONFIG_FLAGS = (*CHOICE_FLAGS, *INT_FLAGS, *TEXT_FLAGS, "tied", "compile")  # every config field a flag sets
@@ -284,13 +265,14 @@ def _memory_command(args: argparse.Namespace) -> str:
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=list(PRESETS), type=preset_named)  # a former name gives the preset it became
     for name, choices in CHOICE_FLAGS.items():
-        parser.add_argument(f"--{name}", choices=choices, help=FLAG_HELP.get(name))
+        parser.add_argument(f"--{name}", choices=choices, help=field_help(name))
     for name in TEXT_FLAGS:
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="NAMES", help=FLAG_HELP.get(name))
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="NAMES", help=field_help(name))
     for name in INT_FLAGS:
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=_whole, help=FLAG_HELP.get(name))
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=_whole,
+                            help=field_help(name, zero=name not in ZERO_IS_DEFAULT))
     parser.add_argument("--tied", action=argparse.BooleanOptionalAction, default=None,
-                        help="llama-style families: lm_head shares the token embedding (Llama 3.2 1B does)")
+                        help=field_help("tied"))
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="capture the step under torch.compile (its compiled backward opened in the graph)")
 

@@ -273,3 +273,18 @@ def _refuse_fields_that_do_not_apply(model: str, given: dict) -> None:
             raise ValueError(f"model {model!r} has no {FIELD_WORDS[name]}; drop the {name} setting.")
         if name == "attention" and not family.takes(name):
             raise ValueError(f"model {model!r} has no attention; drop the attention setting.")
+
+
+def field_help(name: str, zero: bool = True) -> str | None:
+    """A config field's help (models.family.FIELD_HELP), with what a 0 stands for where it stands for a default (and
+    `zero`: the caller takes a 0); for a field only some families take, which ones, read from their declarations
+    (Family.takes), so the list cannot drift from what the config accepts."""
+    from graphviz_core.models.family import FIELD_HELP, FIELD_ZERO, OPTIONAL_FIELDS
+
+    text = FIELD_HELP.get(name)
+    if zero and name in FIELD_ZERO:
+        text += f"; 0: {FIELD_ZERO[name]}"
+    if text is None or name not in OPTIONAL_FIELDS:
+        return text
+    taking = [m for m in MODELS if FAMILIES[m].takes(name) and FAMILIES[m].offered]
+    return f"{text} ({', '.join(taking)})"

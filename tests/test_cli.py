@@ -275,3 +275,22 @@ def test_compare_echoes_each_sides_fields(capsys):
                  "--device", "meta"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert "heads" not in data["a"]["config"] and data["b"]["config"]["heads"] == 4  # gpt2-tiny: 4 heads
+
+
+def test_each_fields_help_is_said_once_and_names_the_families_that_take_it():
+    """The CLI's --help and the form's tooltips read one declaration (models.family.FIELD_HELP); an optional field's
+    families come from what each family's config accepts, so --kv-heads names Gemma 3 (a hand-kept list once left
+    it out) and every family that takes the field, and no other."""
+    from graphviz_core.config import FAMILIES, MODELS, ModelConfig, field_help
+    from graphviz_core.models.family import FIELD_HELP, OPTIONAL_FIELDS
+    from graphviz_core.ui.config_form import _zero_help
+
+    assert "gemma3" in field_help("kv_heads")
+    for name in OPTIONAL_FIELDS:
+        if name not in FIELD_HELP:
+            continue
+        listed = field_help(name).rpartition("(")[2].rstrip(")").split(", ")
+        assert listed == [m for m in MODELS if FAMILIES[m].takes(name) and FAMILIES[m].offered], name
+    applied = ModelConfig()  # the form: the same meaning, capitalised, then what 0 stands for
+    assert _zero_help("kv_heads", applied).startswith("Key-value heads for grouped-query attention. 0 means")
+    assert _zero_help("hidden", applied) == "Hidden size; for resnet the stem width (64 in ResNet-50)."

@@ -242,3 +242,33 @@ def test_cli_json_capture_imports_no_ui_and_no_dynamo():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["[]", "True"]
+
+
+def plan_names() -> set[str]:
+    """Every module name a family's parallel plan declares (projections, the stages' parts, each part of a path)."""
+    from graphviz_core.config import FAMILIES
+
+    names = set()
+    for family in FAMILIES.values():
+        plan = family.parallel
+        paths = [end for end, _ in plan.tensor]
+        if plan.stages is not None:
+            paths += [plan.stages.embedding, plan.stages.layers, plan.stages.norm, plan.stages.head]
+        names.update(part for path in paths for part in path.split("."))
+    return names - {"model", "layers"}  # also plain words of the JSON ("layers" of a stage)
+
+
+def test_parallel_reads_each_familys_plan_and_guesses_nothing_from_names():
+    # No module-name list and no probe of a family's attributes in parallel/: what a model splits, where a pipeline
+    # cuts it and whether its attention is a ring are the family's declaration (models.family.ParallelPlan).
+    names = plan_names()
+    assert {"q_proj", "down_proj", "qkv", "embed_tokens", "lm_head"} <= names  # the check knows what to look for
+    found = []
+    for path in sorted((CORE / "parallel").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                found.append(f"{path.name}:{node.lineno} {node.value!r}")
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "getattr" and node.args and \
+                    re.search(r"famil", ast.unparse(node.args[0]), re.I):
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    assert found == []

@@ -237,7 +237,7 @@ def _tp_adapter_gradients(parallel=None, meshes=None) -> dict[str, list]:
             if "lora_" in name:
                 p.copy_(0.1 * torch.randn(p.shape, generator=generator))
     if parallel is not None:
-        apply_parallelism(model, parallel, meshes)
+        apply_parallelism(model, parallel, meshes, config.family.parallel)
     batch = make_batch(config, "cpu")
     compute_loss(config, model(batch.inputs), batch.targets).backward()
     grads = {name: p.grad for name, p in model.named_parameters() if p.requires_grad}

@@ -179,7 +179,7 @@ def test_layers_split_as_evenly_as_whole_layers_allow():
     ("config", "parallel", "message"),
     [
         (resolve_config("gpt2-tiny"), dict(strategy="none", world_size=2, pp=2, microbatches=2),
-         "pipeline parallelism splits a Hugging Face decoder"),
+         "pipeline parallelism cannot split model .gpt2.: the built-in models take token ids only"),
         (LLAMA, dict(strategy="none", world_size=4, pp=4, microbatches=2), "1F1B needs at least as many microbatches"),
         (LLAMA, dict(strategy="none", world_size=4, pp=4, microbatches=3, schedule="gpipe"),
          "batch 8 is not divisible into 3 microbatches"),
@@ -214,7 +214,7 @@ def test_cli_writes_per_stage_and_the_pipeline(tmp_path, capsys):
     assert data["pipeline"]["send_bytes"] == 2 * 4 * HIDDEN_BYTES
     assert data["per_rank"]["mesh"] == {"pp": 2}
     assert main(["graph", "--preset", "gpt2-tiny", "--pp", "2"]) == 2
-    assert capsys.readouterr().err.startswith("graphviz-core: pipeline parallelism splits a Hugging Face decoder")
+    assert capsys.readouterr().err.startswith("graphviz-core: pipeline parallelism cannot split model 'gpt2'")
 
 
 def test_simulate_layout_without_pipeline_is_the_plain_simulation():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from graphviz_core.models.family import Preset
+from graphviz_core.models.family import ParallelPlan, Preset
 from graphviz_core.models.llama_style import tiny
 from graphviz_core.models.transformers_family import TransformersFamily
 
@@ -18,6 +18,15 @@ class Bert(TransformersFamily):
     optional = ("intermediate", "context")
     hf_module = "bert"
     auto_class, config_class, model_class = "AutoModelForMaskedLM", "BertConfig", "BertForMaskedLM"
+    parallel = ParallelPlan(
+        no_tensor="BERT's attention and MLP take their hidden states by position where Llama's take them by keyword, "
+        "and three of its projections share one name (dense), so no column / row plan is declared for it",
+        no_stages="BERT is an encoder: its masked-language-model head reads every position, and no causal decoder's "
+        "embedding, layers, norm and head are declared to cut between",
+        no_ring="BERT's attention is bidirectional and masks padding with an attention mask, which torch's ring "
+        "attention does not take",
+        no_sequence="no column / row plan is declared for BERT, and sequence parallel runs inside one (see TP)",
+    )
     lora_targets = ("query", "value")  # BertSelfAttention's query and value projections
     presets = (
         tiny("bert", "BERT (post-LN encoder, masked-language-model head)", hidden=64, intermediate=256, layers=2,

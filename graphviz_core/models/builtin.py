@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from graphviz_core.models.family import Batch, Family, Preset
+from graphviz_core.models.family import Batch, Family, ParallelPlan, Preset
 
 if TYPE_CHECKING:
     from graphviz_core.config import ModelConfig
@@ -20,7 +20,17 @@ class _BuiltIn(Family):
     attentions = _TEACHING
     hidden_grows = "matmuls grow as hidden², GELU and LayerNorm as hidden"
     spelled_out_attention = "manual"
-    tensor_parallel = True
+    # Megatron's pairs in the teaching block: q, k, v in one column-split qkv and the MLP's first matmul fc; the
+    # attention's output and the MLP's second matmul (both named proj) row-split.
+    parallel = ParallelPlan(
+        tensor=(("qkv", "colwise"), ("fc", "colwise"), ("proj", "rowwise")),
+        no_stages="the built-in models take token ids only, where a later pipeline stage is handed hidden states; the "
+        "pipeline cuts the Hugging Face decoders",
+        no_ring="the built-in GPT-2 adds its learned positions from its own arange, where context parallel hands each "
+        "rank the positions of its chunks; the ring runs on the Hugging Face decoders",
+        no_sequence="sequence parallel here ends the sequence shard at a transformers decoder's final norm and head "
+        "(get_decoder, get_output_embeddings), which the built-in models do not have",
+    )
     selective_alias = "selective-attention"  # what `selective` meant here: the attention core, as Korthikanti et al.
     module_class = ""  # the nn.Module in graphviz_core.models.teaching
     # The teaching attention computes q, k and v in one nn.Linear: an adapter there adapts all three at once.
@@ -87,7 +97,12 @@ class MLPFamily(_BuiltIn):
     lora_targets_note = "both linear layers of every block (an MLP has no attention)"
     selective_alias = None  # `selective` always meant the attention core, which an MLP has not
     language_model = False
-    tp_attention = False
+    parallel = ParallelPlan(
+        tensor=(("fc", "colwise"), ("proj", "rowwise")), split_heads=False,
+        no_stages="an MLP has no token embedding or head for the first and last stages to hold",
+        no_ring="an MLP has no attention and no sequence to split",
+        no_sequence="an MLP has no token sequence to shard",
+    )
     presets = (
         Preset(
             "mlp",
@@ -115,7 +130,12 @@ class BlockFamily(_BuiltIn):
     language_model = False
     stacked_layers = False
     shardable = False
-    tensor_parallel = False
+    parallel = ParallelPlan(
+        no_tensor="one block has no repeated layers: parallel layouts are simulated on models of many (gpt2, mlp)",
+        no_stages="one block has no layers to cut between stages",
+        no_ring="one block has no token positions to split (it reads a hidden-state batch)",
+        no_sequence="one block has no layers between which to keep the sequence sharded",
+    )
     layer_memory_formula = "korthikanti"
     presets = (
         Preset(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from graphviz_core.models.family import Family
+from graphviz_core.models.family import Family, ParallelPlan
 
 if TYPE_CHECKING:
     from graphviz_core.config import ModelConfig
@@ -25,6 +25,10 @@ class Custom(Family):
     stacked_layers = False
     rebuildable = False
     shardable = False
+    parallel = ParallelPlan(no_tensor="your own module declares no column / row plan",
+                            no_stages="your own module declares no stages to cut between",
+                            no_ring="your own module declares no attention for torch's ring",
+                            no_sequence="your own module declares no sequence shard")
     user_code = True
     lora_targets = ()  # the capture runs the user's module as given: no fine-tuning settings apply
 

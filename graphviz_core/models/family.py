@@ -3,7 +3,8 @@
 One `Family` object per architecture (graphviz_core.models.registry lists them). Everything the rest of the code
 asks of "what kind of model is this" is a method or attribute here: which config fields it takes, its presets and
 shape rules, how to build it with its example batch and loss, its parameter count, the rough activation and FLOP
-estimates admission uses, which checkpointing policies apply, and which textbook derivations describe it.
+estimates admission uses, which checkpointing policies apply, which textbook derivations describe it, and how it
+splits over ranks (`ParallelPlan`).
 
 Importing this module imports no torch: the config layer validates against families before any model is built.
 """
@@ -103,6 +104,35 @@ FIELD_LABELS = {
     "lora_targets": "LoRA targets",
     "freeze": "Freeze parameters (glob)",
 }
+# What each field means, said once: the CLI's --help and the form's tooltips read it (config.field_help adds, for an
+# optional field, the families that take it, from their own declarations).
+FIELD_HELP = {
+    "autocast": "run the ops under torch.autocast in this dtype; the weights stay in --dtype (fp32 master weights)",
+    "finetune": "full: every parameter trains; lora: peft adapters on --lora-targets, the base weights frozen",
+    "optimizer": "the torch.optim optimizer whose state the training step counts (default adamw)",
+    "lora_rank": "LoRA rank r (default 8)",
+    "lora_alpha": "LoRA alpha; the adapter's output is scaled by alpha/r (default 16)",
+    "lora_targets": "module names LoRA adapts, comma-separated (default: the family's attention query and value "
+                    "projections)",
+    "freeze": "freeze parameters whose names match this glob, e.g. '*embed*' (fnmatch)",
+    "layers": "transformer layers; for resnet its depth (18, 34, 50, 101, 152)",
+    "vocab": "vocabulary size; for vit and resnet the number of classes",
+    "hidden": "hidden size; for resnet the stem width (64 in ResNet-50)",
+    "context": "position-embedding rows: the longest sequence the model takes",
+    "kv_heads": "key-value heads for grouped-query attention",
+    "intermediate": "MLP width",
+    "experts": "experts per layer",
+    "experts_per_token": "experts each token is routed to",
+    "image_size": "square image side in pixels",
+    "tied": "the output head shares the token embedding",
+    "seed": "random seed for weights and inputs, 0 .. 2**31-1",
+}
+# Sizes whose 0 stands for a default: what it stands for.
+FIELD_ZERO = {
+    "kv_heads": "one per attention head, no grouped-query attention",
+    "intermediate": "4 × hidden size",
+    "context": "the sequence length",
+}
 # The same fields in a sentence ("model 'mlp' has no attention heads").
 FIELD_WORDS = {
     "kv_heads": "key-value heads",
@@ -145,6 +175,53 @@ class Source:
     loss_fn: Any  # loss_fn(model_output) -> scalar tensor
 
 
+@dataclass(frozen=True)
+class StageSplit:
+    """Where a pipeline cuts a decoder between its layers (torchtitan's split): attribute paths from the model's root."""
+
+    embedding: str  # the token embedding: kept by the first stage only
+    layers: str  # the nn.ModuleList of repeated blocks, a slice of it per stage
+    norm: str  # the final norm: kept by the last stage only
+    head: str  # the output head: kept by the last stage only
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """How a family's model is laid out over ranks. graphviz_core.parallel reads this and guesses nothing from names;
+    a dimension the family cannot take carries the reason, said when a layout asks for it.
+
+    `tensor` is each layer's projections by the end of their path inside the layer, with Megatron-LM's split
+    (Shoeybi et al. 2019, section 3: the first matmul of attention and of the MLP split by output columns, the second
+    by input rows; one all-reduce forward and one backward per pair), as `transformers` configs carry
+    `base_model_tp_plan`."""
+
+    tensor: tuple[tuple[str, str], ...] = ()  # (path end, "colwise" | "rowwise")
+    no_tensor: str = "its layers declare no projections for a column / row split"
+    split_heads: bool = True  # tensor parallel splits attention heads (whole heads per rank)
+    stages: StageSplit | None = None
+    no_stages: str = "it is not a causal decoder with a token embedding, layers, a final norm and a head to cut between"
+    ring_attention: bool = False  # attention runs through F.scaled_dot_product_attention, so torch's ring can replace it
+    no_ring: str = "its attention does not run through scaled_dot_product_attention with positions given per token"
+    ring_window: int = 0  # the longest sequence the ring takes (0: any): past a sliding window, attention needs a mask
+    # Sequence parallel: the residual stream between layers sharded on the sequence, from the first layer's input to
+    # the final norm, the head gathering it back (a transformers decoder: get_decoder's norm, get_output_embeddings).
+    sequence: bool = False
+    no_sequence: str = "no final norm and head are declared for the sequence shard to end at"
+
+    def tensor_style(self, path: str) -> str | None:
+        """The split of the module at `path` inside a layer ("colwise" / "rowwise"), or None."""
+        for end, style in self.tensor:
+            if path == end or path.endswith("." + end):
+                return style
+        return None
+
+
+# Megatron's pairs in a Llama-style decoder layer (transformers' LlamaConfig.base_model_tp_plan).
+LLAMA_TENSOR = (("q_proj", "colwise"), ("k_proj", "colwise"), ("v_proj", "colwise"), ("o_proj", "rowwise"),
+                ("gate_proj", "colwise"), ("up_proj", "colwise"), ("down_proj", "rowwise"))
+DECODER_STAGES = StageSplit(embedding="model.embed_tokens", layers="model.layers", norm="model.norm", head="lm_head")
+
+
 class Family:
     """One architecture. Subclasses set the attributes and override what differs; the defaults describe a
     decoder-only transformer language model."""
@@ -171,8 +248,7 @@ class Family:
     rebuildable: bool = True  # can be built again at other sizes (a user's own module cannot)
     user_code: bool = False  # runs code from a file the server's operator trusted (only the server imports it)
     shardable: bool = True  # has repeated layers FSDP can wrap one by one
-    tensor_parallel: bool = False  # its projections are named as tensor parallelism's plan expects
-    tp_attention: bool = True  # tensor parallelism splits attention heads too (whole heads per rank)
+    parallel: ParallelPlan = ParallelPlan()  # tensor, pipeline and context parallel (graphviz_core.parallel reads it)
     rms_norm: bool = False  # normalises with RMSNorm (the FLOPs tab's per-family rows)
     convolutional: bool = False
     # How compare's sentences say what grows with hidden and with the MLP width.

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from graphviz_core.models.family import Preset
+from graphviz_core.models.family import DECODER_STAGES, ParallelPlan, Preset
 from graphviz_core.models.llama_style import LlamaStyle, divisor_near, on_meta
 from graphviz_core.models.transformers_family import TransformersFamily
 
@@ -55,11 +55,19 @@ class Gemma3(LlamaStyle):
     # through each attention module's `rotary` child (graphviz_core.models.hf), so its ops are categorised position.
     rotary = True
     rms_norm = True
-    # Not tensor parallel: the plan in graphviz_core.parallel.tensor splits q/k/v/o and gate/up/down by name,
-    # which would fit, but QK-norm's weights then see only their rank's heads and need their gradients all-reduced
-    # across the tensor-parallel ranks (transformers' own plan: "replicated_with_grad_allreduce"), which that plan
-    # does not do; and Gemma 3 1B's single key-value head cannot be split at all.
-    tensor_parallel = False
+    # Not tensor parallel: Llama's column / row pairs would fit q/k/v/o and gate/up/down, but QK-norm's weights then
+    # see only their rank's heads and need their gradients all-reduced across the tensor-parallel ranks
+    # (transformers' own plan: "replicated_with_grad_allreduce"), which torch's column / row styles do not do; and
+    # Gemma 3 1B's single key-value head cannot be split at all.
+    parallel = ParallelPlan(
+        no_tensor="its QK-norm weights would see only their rank's heads and need their gradients all-reduced across "
+        "the tensor-parallel ranks (transformers' plan: replicated_with_grad_allreduce), which the column / row split "
+        "does not do; and Gemma 3 1B has one key-value head, which cannot be split",
+        stages=DECODER_STAGES,
+        ring_attention=True,
+        ring_window=SLIDING_WINDOW,  # past it the sliding layers pass a mask, which torch's ring attention refuses
+        no_sequence="sequence parallel runs inside tensor parallel, which Gemma 3's QK-norm keeps out (see TP)",
+    )
     # The Llama derivation counts two RMSNorms and SwiGLU per layer; Gemma 3 has six norms (four sandwich norms plus
     # QK-norm), each with an extra (1 + weight) add, and GELU-tanh, so that derivation does not describe it.
     layer_memory_formula = None

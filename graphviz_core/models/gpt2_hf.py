@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from graphviz_core.models.family import Preset
+from graphviz_core.models.family import ParallelPlan, Preset
 from graphviz_core.models.llama_style import tiny
 from graphviz_core.models.transformers_family import TransformersFamily
 
@@ -24,6 +24,14 @@ class GPT2HF(TransformersFamily):
     # as peft's own default for GPT-2 does.
     lora_targets = ("c_attn",)
     lora_targets_note = "the fused query/key/value projection c_attn: one adapter spans q, k and v"
+    parallel = ParallelPlan(
+        no_tensor="GPT-2 writes its projections as Conv1D (the weight transposed), which torch's column / row "
+        "parallel styles (nn.Linear and nn.Embedding only) do not split",
+        no_stages="GPT-2 ties its head to the token embedding, which the first and the last stage would hold on "
+        "different ranks",
+        ring_attention=True,
+        no_sequence="sequence parallel runs inside tensor parallel, which GPT-2's Conv1D projections keep out (see TP)",
+    )
     presets = (
         tiny("gpt2-hf", "GPT-2 in Hugging Face's implementation", hidden=64, intermediate=256, layers=2, heads=4,
              vocab=512, context=32),

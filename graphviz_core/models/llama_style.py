@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from graphviz_core.models.family import Preset
+from graphviz_core.models.family import DECODER_STAGES, LLAMA_TENSOR, ParallelPlan, Preset
 from graphviz_core.models.transformers_family import TransformersFamily
 
 if TYPE_CHECKING:
@@ -39,7 +39,8 @@ class LlamaStyle(TransformersFamily):
     optional = ("kv_heads", "intermediate", "tied")
     rotary = True
     rms_norm = True
-    tensor_parallel = True
+    # Attention through transformers' SDPA path: torch's context_parallel swaps the kernel for its ring.
+    parallel = ParallelPlan(tensor=LLAMA_TENSOR, stages=DECODER_STAGES, ring_attention=True, sequence=True)
     hidden_grows = ("the attention and SwiGLU projections grow as hidden × (hidden or intermediate), RMSNorm, rotary "
                     "and residual adds as hidden")
     mlp_matmuls = "SwiGLU MLP's three matmuls"
@@ -166,6 +167,12 @@ class Mixtral(LlamaStyle):
     hf_module = "mixtral"
     config_class, model_class = "MixtralConfig", "MixtralForCausalLM"
     layer_memory_formula = None  # the Llama derivation has no experts
+    parallel = ParallelPlan(
+        tensor=LLAMA_TENSOR, stages=DECODER_STAGES, ring_attention=True,
+        no_sequence="its experts stay whole on every tensor-parallel rank, so on a sequence shard each rank's experts "
+        "would see its own tokens only and their gradients would need an all-reduce the column / row split does not "
+        "issue",
+    )
     presets = (
         tiny("mixtral", "Mixtral (mixture of experts: 4 experts, each token routed to 2)", **ROPE_TINY, experts=4,
              experts_per_token=2),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from graphviz_core.models.family import Preset
+from graphviz_core.models.family import ParallelPlan, Preset
 from graphviz_core.models.transformers_family import TransformersFamily
 
 if TYPE_CHECKING:
@@ -26,6 +26,12 @@ class _Vision(TransformersFamily):
     images = True
     language_model = False
     lacks = ("seq",)
+    parallel = ParallelPlan(
+        no_tensor="no column / row plan is declared for the image models' layers",
+        no_stages="an image classifier has no token embedding and language head for the first and last stages",
+        no_ring="an image classifier has no token sequence for context parallel to split",
+        no_sequence="no column / row plan is declared for the image models, and sequence parallel runs inside one",
+    )
     labels = {"vocab": "Classes"}
 
     def validate(self, config: ModelConfig) -> None:

@@ -31,8 +31,10 @@ from graphviz_core.capture.autocast import AUTOCAST_DTYPES
 from graphviz_core.capture.gc_pause import no_cyclic_gc
 from graphviz_core.capture.instruments.optimizer import make_optimizer
 from graphviz_core.config import ModelConfig
+from graphviz_core.models.family import ParallelPlan, StageSplit
 from graphviz_core.models.registry import build_model, compute_loss
 from graphviz_core.models.teaching import TORCH_DTYPES
+from graphviz_core.parallel.blocks import attribute, replace_attribute
 from graphviz_core.parallel.collectives import CollectiveRecorder
 from graphviz_core.parallel.fsdp import resharded_after_forward
 from graphviz_core.parallel.memory import PhasePeaks, memory_tracker, parts_of
@@ -48,6 +50,7 @@ from graphviz_core.parallel.settings import ParallelConfig, check_parallel
 from graphviz_core.parallel.simulate import (
     apply_parallelism,
     autocast_region,
+    hand_counted,
     optimizer_step,
     scaled_for_backward,
     simulate_parallel,
@@ -78,7 +81,7 @@ def simulate_layout(config: ModelConfig, parallel: ParallelConfig, single_device
     check_parallel(config, parallel)
     report = simulate_pipeline(config, parallel)
     first = dataclasses.replace(report.ranks[0], pipeline=report)
-    if parallel.cp > 1 or parallel.sequence_parallel:
+    if (parallel.cp > 1 or parallel.sequence_parallel) and hand_counted(config):
         first = dataclasses.replace(first, layer_activations=stage_layer_activations(config, parallel))
     if single_device:
         first = dataclasses.replace(first, single_device=simulate_workload(workload_of(config), ParallelConfig(),
@@ -310,18 +313,29 @@ def _timeline(order: dict[int, tuple[str, ...]], costs: dict[int, tuple[float, f
 
 
 class DecoderStage(nn.Module):
-    """One stage of a Hugging Face causal decoder: the token embedding on the first stage, a slice of the layers, the
-    final norm and the head on the last; between stages the hidden states (microbatch, seq, hidden) travel."""
+    """One stage of a Hugging Face causal decoder, cut where its family's plan says (models.family.StageSplit): the
+    token embedding on the first stage, a slice of the layers, the final norm and the head on the last; between stages
+    the hidden states (microbatch, seq, hidden) travel."""
 
-    def __init__(self, model: nn.Module, first: bool, autocast: str = "none") -> None:
+    def __init__(self, model: nn.Module, plan: ParallelPlan, first: bool, autocast: str = "none") -> None:
         super().__init__()
         self.model = model
+        # The family's plan with its parts named from this stage (its model sits at `model`): what the strategy
+        # wraps and splits (parallel.simulate.apply_parallelism) finds them there.
+        split = plan.stages
+        self.plan = dataclasses.replace(plan, stages=StageSplit(
+            f"model.{split.embedding}", f"model.{split.layers}", f"model.{split.norm}", f"model.{split.head}"))
         self.first = first
         self.autocast = autocast  # bfloat16 / float16: the forward under torch.autocast (config.autocast)
         # Context or sequence parallel: the positions of the tokens this rank holds, (batch, tokens), rows alike. Under
         # context parallel they are this rank's two chunks (torch's load balancing); under sequence parallel a stage's
         # hidden states arrive on s/t tokens while attention (and its rotary table) runs on the whole sequence.
         self.positions: torch.Tensor | None = None
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """This stage's layers (held by `model`, read through its path, not registered twice)."""
+        return attribute(self, self.plan.stages.layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         given = {"input_ids": x} if self.first else {"inputs_embeds": x}
@@ -332,21 +346,20 @@ class DecoderStage(nn.Module):
 
 
 def build_stage(config: ModelConfig, bounds: tuple[int, int], first: bool, last: bool) -> DecoderStage:
-    """The stage module on meta: the whole model built, then cut down to its layers (torchtitan's split)."""
+    """The stage module on meta: the whole model built, then cut down to its layers where the family's plan says
+    (torchtitan's split)."""
+    split = config.family.parallel.stages
+    if split is None:
+        raise ValueError(f"pipeline parallelism cannot split model {config.model!r}: {config.family.parallel.no_stages}.")
     with torch.device("meta"):
         model = build_model(config)
-    inner = getattr(model, "model", None)
-    parts = ("embed_tokens", "layers", "norm")
-    if inner is None or not all(hasattr(inner, p) for p in parts) or not hasattr(model, "lm_head"):
-        raise ValueError(f"model {config.model!r} is not a decoder with embed_tokens, layers, norm and lm_head; "
-                         "pipeline parallelism cannot split it.")
-    inner.layers = nn.ModuleList(list(inner.layers)[bounds[0]:bounds[1]])
+    replace_attribute(model, split.layers, nn.ModuleList(list(attribute(model, split.layers))[bounds[0]:bounds[1]]))
     if not first:
-        inner.embed_tokens = None  # the hidden states arrive as inputs_embeds
+        replace_attribute(model, split.embedding, None)  # the hidden states arrive as inputs_embeds
     if not last:
-        inner.norm = nn.Identity()
-        model.lm_head = nn.Identity()  # `logits` are then the hidden states this stage passes on
-    return DecoderStage(model, first, config.autocast)
+        replace_attribute(model, split.norm, nn.Identity())
+        replace_attribute(model, split.head, nn.Identity())  # `logits` are then the hidden states this stage passes on
+    return DecoderStage(model, config.family.parallel, first, config.autocast)
 
 
 @dataclass
@@ -419,7 +432,7 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
     last_stage = parallel.stages - 1
     modules = [build_stage(config, bounds[s], s == 0, s == last_stage) for s in stage_ids]
     for module in modules:
-        apply_parallelism(module, parallel, meshes, layers=list(module.model.model.layers))
+        apply_parallelism(module, parallel, meshes, module.plan, layers=list(module.layers))
     holder = nn.ModuleList(modules)
     with FakeTensorMode(allow_non_fake_inputs=True):
         for module in modules:
@@ -438,7 +451,7 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
         recorder = CollectiveRecorder(group_names(meshes))
         for module_tracker in (tracker._mod_tracker, recorder.modules):
             this_thread_only(module_tracker)
-        peaks = _PipelinePeaks(tracker, [layer for module in modules for layer in module.model.model.layers])
+        peaks = _PipelinePeaks(tracker, [layer for module in modules for layer in module.layers])
         log = _ActionLog(stages, peaks, recorder)
         step, positions = _sequence_split(parallel, meshes, tokens)  # entered at once: closed by the `with` below
         with step, recorder, tracker, _gathers_filed(tracker, holder), peaks, no_cyclic_gc(collect_first=True):

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from torch import nn
 
+from graphviz_core.models.family import StageSplit
+from graphviz_core.parallel.blocks import attribute
+
 SEQUENCE_DIM = 1  # (batch, sequence, hidden) between layers
 
 
@@ -55,9 +58,10 @@ def gathered_input(block: nn.Module, keyword: bool):
     )
 
 
-def shard_between_layers(model: nn.Module, layers: list[nn.Module], tp_mesh) -> None:
+def shard_between_layers(model: nn.Module, layers: list[nn.Module], tp_mesh, split: StageSplit) -> None:
     """The residual stream on the sequence shard from the first layer's input to the final norm; the head gets the
-    whole sequence back (an all-gather).
+    whole sequence back (an all-gather). `split` names the model's embedding, final norm and head (its family's plan,
+    models.family.StageSplit, paths from `model`).
 
     A pipeline stage (graphviz_core.parallel.pipeline.build_stage) without the embedding receives the hidden states
     already on the sequence shard, and one without the head (its norm and head nn.Identity) sends them on the shard:
@@ -65,20 +69,14 @@ def shard_between_layers(model: nn.Module, layers: list[nn.Module], tp_mesh) -> 
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel, parallelize_module
 
-    if not hasattr(model, "get_decoder") and isinstance(getattr(model, "model", None), nn.Module):
-        model = model.model  # a pipeline stage: the causal language model inside it
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    if getattr(decoder, "embed_tokens", True) is not None:  # the embedding's output is whole: cut it here
+    if attribute(model, split.embedding) is not None:  # the embedding's output is whole: cut it here
         first = PrepareModuleInput(
             input_layouts=(Replicate(),), desired_input_layouts=(Shard(SEQUENCE_DIM),), use_local_output=True
         )
         parallelize_module(layers[0], tp_mesh, first)
-    norm = getattr(decoder, "norm", None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    norm, head = attribute(model, split.norm), attribute(model, split.head)
     if isinstance(norm, nn.Identity) and isinstance(head, nn.Identity):  # a pipeline stage before the last
         return
-    if norm is None or head is None:
-        raise ValueError("sequence parallel needs a decoder with a final norm and an output head.")
     parallelize_module(norm, tp_mesh, SequenceParallel(sequence_dim=SEQUENCE_DIM, use_local_output=True))
     gather = PrepareModuleInput(
         input_layouts=(Shard(SEQUENCE_DIM),), desired_input_layouts=(Replicate(),), use_local_output=True

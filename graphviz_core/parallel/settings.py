@@ -202,25 +202,24 @@ def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
     tp = parallel.tp
     if tp == 1:
         return
-    if not family.tensor_parallel:
-        # Families whose projections graphviz_core.parallel.tensor.tp_plan recognises (this project's blocks,
-        # Llama-style layers; Mixtral's attention is split, its experts stay whole on every TP rank).
-        known = ", ".join(m for m in MODELS if FAMILIES[m].tensor_parallel)
-        raise ValueError(
-            f"tensor parallelism here splits nn.Linear projections named as in Megatron / Llama; model "
-            f"{config.model!r} has none it knows, so pick one of: {known}."
-        )
-    if family.tp_attention and config.attention == "mha":
+    plan = family.parallel
+    if not plan.tensor:
+        # The families that declare a column / row split (models.family.ParallelPlan.tensor; Mixtral's attention is
+        # split, its experts stay whole on every TP rank).
+        known = ", ".join(m for m in MODELS if FAMILIES[m].parallel.tensor and FAMILIES[m].offered)
+        raise ValueError(f"tensor parallelism cannot split model {config.model!r}: {plan.no_tensor}. Pick one of: "
+                         f"{known}.")
+    if plan.split_heads and config.attention == "mha":
         raise ValueError(
             "tensor parallelism splits nn.Linear projections; attention 'mha' packs them inside "
             "nn.MultiheadAttention, so pick attention sdpa or manual."
         )
-    if family.tp_attention and config.heads % tp:
+    if plan.split_heads and config.heads % tp:
         raise ValueError(
             f"{config.heads} attention heads are not divisible by TP degree {tp}; each rank needs whole heads."
         )
     kv_heads = config.kv_heads or config.heads  # grouped-query attention: K and V have their own head count
-    if family.tp_attention and kv_heads % tp:
+    if plan.split_heads and kv_heads % tp:
         raise ValueError(
             f"{kv_heads} key/value heads are not divisible by TP degree {tp}; each rank needs whole heads."
         )
@@ -231,16 +230,19 @@ def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
 
 def _check_sequence_split(config: ModelConfig, parallel: ParallelConfig) -> None:
     """The model-side rules of context and sequence parallelism (graphviz_core.parallel.context)."""
-    family = config.family
-    # Llama-style decoders without experts: the layers whose activations graphviz_core.analysis.memory_formulas
-    # counts by hand (llama_layer_bytes_split), the count every measurement here is checked against.
-    def counted(family) -> bool:
-        return getattr(family, "layer_memory_formula", "") == "llama" and "experts" not in family.optional
-
-    if not counted(family):
-        known = ", ".join(m for m in MODELS if counted(FAMILIES[m]) and FAMILIES[m].offered)
-        raise ValueError(f"context and sequence parallel split a Llama-style decoder's tokens (its layer counted by "
-                         f"hand); model {config.model!r} is not one, so pick one of: {known}.")
+    plan = config.family.parallel
+    if parallel.cp > 1 and not plan.ring_attention:
+        known = ", ".join(m for m in MODELS if FAMILIES[m].parallel.ring_attention and FAMILIES[m].offered)
+        raise ValueError(f"context parallel cannot split model {config.model!r}'s tokens: {plan.no_ring}. Pick one "
+                         f"of: {known}.")
+    if parallel.cp > 1 and plan.ring_window and config.seq > plan.ring_window:
+        raise ValueError(f"context parallel runs attention as torch's ring, which takes no mask; past {plan.ring_window} "
+                         f"tokens model {config.model!r}'s sliding-window layers need one, so pick a sequence of at most "
+                         f"{plan.ring_window} (got {config.seq}).")
+    if parallel.sequence_parallel and not plan.sequence:
+        known = ", ".join(m for m in MODELS if FAMILIES[m].parallel.sequence and FAMILIES[m].offered)
+        raise ValueError(f"sequence parallel cannot split model {config.model!r}'s tokens: {plan.no_sequence}. Pick "
+                         f"one of: {known}.")
     cp = parallel.cp
     if cp > 1 and config.attention != "sdpa":
         raise ValueError(f"context parallel replaces scaled_dot_product_attention with torch's ring attention; set "
@@ -256,13 +258,11 @@ def _check_sequence_split(config: ModelConfig, parallel: ParallelConfig) -> None
 
 def _check_pipeline(config: ModelConfig, parallel: ParallelConfig) -> None:
     """The model-side rules of pipeline parallelism (graphviz_core.parallel.pipeline splits the model)."""
-    family = config.family
-    # The stage split cuts a Hugging Face decoder (embed_tokens, layers, norm, lm_head) between layers; the families
-    # that route rotary positions through their attention modules are those decoders.
-    if not getattr(family, "rotary", False) or not family.language_model:
-        known = ", ".join(m for m in MODELS if getattr(FAMILIES[m], "rotary", False) and FAMILIES[m].offered)
-        raise ValueError(f"pipeline parallelism splits a Hugging Face decoder between its layers; model "
-                         f"{config.model!r} is not one, so pick one of: {known}.")
+    plan = config.family.parallel
+    if plan.stages is None:
+        known = ", ".join(m for m in MODELS if FAMILIES[m].parallel.stages is not None and FAMILIES[m].offered)
+        raise ValueError(f"pipeline parallelism cannot split model {config.model!r}: {plan.no_stages}. Pick one "
+                         f"of: {known}.")
     if config.tied:
         raise ValueError("pipeline stages hold the token embedding (first stage) and the head (last stage) on "
                          "different ranks; untie them (tied off) to split this model.")

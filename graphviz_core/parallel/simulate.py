@@ -26,6 +26,7 @@ from graphviz_core.analysis.training_step import OPTIMIZER_STATES, STEP_COUNTERS
 from graphviz_core.capture.gc_pause import no_cyclic_gc
 from graphviz_core.capture.instruments.optimizer import OPTIMIZER_NAMES, make_optimizer
 from graphviz_core.config import ModelConfig
+from graphviz_core.models.family import ParallelPlan
 from graphviz_core.models.registry import build_model, compute_loss, make_batch
 from graphviz_core.models.teaching import TORCH_DTYPES
 from graphviz_core.parallel.blocks import repeated_layers
@@ -58,6 +59,7 @@ class Workload:
     forward: Callable[[nn.Module, torch.Tensor], torch.Tensor] = lambda model, x: model(x)
     optimizer: str = "adamw"  # the torch.optim optimizer the step runs (graphviz_core.config.OPTIMIZERS)
     autocast: str = "none"  # bfloat16 / float16: forward and loss under torch.autocast, as the capture runs them
+    plan: ParallelPlan = ParallelPlan()  # how the model's family says it splits (models.family.ParallelPlan)
 
 
 def workload_of(config: ModelConfig) -> Workload:
@@ -77,7 +79,7 @@ def workload_of(config: ModelConfig) -> Workload:
         )
 
     return Workload(build, inputs, lambda out, targets: compute_loss(config, out, targets), TORCH_DTYPES[config.dtype],
-                    optimizer=config.optimizer, autocast=config.autocast)
+                    optimizer=config.optimizer, autocast=config.autocast, plan=config.family.parallel)
 
 
 @contextlib.contextmanager
@@ -120,7 +122,7 @@ def simulate_parallel(
     if single_device and parallel.strategy != "none":
         alone = simulate_workload(workload, ParallelConfig(), config=config)
         result = _with_single_device(result, alone)
-    if layer_report and (parallel.cp > 1 or parallel.sequence_parallel):
+    if layer_report and (parallel.cp > 1 or parallel.sequence_parallel) and hand_counted(config):
         from graphviz_core.parallel.layer_activations import layer_activations
 
         # One layer: the activations alive at the end of forward on a 2-layer copy minus a 1-layer one (embeddings,
@@ -133,6 +135,12 @@ def simulate_parallel(
         report = layer_activations(config, parallel, measured, result.collectives)
         result = dataclasses.replace(result, layer_activations=report)
     return result
+
+
+def hand_counted(config: ModelConfig) -> bool:
+    """Whether one layer's activations under context / sequence parallel can stand beside a count by hand
+    (parallel.layer_activations counts a Llama-style layer op by op); otherwise that report is left out."""
+    return config.family.layer_memory_formula == "llama"
 
 
 def _with_single_device(result: PerRank, alone: PerRank) -> PerRank:
@@ -148,13 +156,14 @@ def simulate_workload(workload: Workload, parallel: ParallelConfig, config: Mode
 
 
 def apply_parallelism(
-    model: nn.Module, parallel: ParallelConfig, meshes: dict, layers: list[nn.Module] | None = None
+    model: nn.Module, parallel: ParallelConfig, meshes: dict, plan: ParallelPlan, layers: list[nn.Module] | None = None
 ) -> list[nn.Module]:
     """Wrap `model` (its repeated `layers`, found when not given) as `parallel` says: tensor (and sequence) parallel
-    first, then FSDP / HSDP / DDP over the data-parallel mesh, as torchtitan composes them. Returns the blocks whose
-    input tensor parallelism converts."""
+    first, as the family's `plan` declares it, then FSDP / HSDP / DDP over the data-parallel mesh, as torchtitan
+    composes them. Returns the blocks whose input tensor parallelism converts."""
     layers = repeated_layers(model) if layers is None else layers
-    tp_blocks = apply_tensor_parallel(model, layers, parallel, meshes) if parallel.strategy in ("tp", "fsdp+tp") else []
+    tensor = parallel.strategy in ("tp", "fsdp+tp")
+    tp_blocks = apply_tensor_parallel(model, layers, parallel, meshes, plan) if tensor else []
     apply_data_parallel(model, layers, parallel, meshes)
     return tp_blocks
 
@@ -177,11 +186,11 @@ def measure_step(
     model = workload.build()
     parameter_count = sum(p.numel() for p in model.parameters())
     whole_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    sharded_tp_bytes = tp_split_bytes(model) if parallel.tp > 1 else 0
-    trained = _trained_figures(model, parallel)  # the parameters with gradients (LoRA's adapters; not --freeze's)
+    sharded_tp_bytes = tp_split_bytes(model, workload.plan) if parallel.tp > 1 else 0
+    trained = _trained_figures(model, parallel, workload.plan)  # the parameters with gradients (LoRA's adapters; not --freeze's)
     # parallelize_module / fully_shard run on the meta model, outside fake mode (they slice the mesh's rank
     # tables, which fake mode cannot); the parameters become fake storages afterwards with to_empty.
-    tp_blocks = apply_parallelism(model, parallel, meshes)
+    tp_blocks = apply_parallelism(model, parallel, meshes, workload.plan)
     module_names = {m: name for name, m in model.named_modules()}
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
         to_empty_keeping_ties(model)
@@ -233,11 +242,11 @@ def measure_step(
                        forward_end_activation_bytes=forward_end)
 
 
-def _trained_figures(model: nn.Module, parallel: ParallelConfig) -> tuple[int, int, int]:
+def _trained_figures(model: nn.Module, parallel: ParallelConfig, plan: ParallelPlan) -> tuple[int, int, int]:
     """(bytes, bytes tensor parallelism splits, tensors) of the parameters that get gradients: all of them in full
     fine-tuning; LoRA's adapters, or all but --freeze's, otherwise."""
     trained = [p for p in model.parameters() if p.requires_grad]
-    split = tp_split_bytes(model, trained_only=True) if parallel.tp > 1 else 0
+    split = tp_split_bytes(model, plan, trained_only=True) if parallel.tp > 1 else 0
     return sum(p.numel() * p.element_size() for p in trained), split, len(trained)
 
 

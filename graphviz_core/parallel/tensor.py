@@ -6,31 +6,25 @@ from __future__ import annotations
 
 from torch import nn
 
+from graphviz_core.models.family import ParallelPlan
 from graphviz_core.parallel import sequence
 from graphviz_core.parallel.blocks import repeated_layers
 from graphviz_core.parallel.settings import ParallelConfig
 
-# Megatron-LM's split (Shoeybi et al. 2019, section 3): the first matmul of attention (Q, K, V) and of the MLP
-# is split by output columns, the second by input rows, so each pair needs one all-reduce forward and one
-# backward. Names cover this project's blocks and Hugging Face's Llama-style layers.
-COLUMN_PARALLEL = ("qkv", "q_proj", "k_proj", "v_proj", "fc", "gate_proj", "up_proj")
 
-
-ROW_PARALLEL = ("proj", "o_proj", "down_proj")
-
-
-def tp_plan(layer: nn.Module, sequence_parallel: bool = False) -> dict:
+def tp_plan(layer: nn.Module, declared: ParallelPlan, sequence_parallel: bool = False) -> dict:
     """Megatron column/row styles for the nn.Linear projections inside one layer. A projection peft wrapped with LoRA
     is split as peft splits one under transformers' tensor parallelism (peft's add_lora_tp_hooks_dtensor): the base
     layer as the projection; under a column split lora_B by columns too and lora_A whole on every rank, under a row
     split lora_A by rows (its (b, s, r) output all-reduced) and lora_B whole. Under sequence parallel that B reads
-    this rank's tokens only: a replicated DTensor then, so that its gradient is summed over the ranks."""
+    this rank's tokens only: a replicated DTensor then, so that its gradient is summed over the ranks. Which
+    projection is split how is the family's declaration (`declared`, models.family.ParallelPlan)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     plan = {}
     for name, module in layer.named_modules():
-        leaf = name.rpartition(".")[2]
-        column, row = leaf in COLUMN_PARALLEL, leaf in ROW_PARALLEL
+        style = declared.tensor_style(name) if name else None
+        column, row = style == "colwise", style == "rowwise"
         if isinstance(module, nn.Linear) and (column or row):
             plan[name] = ColwiseParallel() if column else RowwiseParallel()
         elif (column or row) and isinstance(getattr(module, "base_layer", None), nn.Linear) and hasattr(module, "lora_A"):
@@ -114,12 +108,12 @@ def _keep_frozen(model: nn.Module, frozen: set[str]) -> None:
             p.requires_grad_(False)
 
 
-def tp_split_bytes(model: nn.Module, trained_only: bool = False) -> int:
+def tp_split_bytes(model: nn.Module, declared: ParallelPlan, trained_only: bool = False) -> int:
     """Bytes that tensor parallelism splits: the planned projections' weights and the column-split biases (a
     row-split projection's bias is added after the all-reduce, so every TP rank keeps it whole)."""
     total = 0
     for layer in repeated_layers(model):
-        for name, style in tp_plan(layer).items():
+        for name, style in tp_plan(layer, declared).items():
             for pname, p in layer.get_submodule(name).named_parameters():
                 if (trained_only and not p.requires_grad) or type(style).__name__ == "ReplicatedAdapter":
                     continue
@@ -128,7 +122,9 @@ def tp_split_bytes(model: nn.Module, trained_only: bool = False) -> int:
     return total
 
 
-def apply_tensor_parallel(model: nn.Module, layers: list[nn.Module], parallel: ParallelConfig, meshes: dict) -> list[nn.Module]:
+def apply_tensor_parallel(
+    model: nn.Module, layers: list[nn.Module], parallel: ParallelConfig, meshes: dict, declared: ParallelPlan
+) -> list[nn.Module]:
     """Split each of `layers`' projections over the tensor-parallel mesh (sequence parallel too where `parallel` says);
     returns the blocks (attention, MLP) whose input enters as one replicated DTensor."""
     from torch.distributed.tensor.parallel import parallelize_module
@@ -136,7 +132,7 @@ def apply_tensor_parallel(model: nn.Module, layers: list[nn.Module], parallel: P
     tp_blocks: list[nn.Module] = []
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     for layer in layers:
-        plan = tp_plan(layer, parallel.sequence_parallel)
+        plan = tp_plan(layer, declared, parallel.sequence_parallel)
         if not plan:
             raise ValueError("tensor parallelism found no attention or MLP projections to split in this model.")
         parents = _column_parallel_parents(layer, plan)
@@ -147,6 +143,6 @@ def apply_tensor_parallel(model: nn.Module, layers: list[nn.Module], parallel: P
             parallelize_module(block, meshes["tp"], _replicated_input(block, parallel.sequence_parallel))
             tp_blocks.append(block)
     if parallel.sequence_parallel:
-        sequence.shard_between_layers(model, layers, meshes["tp"])
+        sequence.shard_between_layers(model, layers, meshes["tp"], declared.stages)
         _keep_frozen(model, frozen)
     return tp_blocks

@@ -32,7 +32,7 @@ from graphviz_core.config import (
     applies,
     config_from_preset,
 )
-from graphviz_core.models.family import FIELD_LABELS
+from graphviz_core.models.family import FIELD_HELP, FIELD_LABELS, FIELD_ZERO
 from graphviz_core.models.model_files import trusted_factories
 from graphviz_core.ui.format import escape_markdown
 from graphviz_core.ui.links import copy_link, dismiss_notices, restore_from_link, show_notices, sync_url
@@ -369,19 +369,21 @@ def _fields(key: str, model: str) -> None:
 
 
 # What 0 means in the fields where it means "the default", and that default for a config (the models' own rule)
-ZERO_MEANS = {
-    "kv_heads": ("one per attention head, no grouped-query attention", lambda c: c.kv_heads or c.heads),
-    "intermediate": ("4 × hidden size", lambda c: c.intermediate or 4 * c.hidden),
-    "context": ("the sequence length", lambda c: c.positions),
+ZERO_MEANS = {  # what 0 stands for (models.family.FIELD_ZERO) and the value it gives a config
+    "kv_heads": (FIELD_ZERO["kv_heads"], lambda c: c.kv_heads or c.heads),
+    "intermediate": (FIELD_ZERO["intermediate"], lambda c: c.intermediate or 4 * c.hidden),
+    "context": (FIELD_ZERO["context"], lambda c: c.positions),
 }
 
 
 def _zero_help(name: str, applied: ModelConfig) -> str | None:
-    """The help of a field whose 0 means a default: what that default is, and the value the result shown used."""
+    """A size field's help: what it means (models.family.FIELD_HELP, as the CLI's --help says it), and for a field
+    whose 0 means a default, that default and the value the result shown used."""
+    meaning = FIELD_HELP.get(name)
+    lead = f"{meaning[0].upper()}{meaning[1:]}. " if meaning else ""
     if name not in ZERO_MEANS:
-        return None
+        return lead.strip() or None
     means, used = ZERO_MEANS[name]
-    lead = "Position-embedding rows: the longest sequence the model takes. " if name == "context" else ""
     shown = f" The result shown used {used(applied):,}." if applies(name, applied.model) else ""
     return f"{lead}0 means the default: {means}.{shown}"
 

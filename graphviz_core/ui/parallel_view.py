@@ -228,13 +228,21 @@ def still_shown(key: str) -> str:
     return f" The result shown is still that of the last layout run ({model}{layout_words(shown.parallel)})."
 
 
+def _taking(declares) -> str:
+    """The offered families whose parallel plan (models.family.ParallelPlan) `declares` a layout, as words."""
+    from graphviz_core.config import FAMILIES, MODELS
+
+    names = [m for m in MODELS if FAMILIES[m].offered and declares(FAMILIES[m].parallel)]
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
+
+
 def _pipeline_fields(key: str) -> None:
     """Pipeline parallelism's four fields, inside the Parallelism form."""
     left, right = st.columns(2)
     left.number_input("Pipeline stages (pp)", step=1, key=f"{key}.pp",
                       help="Pipeline-parallel ranks: the layers are split into stages, one group of ranks each; the "
-                      "world size counts them (FSDP 8 x pp 4 = 32). 1: no pipeline. Takes a Hugging Face decoder with untied "
-                      "embedding and head (model family llama, mistral, qwen2, mixtral or gemma3).")
+                      "world size counts them (FSDP 8 x pp 4 = 32). 1: no pipeline. Takes a decoder whose family declares its "
+                      f"stages, with untied embedding and head (model family {_taking(lambda p: p.stages)}).")
     right.number_input("Microbatches", step=1, key=f"{key}.microbatches",
                        help="Pipeline: the batch (per data-parallel rank) is split into this many; it must divide "
                        "the batch. 1F1B needs at least pp.")
@@ -252,13 +260,13 @@ def _sequence_fields(key: str) -> None:
     st.number_input("Context parallel (cp)", step=1, key=f"{key}.cp",
                     help="Ranks that each hold 1/cp of every sequence; attention runs as torch's ring, passing keys "
                     "and values between them. With DDP, FSDP or FSDP x TP, with or without pipeline stages; the world "
-                    "size counts them (pp x data x cp x TP). 1: off. Takes a Llama-style decoder (model family llama, "
-                    "mistral or qwen2).")
+                    "size counts them (pp x data x cp x TP). 1: off. Takes a decoder whose attention runs as the ring "
+                    f"(model family {_taking(lambda p: p.ring_attention)}).")
     st.checkbox("Sequence parallel (with TP)", key=f"{key}.sequence_parallel",
                    help="With tensor parallel: norms run on 1/TP of the tokens; the attention and MLP gather the "
                    "whole sequence before their projections and scatter it after (Megatron sequence parallel). With "
-                   "pipeline stages, each passes its 1/TP of the tokens to the next. Takes a Llama-style decoder (model "
-                   "family llama, mistral or qwen2).")
+                   "pipeline stages, each passes its 1/TP of the tokens to the next. Takes model family "
+                   f"{_taking(lambda p: p.sequence)}.")
 
 
 @st.cache_resource

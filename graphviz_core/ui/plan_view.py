@@ -55,7 +55,7 @@ def _inputs(config: ModelConfig) -> dict | None:
         pp = cols[1].multiselect("Pipeline stages to try", [1, 2, 4, 8], default=[1, 2], key=f"{KEY}.pp")
         cp = cols[2].multiselect("Context-parallel ranks to try", [1, 2, 4, 8], default=[1], key=f"{KEY}.cp",
                                  help="Ranks that split each sequence. Tensor-parallel layouts run sequence parallel "
-                                 "wherever the model takes it (a Llama-style decoder), as torchtitan does.")
+                                 "wherever the model's family declares it (docs/parallel.md, the family table), as torchtitan does.")
         # a row of its own: in the third column its label was cut at 1280 px
         cp_with_pp = st.checkbox("Context parallel with pipeline stages too", value=False, key=f"{KEY}.cp_with_pp",
                                  help="Also try each context-parallel degree above 1 together with each pipeline "
