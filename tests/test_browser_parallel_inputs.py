@@ -46,7 +46,7 @@ def test_out_of_range_numbers_and_refused_layouts_keep_the_last_result(page, str
     world.fill("8")
     page.get_by_role("spinbutton", name="Context parallel (cp)").fill("2")
     _simulate(page)
-    text = _alert(page, "context parallel cannot split model")
+    text = _alert(page, "context parallel cannot split the tokens of model")
     assert "The result shown is still that of the last layout run (gpt2, FSDP over 8 ranks)" in text, text
     page.get_by_text("Rank 0 next to one device").wait_for(timeout=10_000)
     assert page.locator('[data-testid="stMetricValue"]').first.inner_text() == per_rank

@@ -139,7 +139,7 @@ def test_layouts_context_parallel_cannot_take_are_refused(parallel, message):
         (dict(attention="eager"), "set attention sdpa"),
         (dict(seq=30), "must be a multiple of 2 x 2 = 4"),
         # the built-in GPT-2's own reason (models/builtin.py), then the families whose attention runs as the ring
-        (dict(preset="gpt2-tiny"), "adds its learned positions from its own arange.*Pick one of: llama, mistral, "
+        (dict(preset="gpt2-tiny"), "numbers its learned positions itself.*Pick one of: llama, mistral, "
                                    "qwen2, mixtral, gpt2-hf, gemma3"),
     ],
 )

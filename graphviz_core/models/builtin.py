@@ -26,8 +26,8 @@ class _BuiltIn(Family):
         tensor=(("qkv", "colwise"), ("fc", "colwise"), ("proj", "rowwise")),
         no_stages="the built-in models take token ids only, where a later pipeline stage is handed hidden states; the "
         "pipeline cuts the Hugging Face decoders",
-        no_ring="the built-in GPT-2 adds its learned positions from its own arange, where context parallel hands each "
-        "rank the positions of its chunks; the ring runs on the Hugging Face decoders",
+        no_ring="the built-in GPT-2 numbers its learned positions itself (0 to s - 1), where context parallel hands "
+        "each rank the positions of its own chunks; the ring runs on the Hugging Face decoders",
         no_sequence="sequence parallel here ends the sequence shard at a transformers decoder's final norm and head "
         "(get_decoder, get_output_embeddings), which the built-in models do not have",
     )

@@ -233,16 +233,16 @@ def _check_sequence_split(config: ModelConfig, parallel: ParallelConfig) -> None
     plan = config.family.parallel
     if parallel.cp > 1 and not plan.ring_attention:
         known = ", ".join(m for m in MODELS if FAMILIES[m].parallel.ring_attention and FAMILIES[m].offered)
-        raise ValueError(f"context parallel cannot split model {config.model!r}'s tokens: {plan.no_ring}. Pick one "
-                         f"of: {known}.")
+        raise ValueError(f"context parallel cannot split the tokens of model {config.model!r}: {plan.no_ring}. Pick "
+                         f"one of: {known}.")
     if parallel.cp > 1 and plan.ring_window and config.seq > plan.ring_window:
         raise ValueError(f"context parallel runs attention as torch's ring, which takes no mask; past {plan.ring_window} "
                          f"tokens model {config.model!r}'s sliding-window layers need one, so pick a sequence of at most "
                          f"{plan.ring_window} (got {config.seq}).")
     if parallel.sequence_parallel and not plan.sequence:
         known = ", ".join(m for m in MODELS if FAMILIES[m].parallel.sequence and FAMILIES[m].offered)
-        raise ValueError(f"sequence parallel cannot split model {config.model!r}'s tokens: {plan.no_sequence}. Pick "
-                         f"one of: {known}.")
+        raise ValueError(f"sequence parallel cannot split the tokens of model {config.model!r}: {plan.no_sequence}. "
+                         f"Pick one of: {known}.")
     cp = parallel.cp
     if cp > 1 and config.attention != "sdpa":
         raise ValueError(f"context parallel replaces scaled_dot_product_attention with torch's ring attention; set "
