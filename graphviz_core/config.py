@@ -282,9 +282,11 @@ def field_help(name: str, zero: bool = True) -> str | None:
     from graphviz_core.models.family import FIELD_HELP, FIELD_ZERO, OPTIONAL_FIELDS
 
     text = FIELD_HELP.get(name)
+    if text is None:
+        return None
     if zero and name in FIELD_ZERO:
         text += f"; 0: {FIELD_ZERO[name]}"
-    if text is None or name not in OPTIONAL_FIELDS:
+    if name not in OPTIONAL_FIELDS:
         return text
     taking = [m for m in MODELS if FAMILIES[m].takes(name) and FAMILIES[m].offered]
     return f"{text} ({', '.join(taking)})"

@@ -178,6 +178,12 @@ class ParallelConfig:
         return dataclasses.replace(self, **changes)
 
 
+def families_declaring(declares) -> list[str]:
+    """The offered families whose parallel plan (models.family.ParallelPlan) `declares` a layout, in MODELS' order:
+    what a refusal offers instead, and what the page's help names."""
+    return [m for m in MODELS if FAMILIES[m].offered and declares(FAMILIES[m].parallel)]
+
+
 def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
     """Refuse, with one sentence, a layout this model cannot take."""
     if getattr(config, "compile", False):
@@ -206,7 +212,7 @@ def check_parallel(config: ModelConfig, parallel: ParallelConfig) -> None:
     if not plan.tensor:
         # The families that declare a column / row split (models.family.ParallelPlan.tensor; Mixtral's attention is
         # split, its experts stay whole on every TP rank).
-        known = ", ".join(m for m in MODELS if FAMILIES[m].parallel.tensor and FAMILIES[m].offered)
+        known = ", ".join(families_declaring(lambda plan: plan.tensor))
         raise ValueError(f"tensor parallelism cannot split model {config.model!r}: {plan.no_tensor}. Pick one of: "
                          f"{known}.")
     if plan.split_heads and config.attention == "mha":
@@ -232,7 +238,7 @@ def _check_sequence_split(config: ModelConfig, parallel: ParallelConfig) -> None
     """The model-side rules of context and sequence parallelism (graphviz_core.parallel.context)."""
     plan = config.family.parallel
     if parallel.cp > 1 and not plan.ring_attention:
-        known = ", ".join(m for m in MODELS if FAMILIES[m].parallel.ring_attention and FAMILIES[m].offered)
+        known = ", ".join(families_declaring(lambda plan: plan.ring_attention))
         raise ValueError(f"context parallel cannot split the tokens of model {config.model!r}: {plan.no_ring}. Pick "
                          f"one of: {known}.")
     if parallel.cp > 1 and plan.ring_window and config.seq > plan.ring_window:
@@ -240,7 +246,7 @@ def _check_sequence_split(config: ModelConfig, parallel: ParallelConfig) -> None
                          f"tokens model {config.model!r}'s sliding-window layers need one, so pick a sequence of at most "
                          f"{plan.ring_window} (got {config.seq}).")
     if parallel.sequence_parallel and not plan.sequence:
-        known = ", ".join(m for m in MODELS if FAMILIES[m].parallel.sequence and FAMILIES[m].offered)
+        known = ", ".join(families_declaring(lambda plan: plan.sequence))
         raise ValueError(f"sequence parallel cannot split the tokens of model {config.model!r}: {plan.no_sequence}. "
                          f"Pick one of: {known}.")
     cp = parallel.cp
@@ -260,7 +266,7 @@ def _check_pipeline(config: ModelConfig, parallel: ParallelConfig) -> None:
     """The model-side rules of pipeline parallelism (graphviz_core.parallel.pipeline splits the model)."""
     plan = config.family.parallel
     if plan.stages is None:
-        known = ", ".join(m for m in MODELS if FAMILIES[m].parallel.stages is not None and FAMILIES[m].offered)
+        known = ", ".join(families_declaring(lambda plan: plan.stages is not None))
         raise ValueError(f"pipeline parallelism cannot split model {config.model!r}: {plan.no_stages}. Pick one "
                          f"of: {known}.")
     if config.tied:

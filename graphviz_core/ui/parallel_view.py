@@ -22,6 +22,7 @@ from graphviz_core.parallel.settings import (
     SCHEDULES,
     STRATEGIES,
     ParallelConfig,
+    families_declaring,
 )
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, format_seconds, literal_cells
@@ -229,10 +230,8 @@ def still_shown(key: str) -> str:
 
 
 def _taking(declares) -> str:
-    """The offered families whose parallel plan (models.family.ParallelPlan) `declares` a layout, as words."""
-    from graphviz_core.config import FAMILIES, MODELS
-
-    names = [m for m in MODELS if FAMILIES[m].offered and declares(FAMILIES[m].parallel)]
+    """The offered families whose parallel plan `declares` a layout, as words (settings.families_declaring)."""
+    names = families_declaring(declares)
     return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
 
 
