@@ -103,3 +103,38 @@ def test_the_optimizer_state_note_names_what_it_counts():
 
     assert optimizer_state_note("adamw", 28) == "two fp32 moments (8 B) per parameter + a 4 B step count for each of 28 tensors"
     assert optimizer_state_note("sgd-momentum", 28) == "one fp32 buffer (4 B) per parameter"
+
+
+def test_resnet_tiny_peaks_in_its_update_and_every_view_reads_that_peak(tmp_path):
+    """Issue 33 item 9: one figure for one config. resnet-tiny's activations are small, so its step peaks inside
+    AdamW's update, which the capture now measures (a second, steady-state update under a storage count) as the
+    parallel simulation's tracker does. Before: the capture's step peak was its forward + backward peak plus the
+    state (2,938,992 B) where the simulation read 3,157,800 B."""
+    from graphviz_core.cli import main
+
+    capture = captured("resnet-tiny")
+    measured = capture.optimizer
+    params = 4 * 177_362  # resnet-tiny's float32 parameters: 709,448 B, in 62 tensors
+    assert (capture.summary.parameter_count, capture.summary.parameters) == (177_362, 62)
+    batch = 2 * 3 * 32 * 32 * 4 + 2 * 8  # two 3x32x32 float32 images and two int64 labels: 24,592 B
+    # held when the update starts: the weights, their gradients (as large), the batch and the 4 B loss
+    assert measured.held_bytes == 2 * params + batch + 4 == 1_443_492
+    # AdamW (single-tensor on CPU) computes denom = exp_avg_sq.sqrt() / bias_correction2_sqrt: at the largest
+    # parameter (a 64x64x3x3 convolution, 36,864 scalars) the square root and the quotient are alive together, with
+    # the denominator of the parameter before it (a 64-channel BatchNorm's, 64 x 4 B) not yet let go
+    assert measured.update_bytes == 2 * 36_864 * 4 + 64 * 4 == 295_168
+    state = 2 * params + 4 * 62  # two moments and a step count per tensor
+    step = training_step_of(capture)
+    assert step.optimizer_state_bytes == state
+    assert step.step_peak_bytes == measured.held_bytes + state + measured.update_bytes == 3_157_804
+    assert step.step_peak_bytes > step.forward_backward_peak_bytes + state  # the update is the peak
+    assert step.update_peak_bytes == step.step_peak_bytes
+    from graphviz_core.analysis.step_terms import step_parts
+
+    note = dict((name, why) for name, _, why in step_parts(capture, step))["step peak"]
+    assert note.startswith("measured in the optimizer's update"), note
+    out = tmp_path / "g.json"
+    assert main(["graph", "--preset", "resnet-tiny", "--strategy", "ddp", "--world-size", "2", "-o", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["per_rank"]["single_device"]["peak_bytes"] == result["memory"]["training_step"]["step_peak_bytes"]
+    assert result["memory"]["training_step"]["step_peak_bytes"] == 3_157_804

@@ -85,7 +85,9 @@ def test_resnet_tiny_says_why_saved_and_held_is_above_the_activation_peak():
     assert not at.exception
     shown = {m.label: m.value for m in at.metric}
     assert shown["Saved + held"] == format_bytes(saved_and_held) == "141.5 KiB"
-    assert shown["Activation peak"] == format_bytes(capture.timeline.activation_peak_bytes) == "137.4 KiB"
+    # 140,584 B: the batch, saved activations and temporaries at the peak; BatchNorm's in-place num_batches_tracked
+    # counters (20 x 8 B, buffers) are no temporaries (issue 33 item 9; they made it 140,744 B, "137.4 KiB")
+    assert shown["Activation peak"] == format_bytes(capture.timeline.activation_peak_bytes) == "137.3 KiB"
     why = [c.value for c in at.caption if c.value.startswith("Saved + held is above the activation peak")]
     assert len(why) == 1 and f"autograd also saves {format_bytes(4800)} of tensors" in why[0], why
 

@@ -111,3 +111,33 @@ def test_cli_json_has_the_timeline_under_memory_timeline_and_a_peak(tmp_path):
     assert memory["peak_bytes"] == timeline["peak_bytes"] == peak["total_bytes"] == sum(peak["bytes"])
     assert memory["peak_bytes"] == captured("gpt2-tiny").memory.peak_bytes  # meta = cpu (same storages)
     assert memory["training_step"]["optimizer"] == "adamw"
+
+
+def test_a_buffer_updated_in_place_is_no_temporary():
+    """Issue 33 item 9: a peak leaves module buffers out. BatchNorm's num_batches_tracked.add_(1) returns the buffer's
+    own storage; counted as a new temporary it put 8 B per BatchNorm (resnet-tiny: 20 x 8 = 160 B) into every peak.
+    A layer that counts its calls in an int64 buffer, as BatchNorm does, has the timeline of the same layer counting
+    nothing, minus the counting op's own step."""
+    from graphviz_core.capture.own_module import capture_module
+
+    class Counting(torch.nn.Module):
+        def __init__(self, count: bool) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 16)
+            self.count = count
+            self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+        def forward(self, x):
+            if self.count:
+                self.calls.add_(1)
+            return self.linear(x)
+
+    def timeline(count: bool):
+        torch.manual_seed(0)
+        capture = capture_module(Counting(count), (torch.randn(4, 8),), lambda out: out.square().mean())
+        assert capture.memory.buffer_bytes == 8  # one int64
+        return [(s.label, s.total_bytes) for s in capture.timeline.steps]
+
+    counting = timeline(True)
+    assert ("add_.Tensor", counting[1][1]) in counting  # the count ran, and held no new bytes
+    assert [s for s in counting if s[0] != "add_.Tensor"] == timeline(False)

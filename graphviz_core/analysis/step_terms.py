@@ -57,6 +57,16 @@ def step_parts(capture: Capture, step: TrainingStep) -> list[tuple[str, int, str
     else:
         parts.append(("activations at their peak", step.activation_peak_bytes, "measured (timeline)"))
     parts.append(("sum of the parts", step.sum_of_parts_bytes, "as if all were live at once"))
-    parts.append(("step peak", step.step_peak_bytes,
-                  "measured forward + backward peak + master weights + optimizer state"))
+    parts.append(("step peak", step.step_peak_bytes, step_peak_note(step)))
     return parts
+
+
+def step_peak_note(step: TrainingStep) -> str:
+    """Which of the step's two moments is its peak, in words."""
+    backward = step.forward_backward_peak_bytes + step.master_weight_bytes + step.optimizer_state_bytes
+    if step.update_peak_bytes is not None and step.update_peak_bytes > backward:
+        above = format_bytes(step.update_peak_bytes - backward)
+        return ("measured in the optimizer's update: the weights, gradients, batch and loss held then, master weights, "
+                f"the state, and what one update allocates beside them ({above} above the forward + backward peak + "
+                "master weights + state)")
+    return "measured forward + backward peak + master weights + optimizer state"

@@ -66,13 +66,16 @@ class TrainingStep:
     optimizer_state_bytes: int  # moments (fp32, per parameter) + step counts (per tensor): optimizer_state_bytes()
     activation_peak_bytes: int  # measured: the most bytes live besides parameters and gradients
     forward_backward_peak_bytes: int  # measured: the timeline's peak (parameters and gradients included)
-    step_peak_bytes: int  # forward_backward_peak_bytes + master weights + optimizer state
+    step_peak_bytes: int  # the larger of forward_backward_peak_bytes + master + state and update_peak_bytes
     sum_of_parts_bytes: int  # every part at once: parameters + gradients + master + state + activation peak
     frozen_parameter_count: int = 0  # weights with no gradient, no master copy and no optimizer state
     autocast: str = "none"  # the dtype the forward ran in under torch.autocast (config.autocast)
     weight_copy_bytes: int = 0  # autocast's 16-bit weight copies saved for backward: part of activation_peak_bytes
     optimizer_state_source: str = FORMULA  # MEASURED / MEASURED_META (a capture) or FORMULA (optimizer_state_bytes)
     optimizer_state_by_key: dict[str, int] = field(default_factory=dict)  # measured: state key -> bytes
+    # measured: the optimizer's update as its own moment: what the step holds then (weights, gradients, batch, loss) +
+    # master weights + state + what one steady-state update allocates beside them; None where it was not measured
+    update_peak_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -159,13 +162,19 @@ def training_step_of(capture: Capture, optimizer: str | None = None) -> Training
 def with_measured_state(step: TrainingStep, measured: OptimizerState, meta: bool) -> TrainingStep:
     """`step` with torch.optim's own state bytes in place of the formula's."""
     state = measured.state_bytes
+    update_peak = None
+    if measured.held_bytes is not None and measured.update_bytes is not None:
+        # the update's own moment, counted as torch's MemTracker counts the parallel simulation's optimizer phase
+        update_peak = measured.held_bytes + step.master_weight_bytes + state + measured.update_bytes
+    peak = max(step.forward_backward_peak_bytes + step.master_weight_bytes + state, update_peak or 0)
     return dataclasses.replace(
         step,
         optimizer_state_bytes=state,
-        step_peak_bytes=step.forward_backward_peak_bytes + step.master_weight_bytes + state,
+        step_peak_bytes=peak,
         sum_of_parts_bytes=step.sum_of_parts_bytes - step.optimizer_state_bytes + state,
         optimizer_state_source=MEASURED_META if meta else MEASURED,
         optimizer_state_by_key=dict(measured.bytes_by_key),
+        update_peak_bytes=update_peak,
     )
 
 

@@ -117,6 +117,8 @@ class OptimizerState:
     parameter_count: int  # their scalars
     stepped: bool  # the whole update ran (False: meta, or a step the GradScaler skipped)
     notes: tuple[str, ...] = ()
+    held_bytes: int | None = None  # what the capture tracked alive when the step began: weights, gradients, batch
+    update_bytes: int | None = None  # the most a steady-state update allocates beyond its state (None: not measured)
 
 
 @dataclass(frozen=True)

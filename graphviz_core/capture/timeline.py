@@ -114,6 +114,9 @@ class StorageObserver(Instrument):
         self.steps: list[list] = [["start", "", "", None]]  # phase, label, module, allocator bytes
         self.forward_end = 0
         self.result: MemoryTimeline | None = None
+        # Module buffers are no part of a peak (reported on their own as buffer_bytes): an op that updates one in
+        # place (BatchNorm's num_batches_tracked.add_(1)) returns its storage, which is then not a new temporary.
+        self.buffers = {b.untyped_storage()._cdata for b in run.model.buffers()}
         self.track_existing(run.model.parameters(), parameters=True)
         self.track_existing(run.held, parameters=False)
 
@@ -122,7 +125,7 @@ class StorageObserver(Instrument):
     def _track(self, t: torch.Tensor, kind: int) -> None:
         storage = t.untyped_storage()
         key = storage._cdata
-        if key in self.live:
+        if key in self.live or key in self.buffers:
             return
         record = _Record(storage.nbytes(), kind)
         record.key = key
@@ -143,6 +146,10 @@ class StorageObserver(Instrument):
     def track_existing(self, tensors: Iterable[torch.Tensor], parameters: bool) -> None:
         for t in tensors:
             self._track(t, _PARAM if parameters else _TEMP)
+
+    def live_bytes(self) -> int:
+        """The bytes of every tracked storage alive now."""
+        return sum(record.nbytes for record in self.live.values())
 
     def on_op(self, func, args, kwargs, out) -> None:
         """Record what aten op `func` just returned."""

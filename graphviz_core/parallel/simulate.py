@@ -227,11 +227,11 @@ def measure_step(
             nodes = nodes_by_category(loss)
             recorder.phase = peaks.phase = "backward"
             loss.backward()
-            del loss
             recorder.phase = peaks.phase = "optimizer"
             allocations.mark("optimizer")  # where torch.optim would create its state on a first step
-            updated = optimizer_step(optimizer)
+            updated = optimizer_step(optimizer)  # the loss still held, as a training loop's `loss` variable holds it
             peaks.observe()
+            del loss
             snapshot = next(iter(tracker.get_tracker_snapshot("current").values()))
             allocations.deliver(model, on_allocations)
     expected = _expectation(parallel, whole_bytes, sharded_tp_bytes, *trained, optimizer=workload.optimizer)

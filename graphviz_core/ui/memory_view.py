@@ -59,8 +59,9 @@ def show_memory(capture: Capture) -> None:
     cols[3].metric(
         f"Step peak ({OPTIMIZER_NAMES[optimizer]})",
         format_bytes(step.step_peak_bytes),
-        help="forward + backward peak plus the optimizer's state (torch.optim's own, after one step) and fp32 master "
-        "weights (16-bit dtypes)",
+        help="the larger of two moments: the forward + backward peak plus the optimizer's state (torch.optim's own, "
+        "after one step) and fp32 master weights (16-bit dtypes); and the optimizer's update, when the weights, "
+        "gradients, state and the update's own temporaries are live together",
     )
     _saved_above_activation_peak(capture)
     where = peak.label if peak.phase != "start" else "before the forward"

@@ -9,7 +9,11 @@ clipping calls `.item()`), what it built is read and the note says so.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from graphviz_core.capture.instrument import Instrument, Run
 from graphviz_core.capture.result import OptimizerState
@@ -81,9 +85,66 @@ class OptimizerStep(Instrument):
             raise ValueError(f"{OPTIMIZER_NAMES[name]} built no state for some parameters on {run.device}; "
                              "run the capture on cpu to read its state.")
         state_bytes, by_key, tensors = state_of(optimizer)
+        timeline = run.instrument("timeline")
+        held = timeline.live_bytes() if timeline is not None else None
+        update = update_bytes(optimizer, params)
         self.result = OptimizerState(name, state_bytes, by_key, tensors, len(params),
-                                     sum(p.numel() for p in params), stepped, tuple(notes))
+                                     sum(p.numel() for p in params), stepped, tuple(notes), held, update)
         optimizer.state.clear()
+
+
+class _NewStorages(TorchDispatchMode):
+    """The most bytes of storages that ops create while it is on and that are still alive, counted from when it starts
+    (storages that existed before, such as the weights an in-place update writes, are not new). A storage is known by
+    its address while it lives; a freed one's address may come back for the next."""
+
+    def __init__(self, existing: set[int]) -> None:
+        super().__init__()
+        self.existing = existing  # addresses of the weights, gradients and state: alive through the step
+        self.live: dict[int, tuple[int, int]] = {}  # id(weak reference) -> (address, bytes)
+        self.addresses: set[int] = set()
+        self.refs: list[weakref.ref] = []
+        self.bytes = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                key = storage._cdata
+                if key in self.existing or key in self.addresses:
+                    continue
+                ref = weakref.ref(storage, self._freed)
+                self.refs.append(ref)
+                self.addresses.add(key)
+                self.live[id(ref)] = (key, storage.nbytes())
+                self.bytes += storage.nbytes()
+        self.peak = max(self.peak, self.bytes)
+        return out
+
+    def _freed(self, ref: weakref.ref) -> None:
+        key, nbytes = self.live.pop(id(ref), (None, 0))
+        self.addresses.discard(key)
+        self.bytes -= nbytes
+
+
+def update_bytes(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter]) -> int | None:
+    """The most bytes one steady-state update allocates beyond the state it keeps (AdamW's denominator and step
+    size per parameter, on CPU one parameter at a time), measured on a second step over the same gradients; None
+    where the update could not run (a value read on meta, or a step the GradScaler skipped leaves its own)."""
+    if not optimizer.state:
+        return None
+    existing = {p.untyped_storage()._cdata for p in params}
+    existing |= {p.grad.untyped_storage()._cdata for p in params}
+    for state in optimizer.state.values():
+        existing |= {v.untyped_storage()._cdata for v in state.values() if isinstance(v, torch.Tensor)}
+    mode = _NewStorages(existing)
+    try:
+        with mode:
+            optimizer.step()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return mode.peak
 
 
 def _master_copies(params: list[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
