@@ -2,8 +2,9 @@
 (models.family.ParallelPlan: the architectural reason). The table in docs/parallel.md ("Which family takes which
 layout") is generated here; GRAPHVIZ_CORE_REWRITE_DOCS=1 rewrites it, otherwise a stale table fails the test.
 
-Each family runs at its tiny preset on meta, untied where it takes the choice (a pipeline's first and last stages
-hold the embedding and the head on different ranks), Mixtral in bfloat16 (its grouped GEMMs refuse float32 on meta)."""
+Each family runs at its tiny preset on meta, tied or untied as the preset is (a tied head is copied to the last
+pipeline stage, its gradient summed with the first stage's embedding), Mixtral in bfloat16 (its grouped GEMMs refuse
+float32 on meta)."""
 
 import os
 import re
@@ -38,8 +39,6 @@ DECLARED = {
 def config_of(model: str):
     family = FAMILIES[model]
     overrides = {"device": "meta"}
-    if family.takes("tied"):
-        overrides["tied"] = False
     if model == "mixtral":
         overrides["dtype"] = "bfloat16"
     return config_from_preset(family.presets[0].name, **overrides)
@@ -73,7 +72,7 @@ def test_each_cell_runs_or_is_refused_with_its_familys_reason(model):
             assert reason and reason in shown, (model, layout, shown)  # the family's own reason, word for word
 
 
-def test_gemma3_gpt2_and_mixtral_run_under_context_parallel_and_gemma3_under_pipelines():
+def test_gemma3_gpt2_and_mixtral_run_under_context_parallel_and_gemma3_and_gpt2_under_pipelines():
     # The families that gained a layout in this change, each in its own module (gemma3.py, gpt2_hf.py,
     # llama_style.py's Mixtral): the ring runs their attention (one key/value all-gather per layer forward).
     for model in ("gemma3", "gpt2-hf", "mixtral"):
@@ -82,6 +81,13 @@ def test_gemma3_gpt2_and_mixtral_run_under_context_parallel_and_gemma3_under_pip
         assert len(ring) == config_of(model).layers, model
     piped = simulate_layout(config_of("gemma3"), LAYOUTS["PP"], single_device=False)
     assert [s.layers for s in piped.pipeline.per_stage] == [(0, 3), (3, 6)]  # gemma3-tiny's 6 layers, 3 + 3
+    # Both tie their head to the token embedding (gemma3-tiny's preset, GPT-2 always): one all-reduce of the
+    # V x h weight's gradient between the first and the last stage, V = 512, h = 64, float32 (Mixtral: bfloat16)
+    assert config_of("gemma3").tied
+    for model in ("gemma3", "gpt2-hf"):
+        piped = simulate_layout(config_of(model), LAYOUTS["PP"], single_device=False)
+        summed = [c for c in piped.collectives if c.group == "embedding"]
+        assert [(c.kind, c.buffer_bytes, c.ranks) for c in summed] == [("all_reduce", 512 * 64 * 4, (0, 1))], model
 
 
 def test_a_sliding_window_past_the_ring_is_refused():

@@ -11,6 +11,7 @@ Importing this module imports no torch: the config layer validates against famil
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -183,6 +184,11 @@ class StageSplit:
     layers: str  # the nn.ModuleList of repeated blocks, a slice of it per stage
     norm: str  # the final norm: kept by the last stage only
     head: str  # the output head: kept by the last stage only
+    first_only: tuple[str, ...] = ()  # more parts that only the first stage runs (GPT-2's position embedding)
+    # A later stage's forward, (model, hidden states, positions or None) -> output, where the model's own forward
+    # would redo the first stage's work on the hidden states it is handed (GPT-2 adds its position embedding to
+    # `inputs_embeds`). None: the model's forward with `inputs_embeds`.
+    later_forward: Callable | None = None
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,33 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from graphviz_core.models.family import ParallelPlan, Preset
+from graphviz_core.models.family import ParallelPlan, Preset, StageSplit
 from graphviz_core.models.llama_style import tiny
 from graphviz_core.models.transformers_family import TransformersFamily
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from graphviz_core.config import ModelConfig
+
+
+def after_the_embeddings(model: nn.Module, hidden: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+    """A GPT-2 pipeline stage after the first: its blocks, then (last stage) the final LayerNorm and the head, on the
+    hidden states the stage before sent. `GPT2Model.forward` would add the position embedding to them again
+    (`inputs_embeds + wpe(position_ids)`): Megatron-LM's GPT keeps word and position embeddings in one embedding
+    module on the first stage, and so does this split. The causal mask is the one GPT2Model makes."""
+    import torch
+    from transformers.masking_utils import create_causal_mask
+
+    body = model.transformer
+    if positions is None:
+        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+    mask = create_causal_mask(config=body.config, inputs_embeds=hidden, attention_mask=None, cache=None,
+                              position_ids=positions)
+    for block in body.h:
+        hidden = block(hidden, None, mask, None, use_cache=False, position_ids=positions)
+    return model.lm_head(body.ln_f(hidden))
 
 
 class GPT2HF(TransformersFamily):
@@ -27,8 +48,10 @@ class GPT2HF(TransformersFamily):
     parallel = ParallelPlan(
         no_tensor="GPT-2 writes its projections as Conv1D (the weight transposed), which torch's column / row "
         "parallel styles (nn.Linear and nn.Embedding only) do not split",
-        no_stages="GPT-2 ties its head to the token embedding, which the first and the last stage would hold on "
-        "different ranks",
+        # The head is tied to the token embedding: the last stage keeps its own copy, and the two gradients are
+        # summed between the first and the last stage once per step (graphviz_core.parallel.pipeline).
+        stages=StageSplit("transformer.wte", "transformer.h", "transformer.ln_f", "lm_head",
+                          first_only=("transformer.wpe",), later_forward=after_the_embeddings),
         ring_attention=True,
         no_sequence="sequence parallel runs inside tensor parallel, which GPT-2's Conv1D projections keep out (see TP)",
     )

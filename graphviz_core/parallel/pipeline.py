@@ -31,7 +31,7 @@ from graphviz_core.capture.autocast import AUTOCAST_DTYPES
 from graphviz_core.capture.gc_pause import no_cyclic_gc
 from graphviz_core.capture.instruments.optimizer import make_optimizer
 from graphviz_core.config import ModelConfig
-from graphviz_core.models.family import ParallelPlan, StageSplit
+from graphviz_core.models.family import ParallelPlan
 from graphviz_core.models.registry import build_model, compute_loss
 from graphviz_core.models.teaching import TORCH_DTYPES
 from graphviz_core.parallel.blocks import attribute, replace_attribute
@@ -323,9 +323,13 @@ class DecoderStage(nn.Module):
         # The family's plan with its parts named from this stage (its model sits at `model`): what the strategy
         # wraps and splits (parallel.simulate.apply_parallelism) finds them there.
         split = plan.stages
-        self.plan = dataclasses.replace(plan, stages=StageSplit(
-            f"model.{split.embedding}", f"model.{split.layers}", f"model.{split.norm}", f"model.{split.head}"))
+        self.plan = dataclasses.replace(plan, stages=dataclasses.replace(
+            split, embedding=f"model.{split.embedding}", layers=f"model.{split.layers}", norm=f"model.{split.norm}",
+            head=f"model.{split.head}", first_only=tuple(f"model.{path}" for path in split.first_only)))
         self.first = first
+        # The module whose weight this stage shares with another stage (a head tied to the token embedding: the first
+        # stage holds it as its embedding, the last as its head), or None; its gradient is summed across them.
+        self.tied: str | None = None
         self.autocast = autocast  # bfloat16 / float16: the forward under torch.autocast (config.autocast)
         # Context or sequence parallel: the positions of the tokens this rank holds, (batch, tokens), rows alike. Under
         # context parallel they are this rank's two chunks (torch's load balancing); under sequence parallel a stage's
@@ -338,10 +342,13 @@ class DecoderStage(nn.Module):
         return attribute(self, self.plan.stages.layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        given = {"input_ids": x} if self.first else {"inputs_embeds": x}
-        if self.positions is not None:
-            given["position_ids"] = self.positions
+        later = self.plan.stages.later_forward
         with autocast_region(self.autocast):
+            if not self.first and later is not None:
+                return later(self.model, x, self.positions)
+            given = {"input_ids": x} if self.first else {"inputs_embeds": x}
+            if self.positions is not None:
+                given["position_ids"] = self.positions
             return self.model(**given, use_cache=False).logits  # last stage: (mb, s, V); the others: (mb, s, h)
 
 
@@ -353,13 +360,21 @@ def build_stage(config: ModelConfig, bounds: tuple[int, int], first: bool, last:
         raise ValueError(f"pipeline parallelism cannot split model {config.model!r}: {config.family.parallel.no_stages}.")
     with torch.device("meta"):
         model = build_model(config)
+    # A head tied to the token embedding (GPT-2, or tied on): the first stage keeps the weight as its embedding, the
+    # last as its head, each a copy of its own (Megatron-LM's layout); their gradients are summed once per step.
+    tied = attribute(model, split.head).weight is attribute(model, split.embedding).weight
     replace_attribute(model, split.layers, nn.ModuleList(list(attribute(model, split.layers))[bounds[0]:bounds[1]]))
     if not first:
         replace_attribute(model, split.embedding, None)  # the hidden states arrive as inputs_embeds
+        for path in split.first_only:
+            replace_attribute(model, path, None)
     if not last:
         replace_attribute(model, split.norm, nn.Identity())
         replace_attribute(model, split.head, nn.Identity())  # `logits` are then the hidden states this stage passes on
-    return DecoderStage(model, config.family.parallel, first, config.autocast)
+    stage = DecoderStage(model, config.family.parallel, first, config.autocast)
+    if tied and first != last:
+        stage.tied = stage.plan.stages.embedding if first else stage.plan.stages.head
+    return stage
 
 
 @dataclass
@@ -434,6 +449,10 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
     for module in modules:
         apply_parallelism(module, parallel, meshes, module.plan, layers=list(module.layers))
     holder = nn.ModuleList(modules)
+    names = group_names(meshes)
+    tied = _tied_group(modules, meshes)
+    if tied is not None:
+        names[tied.group_name] = "embedding"
     with FakeTensorMode(allow_non_fake_inputs=True):
         for module in modules:
             to_empty_keeping_ties(module)
@@ -448,7 +467,7 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
         schedule = _schedule(parallel, stages, functools.partial(_loss, config))
         tokens = torch.zeros(config.batch, config.seq, dtype=torch.long)  # (b, s): inputs and targets alike
         tracker = memory_tracker(modules[0], optimizer, parallel, holder=holder)
-        recorder = CollectiveRecorder(group_names(meshes))
+        recorder = CollectiveRecorder(names)
         for module_tracker in (tracker._mod_tracker, recorder.modules):
             this_thread_only(module_tracker)
         peaks = _PipelinePeaks(tracker, [layer for module in modules for layer in module.layers])
@@ -462,6 +481,7 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
             args = (tokens,) if 0 in stage_ids else ()
             # As torchtitan steps it: the last stage keeps no microbatch outputs (logits) for the caller.
             schedule.step(*args, target=tokens if last_stage in stage_ids else None, return_outputs=False)
+            _sum_tied_gradients(modules, tied)
             recorder.phase = peaks.phase = "optimizer"
             log.stop()
             updated = optimizer_step(optimizer)
@@ -479,6 +499,28 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
             for s, module in zip(stage_ids, modules, strict=True)
         ]
     return _RankRun(reports, per_rank, compute_actions(schedule), executed)
+
+
+def _tied_group(modules: list[DecoderStage], meshes: dict):
+    """The process group of the first and the last stage's ranks that hold this rank's place on the other dimensions
+    (Megatron-LM's embedding group), when one of this rank's stages holds a tied weight; else None."""
+    if not any(module.tied for module in modules):
+        return None
+    table = meshes["root"].mesh  # (pp, the other dimensions...): global ranks
+    place = tuple((table == dist.get_rank()).nonzero()[0].tolist()[1:])
+    return dist.new_group([int(table[0][place]), int(table[-1][place])])
+
+
+def _sum_tied_gradients(modules: list[DecoderStage], group) -> None:
+    """After the last backward: the gradient of a weight two stages share, summed across them (one all-reduce of
+    this rank's part of it, as Megatron-LM's finalize_model_grads does for the word embeddings), so the first and
+    the last stage take the same update."""
+    for module in modules:
+        if module.tied is None:
+            continue
+        grad = attribute(module, module.tied).weight.grad
+        if grad is not None:
+            dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=group)
 
 
 def _sequence_split(parallel: ParallelConfig, meshes: dict, tokens: torch.Tensor):
@@ -671,8 +713,17 @@ def _rank_figures(config, parallel, sizes, holder, peaks, recorder, snapshot, st
     trained = _tensor_bytes(p for p in holder.parameters() if p.requires_grad)  # LoRA's adapters; not --freeze's
     expected = Expectation(stage_params, trained, parts_of(snapshot)["optimizer"],
                            "this rank's stages' parameters as torch sharded them (no closed form under pipelining)")
-    return per_rank_of(config, parallel, rank=dist.get_rank() if dist.is_initialized() else 0, mesh=sizes,
-                       parameter_count=sum(p.numel() for p in holder.parameters()), peaks=peaks,
-                       collectives=tuple(recorder.collectives), snapshot=snapshot, expected=expected,
-                       resharded=resharded, nodes=nodes, optimizer=config.optimizer, autocast=config.autocast,
-                       updated=updated, started=started)
+    figures = per_rank_of(config, parallel, rank=dist.get_rank() if dist.is_initialized() else 0, mesh=sizes,
+                          parameter_count=sum(p.numel() for p in holder.parameters()), peaks=peaks,
+                          collectives=tuple(recorder.collectives), snapshot=snapshot, expected=expected,
+                          resharded=resharded, nodes=nodes, optimizer=config.optimizer, autocast=config.autocast,
+                          updated=updated, started=started)
+    if any(module.tied for module in holder):
+        figures = dataclasses.replace(figures, notes=(*figures.notes, TIED_NOTE))
+    return figures
+
+
+# Said in a rank's notes when one of its stages holds a weight tied to another stage's.
+TIED_NOTE = ("The model ties its head to the token embedding: the first stage holds the weight as its embedding and the "
+             "last stage a copy as its head (Megatron-LM's layout), and after the backward one all-reduce between "
+             "those two ranks (group `embedding`) sums their gradients, so both take the same update.")

@@ -269,9 +269,6 @@ def _check_pipeline(config: ModelConfig, parallel: ParallelConfig) -> None:
         known = ", ".join(families_declaring(lambda plan: plan.stages is not None))
         raise ValueError(f"pipeline parallelism cannot split model {config.model!r}: {plan.no_stages}. Pick one "
                          f"of: {known}.")
-    if config.tied:
-        raise ValueError("pipeline stages hold the token embedding (first stage) and the head (last stage) on "
-                         "different ranks; untie them (tied off) to split this model.")
     if config.layers < parallel.stages:
         raise ValueError(f"{parallel.stages} pipeline stages need at least {parallel.stages} layers, one each; the "
                          f"model has {config.layers}.")
