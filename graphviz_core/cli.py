@@ -20,28 +20,22 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from graphviz_core.config import (
-    ATTENTIONS,
-    AUTOCASTS,
-    CHECKPOINTS,
-    DEVICES,
-    DTYPES,
-    FINETUNES,
-    MODELS,
-    OPTIMIZERS,
     PRESETS,
+    choices_of,
     field_help,
     preset_named,
     resolve_config,
 )
+from graphviz_core.fields import CHOICE, FIELDS, NAMES, SIZE, SWITCH, named
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program stopped by Ctrl-C
-INT_FLAGS = ("hidden", "heads", "layers", "vocab", "batch", "seq", "context", "seed", "kv_heads", "intermediate",
-             "experts", "experts_per_token", "image_size", "lora_rank", "lora_alpha")
-TEXT_FLAGS = ("lora_targets", "freeze")
-CHOICE_FLAGS = {"model": MODELS, "attention": ATTENTIONS, "checkpoint": CHECKPOINTS, "device": DEVICES, "dtype": DTYPES,
-                "autocast": AUTOCASTS, "finetune": FINETUNES, "optimizer": OPTIMIZERS}
-CONFIG_FLAGS = (*CHOICE_FLAGS, *INT_FLAGS, *TEXT_FLAGS, "tied", "compile")  # every config field a flag sets
+# Every config field is a flag of the kind its declaration says (graphviz_core.fields).
+INT_FLAGS = named(SIZE)
+TEXT_FLAGS = named(NAMES)
+CHOICE_FLAGS = {name: choices_of(name) for name in named(CHOICE)}
+SWITCH_FLAGS = named(SWITCH)
+CONFIG_FLAGS = (*CHOICE_FLAGS, *INT_FLAGS, *TEXT_FLAGS, *SWITCH_FLAGS)  # every config field a flag sets
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -139,7 +133,7 @@ def _add_plan_command(commands) -> None:
     plan.add_argument("--infiniband-gbps", type=_decimal, default=INFINIBAND_BYTES_PER_S / 1e9,
                       help="GB/s per GPU each way between nodes (default 50: one 400 Gb/s NDR NIC per GPU)")
     plan.add_argument("--checkpoints", default="none,selective,full",
-                      help=f"checkpointing policies to try, comma-separated, of {', '.join(CHECKPOINTS)} "
+                      help=f"checkpointing policies to try, comma-separated, of {', '.join(CHOICE_FLAGS['checkpoint'])} "
                            "(default none,selective,full)")
     plan.add_argument("--microbatch-sizes", default="1,2", help="sequences per microbatch to try (default 1,2)")
     plan.add_argument("--pp-degrees", default="1,2", help="pipeline-parallel degrees to try (default 1,2)")
@@ -267,14 +261,13 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     for name, choices in CHOICE_FLAGS.items():
         parser.add_argument(f"--{name}", choices=choices, help=field_help(name))
     for name in TEXT_FLAGS:
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="NAMES", help=field_help(name))
+        parser.add_argument(FIELDS[name].flag, dest=name, metavar="NAMES", help=field_help(name))
     for name in INT_FLAGS:
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=_whole,
+        parser.add_argument(FIELDS[name].flag, dest=name, type=_whole,
                             help=field_help(name, zero=name not in ZERO_IS_DEFAULT))
-    parser.add_argument("--tied", action=argparse.BooleanOptionalAction, default=None,
-                        help=field_help("tied"))
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="capture the step under torch.compile (its compiled backward opened in the graph)")
+    for name in SWITCH_FLAGS:
+        parser.add_argument(FIELDS[name].flag, action=argparse.BooleanOptionalAction, default=None,
+                            help=field_help(name))
 
 
 def _add_parallel_flags(parser: argparse.ArgumentParser) -> None:
@@ -338,20 +331,19 @@ def _parallel_of(args: argparse.Namespace):
 
 # Whole-number flags whose field reads 0 as "not set" (the family's default): a 0 typed there is refused rather than
 # echoed as 0 while the default is built (--intermediate 0 built 4 x hidden). --context 0 = seq is documented.
-ZERO_IS_DEFAULT = {"kv_heads": "as many as --heads", "intermediate": "4 x hidden", "experts": "the family's",
-                   "experts_per_token": "the family's", "image_size": "the family's"}
+ZERO_IS_DEFAULT = {name: f.zero_typed for name, f in FIELDS.items() if f.zero_typed}
 
 
 def _config_of(args: argparse.Namespace):
     for name, default in ZERO_IS_DEFAULT.items():
         if getattr(args, name) == 0:
-            raise ValueError(f"--{name.replace('_', '-')} 0 would be read as not set ({default}); give a value >= 1 "
+            raise ValueError(f"{FIELDS[name].flag} 0 would be read as not set ({default}); give a value >= 1 "
                              "or leave the flag out.")
     for name in TEXT_FLAGS:
         value = getattr(args, name)
         if value is not None and not value.strip():
             example = "q_proj,v_proj" if name == "lora_targets" else "'*embed*'"
-            raise ValueError(f"--{name.replace('_', '-')} '' names nothing; give the names (e.g. {example}) or leave "
+            raise ValueError(f"{FIELDS[name].flag} '' names nothing; give the names (e.g. {example}) or leave "
                              "the flag out for the default.")
     return resolve_config(args.preset, **{name: getattr(args, name) for name in CONFIG_FLAGS})
 

@@ -6,6 +6,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from graphviz_core.fields import CHOICE, FIELDS
 from graphviz_core.models.family import CHECKPOINTS, FIELD_WORDS, OPTIONAL_FIELDS, SELECTIVE, Preset
 from graphviz_core.models.registry import FAMILIES, OFFERED, PRESETS, RENAMED_PRESETS, family_named
 
@@ -13,41 +14,34 @@ __all__ = ["PRESETS", "Preset", "FAMILIES", "ModelConfig", "applies", "config_fr
 
 MODELS = OFFERED  # what --model and the form's family box offer
 CUSTOM = "custom"  # a user's own nn.Module (graphviz_core.models.custom); never offered by the form or --model
-ATTENTIONS = ("sdpa", "mha", "manual", "eager")
+ATTENTIONS = FIELDS["attention"].choices
 SEED_MAX = 2**31 - 1  # torch.manual_seed takes up to 2**64 - 1; the form and CLI share one bound
 # CHECKPOINTS (graphviz_core.models.family): none, full, selective-attention, selective-ops,
 # selective-ops-torchtitan; `selective` is accepted and resolved to the family's own meaning of it
 # (Family.selective_alias), so old links keep working.
-DEVICES = ("auto", "cpu", "cuda", "meta")
-DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = FIELDS["device"].choices
+DTYPES = FIELDS["dtype"].choices
 # The training step as people run it (docs/training-step.md): ops under torch.autocast with the weights left in
 # `dtype` (fp32 master weights), LoRA adapters from peft or full fine-tuning, the torch.optim optimizer whose state
 # is counted, and the step under torch.compile.
-AUTOCASTS = ("none", "bfloat16", "float16")
-FINETUNES = ("full", "lora")
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")
+AUTOCASTS = FIELDS["autocast"].choices
+FINETUNES = FIELDS["finetune"].choices
+OPTIMIZERS = FIELDS["optimizer"].choices
 LORA_RANK, LORA_ALPHA = 8, 16  # peft's usual r=8 and alpha = 2r
 LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_targets")
 _NAME_LIST = re.compile(r"[A-Za-z0-9_.*?\[\]-]+(,[A-Za-z0-9_.*?\[\]-]+)*")
 
 # Structural ceilings. They keep a typo (hidden=76800) from hanging the machine; memory budgets per
 # device are checked separately before a capture runs (graphviz_core.capture.device.check_budget).
-LIMITS = {
-    "hidden": 65_536,
-    "heads": 1_024,
-    "layers": 256,
-    "vocab": 1_048_576,
-    "batch": 65_536,
-    "seq": 1_048_576,
-    "context": 1_048_576,
-    "kv_heads": 1_024,
-    "intermediate": 262_144,
-    "experts": 256,
-    "experts_per_token": 256,
-    "image_size": 4_096,
-    "lora_rank": 4_096,
-    "lora_alpha": 65_536,
-}
+LIMITS = {name: f.limit for name, f in FIELDS.items() if f.limit}
+
+
+def choices_of(name: str) -> tuple[str, ...]:
+    """The options of a choice field (graphviz_core.fields): the families offered and the checkpointing policies are
+    declared by the models, the others in the field's declaration."""
+    if FIELDS[name].kind != CHOICE:
+        raise ValueError(f"{name} is not a choice field.")
+    return {"model": MODELS, "checkpoint": CHECKPOINTS}.get(name, FIELDS[name].choices)
 
 
 def applies(name: str, model: str) -> bool:
@@ -276,16 +270,15 @@ def _refuse_fields_that_do_not_apply(model: str, given: dict) -> None:
 
 
 def field_help(name: str, zero: bool = True) -> str | None:
-    """A config field's help (models.family.FIELD_HELP), with what a 0 stands for where it stands for a default (and
-    `zero`: the caller takes a 0); for a field only some families take, which ones, read from their declarations
-    (Family.takes), so the list cannot drift from what the config accepts."""
-    from graphviz_core.models.family import FIELD_HELP, FIELD_ZERO, OPTIONAL_FIELDS
-
-    text = FIELD_HELP.get(name)
-    if text is None:
+    """A config field's help (its declaration, graphviz_core.fields), with what a 0 stands for where it stands for a
+    default (and `zero`: the caller takes a 0); for a field only some families take, which ones, read from their
+    declarations (Family.takes), so the list cannot drift from what the config accepts."""
+    field = FIELDS[name]
+    if not field.help:
         return None
-    if zero and name in FIELD_ZERO:
-        text += f"; 0: {FIELD_ZERO[name]}"
+    text = field.help
+    if zero and field.zero:
+        text += f"; 0: {field.zero}"
     if name not in OPTIONAL_FIELDS:
         return text
     taking = [m for m in MODELS if FAMILIES[m].takes(name) and FAMILIES[m].offered]

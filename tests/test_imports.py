@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "graphviz_core"
 # Bottom to top (docs/architecture.md): a module imports only from its own layer or a lower one.
 LAYERS = (
-    ("units",),
+    ("units", "fields"),
     ("models",),
     ("config",),
     ("graph",),

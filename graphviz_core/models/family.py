@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from graphviz_core.fields import FIELDS
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -76,78 +78,13 @@ CHECKPOINT_POLICIES = {
     ),
 }
 
-# How each field is named on the form and in sentences; a family may rename one (ResNet's layers are its depth).
-FIELD_LABELS = {
-    "hidden": "Hidden size",
-    "heads": "Attention heads",
-    "layers": "Layers",
-    "vocab": "Vocabulary",
-    "batch": "Batch",
-    "seq": "Sequence length",
-    "kv_heads": "Key-value heads",
-    "intermediate": "MLP width",
-    "experts": "Experts",
-    "experts_per_token": "Experts per token",
-    "image_size": "Image size (pixels)",
-    "context": "Context",
-    "seed": "Random seed",
-    "model": "Model family",
-    "tied": "Tied input/output embeddings",
-    "attention": "Attention",
-    "checkpoint": "Checkpointing",
-    "device": "Device",
-    "dtype": "Dtype",
-    "autocast": "Mixed precision (autocast)",
-    "optimizer": "Optimizer",
-    "finetune": "Fine-tuning",
-    "lora_rank": "LoRA rank r",
-    "lora_alpha": "LoRA alpha",
-    "lora_targets": "LoRA targets",
-    "freeze": "Freeze parameters (glob)",
-}
-# What each field means, said once: the CLI's --help and the form's tooltips read it (config.field_help adds, for an
-# optional field, the families that take it, from their own declarations).
-FIELD_HELP = {
-    "autocast": "run the ops under torch.autocast in this dtype; the weights stay in --dtype (fp32 master weights)",
-    "finetune": "full: every parameter trains; lora: peft adapters on --lora-targets, the base weights frozen",
-    "optimizer": "the torch.optim optimizer whose state the training step counts (default adamw)",
-    "lora_rank": "LoRA rank r (default 8)",
-    "lora_alpha": "LoRA alpha; the adapter's output is scaled by alpha/r (default 16)",
-    "lora_targets": "module names LoRA adapts, comma-separated (default: the family's attention query and value "
-                    "projections)",
-    "freeze": "freeze parameters whose names match this glob, e.g. '*embed*' (fnmatch)",
-    "layers": "transformer layers; for resnet its depth (18, 34, 50, 101, 152)",
-    "vocab": "vocabulary size; for vit and resnet the number of classes",
-    "hidden": "hidden size; for resnet the stem width (64 in ResNet-50)",
-    "context": "position-embedding rows: the longest sequence the model takes",
-    "kv_heads": "key-value heads for grouped-query attention",
-    "intermediate": "MLP width",
-    "experts": "experts per layer",
-    "experts_per_token": "experts each token is routed to",
-    "image_size": "square image side in pixels",
-    "tied": "the output head shares the token embedding",
-    "seed": "random seed for weights and inputs, 0 .. 2**31-1",
-}
-# Sizes whose 0 stands for a default: what it stands for.
-FIELD_ZERO = {
-    "kv_heads": "one per attention head, no grouped-query attention",
-    "intermediate": "4 × hidden size",
-    "context": "the sequence length",
-}
-# The same fields in a sentence ("model 'mlp' has no attention heads").
-FIELD_WORDS = {
-    "kv_heads": "key-value heads",
-    "intermediate": "intermediate (MLP) size",
-    "experts": "experts",
-    "experts_per_token": "experts per token",
-    "image_size": "image size",
-    "context": "context (position-embedding rows)",
-    "seq": "sequence length (it takes images: set image_size)",
-    "heads": "attention heads",
-    "tied": "choice of tied embeddings",
-    "vocab": "vocabulary",
-    "attention": "attention",
-}
+# How each field is named on the form and in sentences (a family may rename one: ResNet's layers are its depth), what
+# it means (the CLI's --help and the form's tooltips; config.field_help adds the families that take an optional one),
+# what a 0 stands for, and how a sentence names it: each read from its one declaration (graphviz_core.fields).
+FIELD_LABELS = {name: f.label for name, f in FIELDS.items()}
+FIELD_HELP = {name: f.help for name, f in FIELDS.items() if f.help}
+FIELD_ZERO = {name: f.zero for name, f in FIELDS.items() if f.zero}
+FIELD_WORDS = {name: f.words for name, f in FIELDS.items() if f.words}
 
 
 @dataclass(frozen=True)
@@ -281,7 +218,7 @@ class Family:
         return True
 
     def label(self, field_name: str) -> str:
-        return self.labels.get(field_name, FIELD_LABELS[field_name])
+        return self.labels.get(field_name, FIELDS[field_name].label)
 
     def validate(self, config: ModelConfig) -> None:
         """Shape rules of this family, each refused with a sentence that says the fix."""

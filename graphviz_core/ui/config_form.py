@@ -32,15 +32,15 @@ from graphviz_core.config import (
     applies,
     config_from_preset,
 )
+from graphviz_core.fields import FIELDS, SIZE, SIZES, in_form
 from graphviz_core.models.family import FIELD_HELP, FIELD_LABELS, FIELD_ZERO
 from graphviz_core.models.model_files import trusted_factories
 from graphviz_core.ui.format import escape_markdown
 from graphviz_core.ui.links import copy_link, dismiss_notices, restore_from_link, show_notices, sync_url
 from graphviz_core.ui.state import keep_widget_state
 
-SIZE_FIELDS = ("hidden", "heads", "layers", "vocab", "batch", "seq")
-INT_FIELDS = (*SIZE_FIELDS, "kv_heads", "intermediate", "experts", "experts_per_token", "image_size", "context", "seed")
-CHOICE_FIELDS = ("model", "attention", "checkpoint", "device", "dtype", "autocast", "optimizer")
+# Every field from its declaration (graphviz_core.fields): the size inputs, in the order declared there.
+SIZE_FIELDS = in_form(SIZES)
 FINETUNE_FIELDS = ("finetune", *LORA_FIELDS, "freeze")  # the Fine-tuning box (outside the form) and its fields
 FINETUNE_LABELS = {"full": "full (every weight trains)", "lora": "LoRA (base weights frozen)"}
 AUTOCAST_LABELS = {"none": "none", "bfloat16": "bfloat16",
@@ -61,19 +61,18 @@ def _label(name: str, model: str) -> str:
 # context) are left as they are: sentences use those words as words.
 _FIELD_NAMES = ("hidden", "seq", "vocab", "kv_heads", "intermediate", "experts_per_token", "image_size", "lora_rank",
                 "lora_alpha", "lora_targets", "finetune")
-_NOT_FIELDS = {"compile": "torch.compile"}  # flags with no FIELD_LABELS entry
 
 
 def in_form_words(sentence: str, model: str) -> str:
     """`sentence` with CLI flags and config field names replaced by the form's labels, in quotes."""
     def label(name: str) -> str:
-        return f"“{_NOT_FIELDS.get(name) or (FAMILIES[model] if model in FAMILIES else FAMILIES['gpt2']).label(name)}”"
+        return f"“{(FAMILIES[model] if model in FAMILIES else FAMILIES['gpt2']).label(name)}”"
 
     sentence = re.sub(r" \(--[a-z-]+\)", "", sentence)  # "lora_targets (--lora-targets)": the label once
     sentence = sentence.replace("no --compile", "“torch.compile” unticked")
     sentence = re.sub(r"--([a-z-]+) none", r"--\1 set to none", sentence)
     sentence = re.sub(r"--([a-z_-]+)", lambda m: label(m[1].replace("-", "_")) if m[1].replace("-", "_") in
-                      (*FIELD_LABELS, *_NOT_FIELDS) else m[0], sentence)
+                      FIELD_LABELS else m[0], sentence)
     names = "|".join(_FIELD_NAMES)
     return re.sub(rf"(?<![\w'“-])({names})(?![\w'”-]| size)", lambda m: label(m[1]), sentence)
 
@@ -146,13 +145,13 @@ def form_fields(key: str) -> dict:
     """The config fields as the form holds them now; fields the family does not have take their neutral value."""
     model = st.session_state[f"{key}.model"]
     fields = {}
-    for name in (*INT_FIELDS, *CHOICE_FIELDS, "tied", "compile", *FINETUNE_FIELDS):
+    for name in FIELDS:
         value = st.session_state.get(f"{key}.{name}", getattr(ModelConfig, name))
         if name in ("kv_heads", "intermediate", "experts", "experts_per_token", "image_size", "context", "tied"):
             value = value if applies(name, model) else getattr(ModelConfig, name)
         if name == "attention" and not applies("attention", model):
             value = "sdpa"
-        if name in INT_FIELDS and isinstance(value, float) and value.is_integer():
+        if FIELDS[name].kind == SIZE and isinstance(value, float) and value.is_integer():
             value = int(value)
         fields[name] = value
     if fields["checkpoint"] not in FAMILIES[model].checkpoint_policies():  # an MLP has no attention to recompute
@@ -295,7 +294,7 @@ def _fields(key: str, model: str) -> None:
     """Every field the family has, inside the form."""
     shown = [
         n
-        for n in (*SIZE_FIELDS, "kv_heads", "intermediate", "experts", "experts_per_token", "image_size", "context")
+        for n in SIZE_FIELDS
         if applies(n, model)
     ]
     left, right = st.columns(2)
@@ -306,19 +305,19 @@ def _fields(key: str, model: str) -> None:
                                                      help=_zero_help(name, st.session_state[f"{key}.applied"]))
     _zero_caption(key, model, shown)
     if applies("tied", model):
-        st.checkbox("Tied input/output embeddings", key=f"{key}.tied")
+        st.checkbox(_label("tied", model), key=f"{key}.tied", help=FIELD_HELP["tied"])
     if applies("attention", model):
         options = _attentions(model)
         if st.session_state.get(f"{key}.attention") not in options:
             st.session_state[f"{key}.attention"] = "sdpa"
         st.selectbox(
-            "Attention",
+            _label("attention", model),
             options,
             key=f"{key}.attention",
             help="; ".join(f"{name}: {ATTENTION_HELP[name]}" for name in options),
         )
     st.selectbox(
-        "Checkpointing",
+        _label("checkpoint", model),
         CHECKPOINTS,
         key=f"{key}.checkpoint",
         help="full: each layer keeps only its input and re-runs its forward in backward; selective-attention: "
@@ -332,13 +331,13 @@ def _fields(key: str, model: str) -> None:
     if st.session_state.get(f"{key}.device") not in devices:
         st.session_state[f"{key}.device"] = "auto"
     left.selectbox(
-        "Device",
+        _label("device", model),
         devices,
         key=f"{key}.device",
         help="auto: CUDA if available, else CPU; meta: shapes only"
         + ("" if "cuda" in devices else "; cuda is not offered: this machine has none"),
     )
-    right.selectbox("Dtype", DTYPES, key=f"{key}.dtype")
+    right.selectbox(_label("dtype", model), DTYPES, key=f"{key}.dtype")
     st.selectbox(
         _label("autocast", model),
         AUTOCASTS,
@@ -358,7 +357,7 @@ def _fields(key: str, model: str) -> None:
     )
     _finetune_fields(key, model)
     st.checkbox(
-        "torch.compile",
+        _label("compile", model),
         key=f"{key}.compile",
         help="Capture the step under torch.compile: each compiled region's backward is one node, opened below the "
         "summary (its FX graph, what its forward saved, what it recomputes). Compiling takes seconds; inductor's "
