@@ -171,8 +171,8 @@ def test_a_zero_size_says_the_default_it_stands_for_and_help_names_only_offered_
     assert at.selectbox(key="config.attention").options == ["sdpa", "mha", "manual"]  # gpt2's: no eager
     assert "eager" not in at.selectbox(key="config.attention").help
     assert "selective:" not in at.selectbox(key="config.checkpoint").help  # an alias the list does not offer
-    assert "0 means the default: the sequence length. The result shown used 32." in at.number_input(
-        key="config.context").help  # gpt2-tiny: context 0, seq 32
+    assert "0 means the default: the sequence length. The result shown used 32 tokens." in at.number_input(
+        key="config.context").help  # gpt2-tiny: context 0, seq 32 (its unit, from the declaration)
     at.selectbox(key="config.preset").set_value("llama-tiny").run()
     at.number_input(key="config.intermediate").set_value(0)
     at.number_input(key="config.kv_heads").set_value(0)

@@ -383,7 +383,8 @@ def _zero_help(name: str, applied: ModelConfig) -> str | None:
     if name not in ZERO_MEANS:
         return lead.strip() or None
     means, used = ZERO_MEANS[name]
-    shown = f" The result shown used {used(applied):,}." if applies(name, applied.model) else ""
+    unit = f" {FIELDS[name].unit}" if FIELDS[name].unit else ""
+    shown = f" The result shown used {used(applied):,}{unit}." if applies(name, applied.model) else ""
     return f"{lead}0 means the default: {means}.{shown}"
 
 
