@@ -9,7 +9,12 @@ Two rules keep this test from paying twice for the same thing: a command that ru
 (`python -m pytest tests/...`) only collects them (`--collect-only`: what it names must exist and be selected; the
 suite runs those tests itself), and a command already run, exactly as written, by an earlier block whose output
 files no command has rewritten since is not run again (its outputs are still there for the lines that read them).
-The blocks run in one pytest-xdist worker (group "docs"), in page order: they share files under /tmp."""
+The blocks run in one pytest-xdist worker (group "docs"), in page order: they share files under /tmp.
+
+They run in a stand-in of the repository root (every entry a link to the real one) whose .venv/bin/graphviz-core hands
+the command to one warm process that has imported the package, torch and transformers' model modules once
+(tests/docs_zygote.py): the command runs as written, in its own forked process, without the 2-4 s of imports each
+fresh process would pay first."""
 
 import os
 import re
@@ -132,14 +137,57 @@ def test_a_command_run_again_with_its_files_untouched_is_left_out():
         ".venv/bin/python -m pytest --collect-only -q tests/test_families.py -k x")
 
 
+def _environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("GRAPHVIZ_CORE_", "VIRTUAL_ENV", "PYTHON"))}
+
+
+def _linked(source: Path, target: Path, replaced: dict[str, object]) -> None:
+    """`target` as a directory of links to `source`'s entries, except those in `replaced` (a name -> the text of an
+    executable to write there, or a dict: a directory made the same way one level down)."""
+    target.mkdir()
+    for entry in source.iterdir():
+        if entry.name not in replaced:
+            (target / entry.name).symlink_to(entry)
+    for name, what in replaced.items():
+        if isinstance(what, dict):
+            _linked(source / name, target / name, what)
+        else:
+            (target / name).write_text(what)
+            (target / name).chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """The directory the commands run in: the repository, with .venv/bin/graphviz-core handing each command to a warm
+    process (tests/docs_zygote.py). GRAPHVIZ_DOCS_ZYGOTE=0 runs them in the repository itself, each in a fresh
+    process."""
+    if os.environ.get("GRAPHVIZ_DOCS_ZYGOTE") == "0":
+        yield ROOT, {}
+        return
+    from tests.docs_zygote import shim
+
+    place = tmp_path_factory.mktemp("docs-root")
+    sock = str(place / "zygote.sock")
+    env = _environment()
+    warm = subprocess.Popen([str(ROOT / ".venv" / "bin" / "python"), str(ROOT / "tests" / "docs_zygote.py"), sock],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert warm.stdout.readline().strip() == "ready", "the warm graphviz-core did not start"
+        _linked(ROOT, place / "repo", {".venv": {"bin": {"graphviz-core": shim(sock)}}})
+        yield place / "repo", {"GRAPHVIZ_DOCS_ZYGOTE": sock}
+    finally:
+        warm.terminate()
+        warm.wait(timeout=30)
+
+
 @pytest.mark.parametrize("block", list(blocks()))
-def test_each_documented_command_runs_as_written(block):
+def test_each_documented_command_runs_as_written(block, root):
     script, skipped = runnable(block)
     script, again = RUNS.not_run_again(collected_only(script))
     if not script.strip():
         pytest.skip("every line here is marked or ran before: " + "; ".join(skipped + again))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRAPHVIZ_CORE_", "VIRTUAL_ENV", "PYTHON"))}
-    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    where, extra = root
+    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=where, env={**_environment(), **extra},
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"exit {done.returncode}\n--- script\n{script}\n--- stderr\n{done.stderr[-3000:]}"
     RUNS.ran(script)

@@ -1,0 +1,123 @@
+"""A warm `graphviz-core` for the docs' commands (tests/test_docs_commands.py): one process imports the package, torch
+and transformers' model modules once, then forks a child per command that runs the CLI as `.venv/bin/graphviz-core`
+would, on the caller's own stdin, stdout and stderr (passed over a Unix socket), in its directory and environment,
+and returns its exit status. The commands run as written; what each saves is the 2-4 s every fresh process spends
+importing before its first line of work (about 100 documented commands).
+
+Run as `python tests/docs_zygote.py SOCKET`; prints "ready" once it listens. `shim(SOCKET)` is the text of the
+executable that stands in for .venv/bin/graphviz-core."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+
+HEADER = struct.Struct("!I")  # the request's length, then the request (JSON: argv, cwd, env)
+
+
+def preload() -> None:
+    import graphviz_core.cli  # noqa: F401
+    from graphviz_core.capture import engine  # noqa: F401
+    from graphviz_core.config import FAMILIES, config_from_preset
+    from graphviz_core.export import formats  # noqa: F401
+    from graphviz_core.models.registry import build_model
+    from graphviz_core.parallel import pipeline, planner  # noqa: F401
+
+    for family in FAMILIES.values():  # each family's modules (transformers' modeling files among them)
+        if family.presets:
+            build_model(config_from_preset(family.presets[0].name, device="meta"))
+
+
+def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    while len(data) < HEADER.size or len(data) < HEADER.size + HEADER.unpack_from(data)[0]:
+        more = conn.recv(1 << 16)
+        if not more:
+            raise EOFError("the request ended early")
+        data += more
+    (size,) = HEADER.unpack_from(data)
+    return json.loads(data[HEADER.size:HEADER.size + size]), fds
+
+
+def _child(request: dict, fds: list[int]) -> int:
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = request["argv"]
+    from graphviz_core.cli import main
+
+    try:
+        code = main(sys.argv[1:])
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return int(code or 0)
+
+
+def serve(path: str) -> None:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(16)
+    waiting: dict[int, socket.socket] = {}  # child pid -> the caller's connection
+    selector = selectors.DefaultSelector()
+    selector.register(server, selectors.EVENT_READ)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while True:
+        for _ in selector.select(timeout=0.05):
+            conn, _ = server.accept()
+            request, fds = _read_request(conn)
+            pid = os.fork()
+            if pid == 0:
+                code = 70  # EX_SOFTWARE, if the CLI itself raised
+                try:
+                    server.close()
+                    conn.close()
+                    code = _child(request, fds)
+                finally:
+                    os._exit(code)
+            for fd in fds:
+                os.close(fd)
+            waiting[pid] = conn
+        while waiting:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            code = os.waitstatus_to_exitcode(status)
+            conn = waiting.pop(pid)
+            conn.sendall(str(code if code >= 0 else 128 - code).encode())
+            conn.close()
+
+
+def shim(path: str) -> str:
+    """The stand-in for .venv/bin/graphviz-core: hand argv, the directory, the environment and fds 0-2 to the warm
+    process, then exit with the command's status."""
+    return f"""#!{sys._base_executable} -S
+import json, os, socket, struct, sys
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+conn.connect({path!r})
+body = json.dumps({{"argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
+socket.send_fds(conn, [struct.pack("!I", len(body)) + body], [0, 1, 2])
+status = b""
+while True:
+    got = conn.recv(16)
+    if not got:
+        break
+    status += got
+sys.exit(int(status or 70))
+"""
+
+
+if __name__ == "__main__":
+    preload()
+    serve(sys.argv[1])
