@@ -4,6 +4,7 @@ an attention row masked with -inf named at its softmax by the forward check; a d
 no_grad module named with their reasons; 50% dead units in one layer; B_simple against the same micro-batch gradients
 taken by hand; clean float32 and bfloat16 steps give no finding; float16 overflows are the scaler's."""
 
+import functools
 import inspect
 import json
 import math
@@ -249,19 +250,35 @@ def _cli(*args):
                           timeout=300)
 
 
-def test_cli_prints_findings_and_refuses_bad_input(tmp_path):
+def _cli_here(capsys, *args):
+    """`graphviz-core debug ARGS` in this process (cli.main), as (returncode, stdout, stderr)."""
+    from types import SimpleNamespace
+
+    from graphviz_core.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(["debug", *args])
+    except SystemExit as stop:  # --help
+        code = stop.code
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+
+def test_cli_prints_findings_and_refuses_bad_input(tmp_path, capsys):
     model = _gpt2()
     _run(model, STEPS, tmp_path / "run", each=_inject(model, _inf_fault))
-    done = _cli(str(tmp_path / "run"), "--format", "json")
+    done = _cli(str(tmp_path / "run"), "--format", "json")  # a real process: the contract's exit status and stdout
     assert done.returncode == 0, done.stderr
     assert [f["node"] for f in json.loads(done.stdout)["findings"]] == ["SqrtBackward0"]
     listing = subprocess.run([sys.executable, "-m", "graphviz_core", "--help"], capture_output=True, text=True)
     assert "gradient-flow findings of a recording" in listing.stdout
-    assert "Gradient-flow findings: where a NaN" in _cli("--help").stdout  # the subcommand's own help
-    clean = _cli("--preset", "gpt2-tiny", "--layers", "1", "--format", "json")
+    here = functools.partial(_cli_here, capsys)  # the rest in this process: the same main, without 3 s of imports
+    assert "Gradient-flow findings: where a NaN" in here("--help").stdout  # the subcommand's own help
+    clean = here("--preset", "gpt2-tiny", "--layers", "1", "--format", "json")
     assert clean.returncode == 0 and json.loads(clean.stdout)["findings"] == []
     assert json.loads(clean.stdout)["forward_checked"] == []
-    checked = _cli("--preset", "gpt2-tiny", "--layers", "1", "--check-forward")
+    checked = here("--preset", "gpt2-tiny", "--layers", "1", "--check-forward")
     assert json.loads(checked.stdout)["forward_checked"] == [0]  # the flag records source lines
     for args, said in (([str(tmp_path / "none")], "does not exist"),
                        ([], "give a recording's folder"),
@@ -269,7 +286,7 @@ def test_cli_prints_findings_and_refuses_bad_input(tmp_path):
                        ([str(tmp_path / "run"), "--preset", "gpt2-tiny"], "not both"),
                        (["--preset", "gpt2-tiny", "--device", "meta"], "shapes only"),
                        (["--preset", "gpt2-tiny", "--optimizer", "sgd"], "no optimizer step")):
-        refused = _cli(*args)
+        refused = here(*args)
         assert refused.returncode == 2 and said in refused.stderr and len(refused.stderr.splitlines()) == 1, args
 
 
@@ -374,7 +391,9 @@ def _tampered(tmp_path, name, change):
     return folder
 
 
-def test_a_damaged_or_hostile_debug_log_is_one_sentence(tmp_path):
+def test_a_damaged_or_hostile_debug_log_is_one_sentence(tmp_path, capsys):
+    """Read by `graphviz-core debug` in this process (the exit status and stderr of a real one: the test above)."""
+    here = functools.partial(_cli_here, capsys)
     torch.manual_seed(12)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
     sgd_steps(tmp_path / "base", model, lambda: torch.randn(16, 4))
@@ -385,14 +404,14 @@ def test_a_damaged_or_hostile_debug_log_is_one_sentence(tmp_path):
         return lambda log: log.write_text("\n".join([*lines[:2], json.dumps({"step": 1, **fields})]) + "\n")
 
     cut = _tampered(tmp_path, "cut", lambda log: log.write_text("\n".join(lines)[:-7]))  # a killed run's last line
-    assert _cli(str(cut)).returncode == 0
+    assert here(str(cut)).returncode == 0
     for name, change, said in (
             ("middle", lambda log: log.write_text("\n".join([lines[0], "{not json", lines[2]]) + "\n"), "not JSON"),
             ("list", lambda log: log.write_text("\n".join([lines[0], "[1, 2]", lines[2]]) + "\n"), "not an object"),
             ("parameter", step_line(no_gradient=[{"parameter": {"a": 1}}]), "wrong type"),
             ("units", step_line(dead_units={"0": [5, 2]}), "wrong type"),
             ("producer", step_line(forward={"nan": {"op": 3}}), "wrong type")):
-        done = _cli(str(_tampered(tmp_path, name, change)))
+        done = here(str(_tampered(tmp_path, name, change)))
         assert done.returncode == 2 and said in done.stderr and len(done.stderr.splitlines()) == 1, (name, done.stderr)
     link = tmp_path / "link"
     import shutil
@@ -400,7 +419,7 @@ def test_a_damaged_or_hostile_debug_log_is_one_sentence(tmp_path):
     shutil.copytree(tmp_path / "base", link)
     (link / "rank-0" / "debug.jsonl").unlink()
     (link / "rank-0" / "debug.jsonl").symlink_to(tmp_path / "base" / "rank-0" / "debug.jsonl")
-    done = _cli(str(link))
+    done = here(str(link))
     assert done.returncode == 2 and "not a plain file" in done.stderr
 
 
