@@ -6,8 +6,6 @@ sentence per difference."""
 from __future__ import annotations
 
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 
 import altair as alt
@@ -18,6 +16,7 @@ from graphviz_core.analysis.compare import Comparison, Headline, LayerPair, comp
 from graphviz_core.capture.result import Capture
 from graphviz_core.config import DEFAULT_PRESET, LORA_ALPHA, LORA_RANK, ModelConfig, applies, config_from_preset
 from graphviz_core.export.render import render_html, run_description
+from graphviz_core.serve.recent import Recent
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.config_form import config_form, in_form_words, set_config
 from graphviz_core.ui.format import (
@@ -151,22 +150,21 @@ def pick_configs() -> tuple[ModelConfig, ModelConfig]:
     return configs[0], configs[1]
 
 
+COMPARISONS_KEPT = 8
+
+
 @st.cache_resource
-def _comparisons() -> dict:
+def _comparisons() -> Recent:
     # Shared by every session: the same pair of captures is compared once (captures are cached by config).
-    return {"lock": threading.Lock(), "items": OrderedDict()}
+    return Recent(COMPARISONS_KEPT)
 
 
 def get_comparison(a: Capture, b: Capture) -> Comparison:
     store, key = _comparisons(), (a.config, b.config, id(a), id(b))
-    with store["lock"]:
-        if key in store["items"]:
-            return store["items"][key]
-    comparison = compare_captures(a, b)
-    with store["lock"]:
-        store["items"][key] = comparison
-        while len(store["items"]) > 8:
-            store["items"].popitem(last=False)
+    comparison = store.get(key)
+    if comparison is None:
+        comparison = compare_captures(a, b)
+        store.put(key, comparison)
     return comparison
 
 

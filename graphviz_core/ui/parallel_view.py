@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import threading
-from collections import OrderedDict
 
 import altair as alt
 import pandas as pd
@@ -24,6 +22,7 @@ from graphviz_core.parallel.settings import (
     ParallelConfig,
     families_declaring,
 )
+from graphviz_core.serve.recent import Recent
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, format_seconds, literal_cells
 from graphviz_core.ui.links import (
@@ -269,16 +268,14 @@ def _sequence_fields(key: str) -> None:
 
 
 @st.cache_resource
-def _store() -> dict:
+def _store() -> Recent:
     # Shared by every session: the same (model, layout) is simulated once.
-    return {"lock": threading.Lock(), "results": OrderedDict()}
+    return Recent(MAX_CACHED)
 
 
 def is_simulated(config: ModelConfig, parallel: ParallelConfig) -> bool:
     """Whether `config` laid out as `parallel` is simulated already (get_per_rank then returns at once)."""
-    store = _store()
-    with store["lock"]:
-        return (config, parallel) in store["results"]
+    return (config, parallel) in _store()
 
 
 def get_per_rank(config: ModelConfig, parallel: ParallelConfig, key: str = "parallel") -> PerRank | None:
@@ -286,10 +283,7 @@ def get_per_rank(config: ModelConfig, parallel: ParallelConfig, key: str = "para
     the page showed last in this browser tab (None before any)."""
     store = _store()
     wanted = (config, parallel)
-    with store["lock"]:
-        result = store["results"].get(wanted)
-        if result is not None:
-            store["results"].move_to_end(wanted)
+    result = store.get(wanted)
     if result is None:
         try:
             with st.spinner("Simulating the ranks with torch.distributed over a fake process group…"):
@@ -300,10 +294,7 @@ def get_per_rank(config: ModelConfig, parallel: ParallelConfig, key: str = "para
             if shown is not None:  # the link names what is on screen, not the layout refused
                 _sync_url(shown.parallel)
             return shown
-        with store["lock"]:
-            store["results"][wanted] = result
-            while len(store["results"]) > MAX_CACHED:
-                store["results"].popitem(last=False)
+        store.put(wanted, result)
     st.session_state[f"{key}.shown"] = result
     _sync_url(result.parallel)
     return result
