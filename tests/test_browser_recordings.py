@@ -152,3 +152,36 @@ def test_an_upload_opens_and_a_hostile_one_is_a_sentence(page, server, tmp_path_
         assert page.locator('[data-testid="stException"]').count() == 0
         assert "Traceback" not in main.inner_text()
         page.goto("about:blank")  # before this server stops: the page would log its refused health checks
+
+
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
+def test_two_steps_graphs_side_by_side_on_one_colour_scale(page, server, tmp_path):
+    """Two steps side by side: the toggle draws steps A and B's graphs, A above B, both coloured by gradient norm on
+    one scale (the legends read the same ends, those of both steps' values together), so a node as dark in both had
+    the same gradient norm."""
+    from graphviz_core.export.render import format_metric, metric_range
+
+    url, root = server
+    _open(page, url, "mlp-sgd")
+    recording = open_recording(root / "mlp-sgd")
+    steps = [s.step for s in recording.steps()]
+    graphs = [recording.step_graph(steps[0]), recording.step_graph(steps[-1])]  # A: the first step, B: the last
+    low, high = metric_range(graphs, "grad_norm")
+    own = [metric_range([g], "grad_norm") for g in graphs]
+    assert own[0] != own[1]  # each step alone would draw its own ends: the shared scale is what the test sees
+    page.get_by_text("Draw both steps' graphs, one colour scale for the two").click()
+    main = page.locator('[data-testid="stMain"]')
+    page.get_by_text("of both steps (one scale for the two)").first.wait_for(timeout=60_000)
+    idle(page, settle_ms=1000)
+    assert page.locator("iframe").count() == 3  # the step graph above, then A and B
+    # B is the last step of this recording, though the page first opened another one (5 steps, its B at step 4)
+    assert page.get_by_role("combobox", name="Step B").input_value() == str(steps[-1])
+    legends = [page.frame_locator("iframe").nth(i).locator(".scale-ticks").inner_text() for i in (1, 2)]
+    assert legends[0] == legends[1]
+    ends = legends[0].split()
+    assert format_metric("grad_norm", low) in legends[0] and format_metric("grad_norm", high) in legends[0], ends
+    assert page.locator('[data-testid="stException"]').count() == 0 and "Traceback" not in main.inner_text()
+    for i, name in ((1, "a"), (2, "b")):
+        page.locator("iframe").nth(i).scroll_into_view_if_needed()
+        both_sizes(page, os.path.join(SHOTS or str(tmp_path), f"recordings-two-steps-{name}"))
+    assert not page.outside, page.outside

@@ -41,9 +41,10 @@ def test_a_link_notice_reads_one_stop_per_sentence():
 @pytest.mark.parametrize(
     ("family", "labels"),
     [
-        # from gpt2-tiny to each family's toy size: hidden, heads, layers... are the same; these are not
-        ("llama", ["Key-value heads", "MLP width", "Model family"]),
-        ("bert", ["MLP width", "Context", "Model family"]),
+        # from gpt2-tiny to each family's toy size: hidden, heads, layers... are the same; these are not, named in the
+        # order the fields are declared (graphviz_core.fields) and shown: the family first, then its sizes
+        ("llama", ["Model family", "Key-value heads", "MLP width"]),
+        ("bert", ["Model family", "MLP width", "Context"]),
     ],
 )
 def test_the_stale_form_notice_names_the_fields_by_their_labels(family, labels):

@@ -178,3 +178,25 @@ def test_old_unpacked_uploads_are_swept_and_nothing_else(tmp_path):
         os.utime(folder, (now - age, now - age))
     assert sweep_uploads(now=now, temp=str(tmp_path)) == [old.name]
     assert not old.exists() and young.exists() and other.exists()
+
+
+def test_another_recording_opens_at_its_own_first_and_last_steps(served, monkeypatch):
+    """Step A and B start at the first and last step of the recording on screen: after the 5-step float16 loop
+    (steps 0-4, B at 4) the MLP loop opens with B at its own last step, not at the 4 the other left (in the browser
+    Streamlit kept it: tests/test_browser_recordings.py)."""
+    from streamlit.testing.v1 import AppTest
+
+    from graphviz_core.graph.recording import open_recording
+
+    last = open_recording(served / "mlp-sgd").steps()[-1].step
+    assert last != 4
+    monkeypatch.setenv(RECORDINGS_ENV, str(served))
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    at.selectbox(key="rec.name").select("float16-grad-scaler").run()
+    at.select_slider[0].set_value(2).run()
+    boxes = {s.label: s.value for s in at.selectbox}
+    assert (boxes["Step A"], boxes["Step B"]) == (0, 4)
+    at.selectbox(key="rec.name").select("mlp-sgd").run()
+    boxes = {s.label: s.value for s in at.selectbox}
+    assert not at.exception and (boxes["Step A"], boxes["Step B"]) == (0, last)
+    assert at.select_slider[0].value == 0  # the step graph's slider starts at the first step again, not at 2

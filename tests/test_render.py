@@ -298,3 +298,32 @@ def test_a_folded_png_holds_the_whole_graph_at_a_readable_scale():
     fit = min(PNG_GRAPH_WIDTH / (width * FIT_MARGIN), height / (depth * FIT_MARGIN))
     assert fit >= MIN_FIT_SCALE, (fit, width, depth, height)  # before: 0.24 at 1600 x 1000
     assert height > PNG_SIZE[1]
+
+
+def test_graphs_side_by_side_share_one_colour_scale():
+    """metric_range over two graphs and colour_range: a node whose value is the same in both is filled the same,
+    and each graph's legend reads the ends of both graphs' values; alone, each graph spans its own white to dark red."""
+    import networkx as nx
+
+    from graphviz_core.export.render import build_network, colour_scale, format_metric, metric_range
+
+    def graph(values):
+        g = nx.DiGraph()
+        for i, v in enumerate(values):
+            g.add_node(f"n{i}", op="MulBackward0", category="elementwise", module="", grad_norm=v)
+        return g
+
+    a, b = graph([1.0, 2.0]), graph([2.0, 5.0])
+    assert metric_range([a, b], "grad_norm") == (1.0, 5.0)
+    assert metric_range([graph([])], "grad_norm") is None
+
+    def fills(g, value_range=None):
+        net = build_network(g, colour_by="grad_norm", colour_range=value_range)
+        return {n["id"]: n["color"]["background"] for n in net.nodes}
+
+    shared = metric_range([a, b], "grad_norm")
+    # the value 2.0 in both graphs: one fill on the shared scale; alone, a's 2.0 is its darkest and b's its lightest
+    assert fills(a, shared)["n1"] == fills(b, shared)["n0"]
+    assert fills(a)["n1"] != fills(b)["n0"]
+    ends = [format_metric("grad_norm", 1.0), format_metric("grad_norm", 5.0)]
+    assert colour_scale(a, "grad_norm", shared)["ticks"][::2] == ends == colour_scale(b, "grad_norm", shared)["ticks"][::2]

@@ -195,18 +195,36 @@ def _metric_values(graph: nx.DiGraph, metric: str) -> dict[str, float]:
     return {n: float(v) for n, v in values.items() if v is not None}
 
 
-def _metric_scale(graph: nx.DiGraph, metric: str | None) -> dict[str, float | None]:
-    """0..1 per node: sqrt((value - min) / (max - min)), so small values stay visible next to the biggest;
-    None for a node without a value."""
+def metric_range(graphs: list[nx.DiGraph], metric: str) -> tuple[float, float] | None:
+    """The lowest and highest finite value of `metric` over every graph: one colour scale for several graphs drawn
+    side by side (two steps of a recording), so one colour is one value in all of them. None when none has a value."""
+    values = [v for graph in graphs for v in _metric_values(graph, metric).values()]
+    return (min(values), max(values)) if values else None
+
+
+def _bounds(values: dict[str, float], value_range: tuple[float, float] | None) -> tuple[float, float]:
+    if value_range is not None:
+        return value_range
+    return min(values.values(), default=0.0), max(values.values(), default=0.0)
+
+
+def _metric_scale(graph: nx.DiGraph, metric: str | None,
+                  value_range: tuple[float, float] | None = None) -> dict[str, float | None]:
+    """0..1 per node: sqrt((value - min) / (max - min)), so small values stay visible next to the biggest; min and max
+    are the graph's own, or `value_range` (a scale shared with other graphs). None for a node without a value."""
     if not metric:
         return {}
     values = _metric_values(graph, metric)
-    low, high = min(values.values(), default=0.0), max(values.values(), default=0.0)
+    low, high = _bounds(values, value_range)
     span = high - low
-    return {n: (math.sqrt((values[n] - low) / span) if span > 0 else 0.0) if n in values else None for n in graph}
+
+    def position(value: float) -> float:
+        return math.sqrt(min(max((value - low) / span, 0.0), 1.0)) if span > 0 else 0.0
+
+    return {n: position(values[n]) if n in values else None for n in graph}
 
 
-def colour_scale(graph: nx.DiGraph, metric: str) -> dict:
+def colour_scale(graph: nx.DiGraph, metric: str, value_range: tuple[float, float] | None = None) -> dict:
     """What the legend shows when colouring by `metric`: the bar's colours and its values at both ends and the
     middle (the colour runs with the square root, so the middle of the bar is min + (max - min) / 4)."""
     values = _metric_values(graph, metric)
@@ -214,7 +232,7 @@ def colour_scale(graph: nx.DiGraph, metric: str) -> dict:
     scale = {"metric": METRICS[metric], "gradient": ", ".join(_heat(t) for t in (0.0, 0.25, 0.5, 0.75, 1.0)),
              "missing": missing, "missing_colour": NO_VALUE_COLOUR, "ticks": []}
     if values:
-        low, high = min(values.values()), max(values.values())
+        low, high = _bounds(values, value_range)
         scale["ticks"] = [format_metric(metric, low + t * t * (high - low)) for t in (0.0, 0.5, 1.0)]
     return scale
 
@@ -288,14 +306,16 @@ def build_network(
     highlight: set[str] | frozenset = frozenset(),
     layout: Layout | None = None,
     level_of_detail: bool = True,
+    colour_range: tuple[float, float] | None = None,
 ) -> Network:
-    """The pyvis Network for `graph`: server-side positions, physics off, one entry per node and edge."""
+    """The pyvis Network for `graph`: server-side positions, physics off, one entry per node and edge; `colour_range`
+    fixes the colour scale's ends (metric_range over graphs drawn side by side)."""
     widths = node_widths(graph)
     layout = layout or layered_layout(graph, widths=widths)
     column = _columns(layout)
     net = Network(directed=True)
     net.node_ids = _IdList()
-    colour_scale = _metric_scale(graph, colour_by)
+    colour_scale = _metric_scale(graph, colour_by, colour_range)
     size_scale = _metric_scale(graph, size_by)
     for node, data in graph.nodes(data=True):
         x, y = layout.positions[node]
@@ -374,6 +394,7 @@ def render_html(
     top_label: str = "Zoom to the loss",
     layout: Layout | None = None,
     start: str | None = None,
+    colour_range: tuple[float, float] | None = None,
 ) -> str:
     """One self-contained HTML page drawing `graph` with vis-network; works offline, from disk or an iframe.
 
@@ -391,6 +412,7 @@ def render_html(
     `top_label`: the button that zooms to the first layer's first node (the loss in an autograd graph).
     `layout`: positions made by the caller (by default graph.layout.layered_layout's); `start`: the node the first
     view opens at and `top_label` zooms to, in place of the first layer's first node (an FX graph's incoming gradient).
+    `colour_range`: the colour scale's lowest and highest value (metric_range), shared by graphs drawn side by side.
     """
     for metric in (colour_by, size_by):
         if metric is not None and metric not in METRICS:
@@ -398,7 +420,7 @@ def render_html(
     widths = node_widths(graph)
     layout = layout or layered_layout(graph, aspect=aspect, widths=widths)
     net = build_network(graph, colour_by=colour_by, size_by=size_by, highlight=highlight, layout=layout,
-                        level_of_detail=level_of_detail)
+                        level_of_detail=level_of_detail, colour_range=colour_range)
     # search matches in backward order (nearest the loss first): the page opens on the first
     matches = [node for layer in layout.layers for node in layer if node in highlight] if highlight_is_search else []
     nodes, edges = net.nodes, net.edges
@@ -425,7 +447,7 @@ def render_html(
                       "label_scale": ((LABEL_DRAW_THRESHOLD if level_of_detail else VIS_DRAW_THRESHOLD) - 1) / FONT_PX}},
         legend=legend,
         hint=hint,
-        scale=colour_scale(graph, colour_by) if colour_by else None,
+        scale=colour_scale(graph, colour_by, colour_range) if colour_by else None,
         metric_note=" · ".join(([f"colour: {METRICS[colour_by]}"] if colour_by else [])
                                + ([f"size: {METRICS[size_by]}"] if size_by else [])),
         height_px=height_px,

@@ -45,7 +45,7 @@ def placed(findings: list[dict], graph_of) -> list[tuple[dict, str]]:
 
 
 def show_recorded_graph(graph: nx.DiGraph, focus: str | None, colour: str, *, title: str, subtitle: str,
-                        at: str = "") -> None:
+                        at: str = "", colour_range: tuple[float, float] | None = None) -> None:
     """A recorded graph on the page: every node coloured by `colour`, its details with the recorded max |value| and
     count of NaN and inf values, and either `focus` (a finding's node) selected with the path from the loss ringed,
     or every node whose gradient held a NaN or inf ringed."""
@@ -57,6 +57,8 @@ def show_recorded_graph(graph: nx.DiGraph, focus: str | None, colour: str, *, ti
             ["max |value| of its gradient", "n/a" if data.get("max_abs") is None else f"{data['max_abs']:.4g}"],
             ["NaN or inf values in its gradient", "n/a" if data.get("nonfinite") is None else f"{data['nonfinite']:,}"]]
     note = f"{graph.number_of_nodes():,} nodes; colour: {METRICS[colour]}{at}, white = least, dark red = most"
+    if colour_range is not None:
+        note += " of both steps (one scale for the two)"
     ringed, selected = broken, None
     if focus is not None and focus in graph:
         path = path_from_loss(graph, focus)
@@ -67,4 +69,5 @@ def show_recorded_graph(graph: nx.DiGraph, focus: str | None, colour: str, *, ti
         note += f"; {len(broken):,} nodes with a NaN or inf gradient ringed in pink (grey: no finite value)"
     st.caption(escape_markdown(note))
     st.iframe(render_html(graph, title=title, subtitle=subtitle, colour_by=colour, highlight=frozenset(ringed),
-                          highlight_is_search=False, vis_src=vis_src(), selected=selected), height=790)
+                          highlight_is_search=False, vis_src=vis_src(), selected=selected, colour_range=colour_range),
+              height=790)

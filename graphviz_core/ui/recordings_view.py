@@ -27,7 +27,7 @@ import pandas as pd
 import streamlit as st
 
 from graphviz_core.analysis.gradient_flow import analyse, layer_figures
-from graphviz_core.export.render import METRICS
+from graphviz_core.export.render import METRICS, metric_range
 from graphviz_core.graph.recording import MANIFEST, Recording, RecordingError, open_recording
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.findings import PLACED_AT_MOST, finding_label, findings_frame, placed, show_recorded_graph
@@ -292,8 +292,28 @@ def show_recording(recording: Recording) -> None:
         st.error(escape_markdown(said(exc)))
 
 
+# The page's step controls belong to the recording on screen: another recording opened gets controls of its own, at
+# their defaults (a step B of 4 kept from a 5-step recording would otherwise stay on a 6-step one, not its last step;
+# Streamlit keeps a keyed widget's value in the browser, so the keys change rather than the values being dropped): the
+# rank, the step and its backward, steps A and B, the finding opened and its node.
+
+
+def _forget_other_recordings(recording: Recording) -> None:
+    shown = str(recording.path)
+    if st.session_state.get("rec.shown") not in (None, shown):
+        st.session_state["rec.generation"] = st.session_state.get("rec.generation", 0) + 1
+    st.session_state["rec.shown"] = shown
+
+
+def _key(name: str) -> str:
+    """A step control's key for the recording on screen."""
+    generation = st.session_state.get("rec.generation", 0)
+    return name if not generation else f"{name}~{generation}"
+
+
 def _show(recording: Recording) -> None:
-    rank = 0 if len(recording.ranks) == 1 else st.selectbox("Rank", recording.ranks, key="rec.rank")
+    _forget_other_recordings(recording)
+    rank = 0 if len(recording.ranks) == 1 else st.selectbox("Rank", recording.ranks, key=_key("rec.rank"))
     steps = recording.steps(rank)
     recording.node_figures(rank)  # the per-node figures agree with the steps, or one sentence now
     state = "complete" if recording.complete else "incomplete: the run stopped before the recorder closed"
@@ -319,7 +339,7 @@ def _show(recording: Recording) -> None:
     _show_heatmap(heatmap(layer_table(steps, "update_ratio"), "update / weight"))
     _show_findings(recording, rank)
     _step_graph(recording, steps, rank)
-    _two_steps(steps)
+    _two_steps(recording, steps, rank)
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
@@ -353,17 +373,17 @@ def _show_findings(recording: Recording, rank: int) -> None:
     labels = [finding_label(f) for f, _ in at_nodes]
 
     def opened() -> None:
-        chosen = st.session_state.get("rec.finding")
+        chosen = st.session_state.get(_key("rec.finding"))
         found = next((pair for pair, label in zip(at_nodes, labels, strict=True) if label == chosen), None)
         if found is None:
-            st.session_state.pop("rec.focus", None)
+            st.session_state.pop(_key("rec.focus"), None)
             return
         finding, node = found
-        st.session_state["rec.step"] = finding["step"]
-        st.session_state["rec.backward"] = finding.get("backward", 0)
-        st.session_state["rec.focus"] = (finding["step"], finding.get("backward", 0), node)
+        st.session_state[_key("rec.step")] = finding["step"]
+        st.session_state[_key("rec.backward")] = finding.get("backward", 0)
+        st.session_state[_key("rec.focus")] = (finding["step"], finding.get("backward", 0), node)
 
-    st.selectbox("Open a finding at its node in the step's graph below", labels, index=None, key="rec.finding",
+    st.selectbox("Open a finding at its node in the step's graph below", labels, index=None, key=_key("rec.finding"),
                  placeholder="Choose a finding", on_change=opened)
 
 
@@ -375,29 +395,29 @@ def _show_heatmap(chart: alt.LayerChart) -> None:
 def _step_graph(recording: Recording, steps: list, rank: int) -> None:
     st.subheader("One step's autograd graph")
     row = st.columns([2, 1, 1])
-    step = row[0].select_slider("Step", [s.step for s in steps], key="rec.step")
+    step = row[0].select_slider("Step", [s.step for s in steps], key=_key("rec.step"))
     record = next(s for s in steps if s.step == step)
     if not record.backward_graphs:
         st.info(f"Step {step} recorded no per-node figures (recorded with parameters only, or a step that nodes_every "
                 "left out).")
         return
-    backward = row[1].selectbox("Backward (micro-batch)", range(len(record.backward_graphs)), key="rec.backward")
+    backward = row[1].selectbox("Backward (micro-batch)", range(len(record.backward_graphs)), key=_key("rec.backward"))
     colour = row[2].selectbox("Colour by", GRAPH_METRICS, key="rec.colour", format_func=METRICS.get)
     graph = recording.step_graph(step, rank, backward)
-    wanted = st.session_state.get("rec.focus")  # (step, backward, node) of the finding opened; only on that graph
+    wanted = st.session_state.get(_key("rec.focus"))  # (step, backward, node) of the finding opened; only on that graph
     focus = wanted[2] if isinstance(wanted, tuple) and wanted[:2] == (step, backward) else None
     show_recorded_graph(graph, focus, colour, title=f"step {step}, backward {backward}",
                         subtitle=f"recorded rank {rank}", at=f" at step {step}")
 
 
-def _two_steps(steps: list) -> None:
+def _two_steps(recording: Recording, steps: list, rank: int) -> None:
     if len(steps) < 2:
         return
     st.subheader("Two steps side by side")
     row = st.columns(2)
     numbers = [s.step for s in steps]
-    a = row[0].selectbox("Step A", numbers, index=0, key="rec.a")
-    b = row[1].selectbox("Step B", numbers, index=len(numbers) - 1, key="rec.b")
+    a = row[0].selectbox("Step A", numbers, index=0, key=_key("rec.a"))
+    b = row[1].selectbox("Step B", numbers, index=len(numbers) - 1, key=_key("rec.b"))
     table = {}
     for label, number in (("A", a), ("B", b)):
         chosen = [s for s in steps if s.step == number]
@@ -407,3 +427,23 @@ def _two_steps(steps: list) -> None:
     frame = pd.DataFrame.from_dict(table, orient="index").fillna("n/a")
     frame.index.name = "layer"
     st.dataframe(frame, width="stretch")
+    if st.toggle("Draw both steps' graphs, one colour scale for the two", key="rec.both"):
+        _two_graphs(recording, steps, rank, (a, b))
+
+
+def _two_graphs(recording: Recording, steps: list, rank: int, numbers: tuple[int, int]) -> None:
+    """Steps A and B's graphs (each's first backward), A above B, coloured on one scale: a node as dark in both had the
+    same figure."""
+    records = {s.step: s for s in steps}
+    without = [n for n in numbers if not records[n].backward_graphs]
+    if without:
+        st.info(f"Step {', '.join(map(str, without))} recorded no per-node figures (recorded with parameters only, or "
+                "a step that nodes_every left out): no graph to draw.")
+        return
+    colour = st.selectbox("Colour both by", GRAPH_METRICS, key="rec.both_colour", format_func=METRICS.get)
+    graphs = [recording.step_graph(n, rank, 0) for n in numbers]
+    shared = metric_range(graphs, colour)
+    # One above the other at the page's width: in half a page the graph's pane left a laptop's screen too narrow to read.
+    for label, number, graph in zip("AB", numbers, graphs, strict=True):
+        show_recorded_graph(graph, None, colour, title=f"step {number} ({label})", subtitle=f"recorded rank {rank}",
+                            at=f" at step {number}", colour_range=shared)
