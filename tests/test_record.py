@@ -25,12 +25,14 @@ def test_mlp_with_sgd_gradient_norms_and_update_ratio(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     lr = 0.05
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    by_hand, weights, losses = [], [], []
+    by_hand, weights, losses, ends = [], [], [], []
     with graphviz_core.record(tmp_path / "mlp", steps=3, model=model):
         for _ in range(5):  # the loop runs on after the 3 recorded steps
             loss = torch.nn.functional.cross_entropy(model(torch.randn(6, 8)), torch.randint(0, 3, (6,)))
             loss.backward()
             by_hand.append(norms(model))
+            ends.append({n: (float(p.grad.min()), float(p.grad.max()), float(p.grad.abs().max()))
+                         for n, p in model.named_parameters()})
             weights.append({n: float(torch.linalg.vector_norm(p.detach())) for n, p in model.named_parameters()})
             losses.append(float(loss.detach()))
             opt.step()
@@ -55,6 +57,9 @@ def test_mlp_with_sgd_gradient_norms_and_update_ratio(tmp_path):
     for name, data in leaves.items():
         assert close(data["grad_norm"], by_hand[1][name], rel=1e-6)  # stored as float32
         assert data["nonfinite"] == 0 and data["time_s"] >= 0
+        # the gradient's smallest and largest value, signed, and its largest magnitude: torch's own reads of p.grad
+        low, high, top = ends[1][name]
+        assert (data["min"], data["max"], data["max_abs"]) == (low, high, top) and low < 0 < high
     matmuls = [d for _, d in graph.nodes(data=True) if d["op"] == "AddmmBackward0"]
     # Linear(16, 3) on 6 rows: grad wrt input 2*6*3*16 = 576 and wrt weight 2*3*6*16 = 576 FLOPs; Linear(8, 16) only
     # the weight's (its input needs no gradient): 2*16*6*8 = 1,536
@@ -116,7 +121,7 @@ def test_float16_autocast_with_a_grad_scaler_unscaled_and_skipped(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
-    by_hand, scales = [], []
+    by_hand, scales, ends = [], [], []
     with graphviz_core.record(tmp_path / "amp", model=model):
         for step in range(4):
             with torch.autocast("cpu", dtype=torch.float16):
@@ -128,6 +133,7 @@ def test_float16_autocast_with_a_grad_scaler_unscaled_and_skipped(tmp_path):
             scaler.scale(loss).backward()
             scaler.unscale_(opt)
             by_hand.append(norms(model))
+            ends.append({n: (float(p.grad.min()), float(p.grad.max())) for n, p in model.named_parameters()})
             scaler.step(opt)
             scaler.update()
             opt.zero_grad()
@@ -147,6 +153,12 @@ def test_float16_autocast_with_a_grad_scaler_unscaled_and_skipped(tmp_path):
     assert sum(d["nonfinite"] for _, d in broken.nodes(data=True)) > 0
     leaf = next(d for _, d in clean.nodes(data=True) if d["op"] == "AccumulateGrad" and d["param"]["name"] == "2.bias")
     assert close(leaf["grad_norm"], by_hand[1]["2.bias"], rel=1e-5)  # node figures are unscaled too
+    weight = next(d for _, d in clean.nodes(data=True) if d["op"] == "AccumulateGrad" and d["param"]["name"] == "0.weight")
+    low, high = ends[1]["0.weight"]  # the scaled gradient's ends divided by the scale: the unscaled gradient's
+    assert close(weight["min"], low, rel=1e-5) and close(weight["max"], high, rel=1e-5) and low < 0 < high
+    # a gradient holding an inf or a NaN: its ends say so (±inf, or NaN for a NaN), never a finite pair
+    assert all(not (math.isfinite(d["min"]) and math.isfinite(d["max"])) for _, d in broken.nodes(data=True)
+               if d["nonfinite"])
 
 
 def test_autograd_grad_and_a_non_scalar_loss(tmp_path):

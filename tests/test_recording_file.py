@@ -59,7 +59,7 @@ def test_record_runs_a_script_unchanged_and_recording_prints_the_contract(record
     done = cli("recording", str(recorded), "--format", "json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
-    assert data["format_version"] == 1 and data["complete"] is True and data["ranks"] == [0]
+    assert data["format_version"] == 2 and data["complete"] is True and data["ranks"] == [0]  # 2: nodes' min / max
     assert [s["step"] for s in data["steps"]] == [0, 1, 2, 3]  # --steps 4 of the script's 6
     for step in data["steps"]:
         assert {"step", "loss", "skipped", "peak_bytes", "lr", "parameters"} <= set(step)
@@ -114,6 +114,10 @@ class _Boom:
 HOSTILE = {
     "wrong version": lambda p: (p / "manifest.json").write_text(
         json.dumps({**json.loads((p / "manifest.json").read_text()), "format_version": 99})),
+    "a version that is no number": lambda p: (p / "manifest.json").write_text(
+        json.dumps({**json.loads((p / "manifest.json").read_text()), "format_version": True})),
+    "version 2 columns under a version 1 manifest": lambda p: (p / "manifest.json").write_text(
+        json.dumps({**json.loads((p / "manifest.json").read_text()), "format_version": 1})),
     "not a recording": lambda p: (p / "manifest.json").write_text('{"format": "something else"}'),
     "huge manifest": lambda p: (p / "manifest.json").write_text(" " * (2 << 20) + "{}"),
     "a pickle renamed": lambda p: (p / "rank-0" / "steps.arrows").write_bytes(pickle.dumps(_Boom())),
@@ -209,3 +213,30 @@ def test_a_script_that_fails_keeps_its_traceback_and_exit_code(tmp_path):
     exits = tmp_path / "exits.py"
     exits.write_text("import sys\nsys.exit(3)\n")
     assert cli("record", "-o", str(tmp_path / "exited"), str(exits)).returncode == 3
+
+
+def _as_version_1(folder) -> None:
+    """`folder` rewritten as the recorder wrote it at format version 1: its nodes without `min` and `max`."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "format_version": 1}))
+    path = folder / "rank-0" / "nodes.arrows"
+    batches = list(pa.ipc.open_stream(pa.memory_map(str(path))))
+    schema = arrow_schemas(1)["nodes"]
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for batch in batches:
+            writer.write_batch(pa.record_batch([batch.column(f.name) for f in schema], schema=schema))
+
+
+def test_a_version_1_recording_still_opens_without_min_and_max(recorded, tmp_path):
+    import shutil
+
+    old = tmp_path / "v1"
+    shutil.copytree(recorded, old)
+    _as_version_1(old)
+    recording = open_recording(old)
+    assert recording.version == 1
+    graph = recording.step_graph(recording.steps()[0].step)
+    assert all(d["min"] is None and d["max"] is None for _, d in graph.nodes(data=True))
+    assert any(d["max_abs"] is not None for _, d in graph.nodes(data=True))  # the other figures read as before
+    new = open_recording(recorded).step_graph(0)
+    assert any(d["min"] is not None for _, d in new.nodes(data=True))

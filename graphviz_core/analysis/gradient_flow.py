@@ -152,9 +152,11 @@ def _node_finding(graph, node, log: DebugLog, graph_id: str) -> dict:
     values = "nan" if max_abs is not None and max_abs != max_abs else "inf"
     figures = {
         "values": values, "nonfinite": data.get("nonfinite"),
-        "grad_out": {"grad_norm": _number(data.get("grad_norm")), "max_abs": _number(max_abs)},
+        "grad_out": {"grad_norm": _number(data.get("grad_norm")), "max_abs": _number(max_abs),
+                     "min": _number(data.get("min")), "max": _number(data.get("max"))},
         "grad_in": [{"node": p, "grad_norm": _number(graph.nodes[p].get("grad_norm")),
-                     "max_abs": _number(graph.nodes[p].get("max_abs")), "nonfinite": graph.nodes[p].get("nonfinite")}
+                     "max_abs": _number(graph.nodes[p].get("max_abs")), "min": _number(graph.nodes[p].get("min")),
+                     "max": _number(graph.nodes[p].get("max")), "nonfinite": graph.nodes[p].get("nonfinite")}
                     for p in graph.predecessors(node)],
         "saved": [{"shape": s.get("shape"), "dtype": s.get("dtype")} for s in (data.get("saved") or [])],
     }

@@ -327,21 +327,28 @@ class BackwardProbe:
         gradient that reached the parameters (the AccumulateGrad nodes': this micro-batch's contribution)."""
         flat = [f for parts in self.norms if parts for f in parts]
         read = torch.stack([torch.stack([f[i] for f in flat]) for i in range(3)]).tolist() if flat else [[], [], []]
-        values = [(l2, math.nan if low != low or high != high else max(-low, high))  # max |value|, NaN kept
+        # (L2, max |value|, min, max) per gradient, NaN kept: a NaN anywhere makes aminmax's both ends NaN
+        values = [(l2, math.nan if low != low or high != high else max(-low, high), low, high)
                   for l2, low, high in zip(*read, strict=True)]
         counts = [int(f[3]) for f in flat]
-        grad_norm, max_abs, nonfinite, times = [], [], [], []
+        grad_norm, max_abs, nonfinite, times, lows, highs = [], [], [], [], [], []
         at = 0
         into_parameters = None
         for i, parts in enumerate(self.norms):
             if not parts:
                 grad_norm.append(None)
                 max_abs.append(None)
+                lows.append(None)
+                highs.append(None)
                 nonfinite.append(None if parts is None else 0)
             else:
                 mine = values[at:at + len(parts)]
                 grad_norm.append(math.sqrt(sum(v[0] ** 2 for v in mine)) / scale)
-                max_abs.append(max(v[1] for v in mine) / scale if all(v[1] == v[1] for v in mine) else math.nan)
+                finite = all(v[1] == v[1] for v in mine)
+                max_abs.append(max(v[1] for v in mine) / scale if finite else math.nan)
+                # the scale is positive: dividing by it keeps the order, so the ends of the unscaled gradient
+                lows.append(min(v[2] for v in mine) / scale if finite else math.nan)
+                highs.append(max(v[3] for v in mine) / scale if finite else math.nan)
                 nonfinite.append(sum(counts[at:at + len(parts)]))
                 if self.leaf[i]:
                     into_parameters = (into_parameters or 0.0) + grad_norm[-1] ** 2
@@ -356,7 +363,8 @@ class BackwardProbe:
         if self.structure is not None:
             for record, flops in zip(self.structure["nodes"], self.flops, strict=True):
                 record["flops"] = flops
-        columns = {"grad_norm": grad_norm, "max_abs": max_abs, "nonfinite": nonfinite, "time_s": times}
+        columns = {"grad_norm": grad_norm, "max_abs": max_abs, "nonfinite": nonfinite, "time_s": times, "min": lows,
+                   "max": highs}
         return columns, (math.sqrt(into_parameters) if into_parameters is not None else None)
 
     def release(self) -> None:

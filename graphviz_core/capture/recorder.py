@@ -241,7 +241,7 @@ class Recorder:
             "update_ratio": ratios,
             "lr": lrs if lrs else [None] * len(params),
         }
-        columns = {"grad_norm": [], "max_abs": [], "nonfinite": [], "time_s": []}
+        columns = {"grad_norm": [], "max_abs": [], "nonfinite": [], "time_s": [], "min": [], "max": []}
         walked = [b for b in self.backwards if b["graph"] is not None]
         for backward in walked:
             for key in columns:

@@ -38,7 +38,8 @@ import networkx as nx
 from graphviz_core.graph.schema import SCHEMA_VERSION, NodeRecord
 
 FORMAT = "graphviz-core recording"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what the recorder writes; 2 added the nodes' signed min and max
+READS = (1, 2)  # the versions this reader opens
 MANIFEST = "manifest.json"
 STATUS = "status.json"
 GRAPHS = "graphs"
@@ -59,8 +60,10 @@ class RecordingError(ValueError):
     """A recording that cannot be read: the message is one sentence that says why."""
 
 
-def arrow_schemas():
-    """The three streams' Arrow schemas (pyarrow imported here: the rest of the package does not need it)."""
+def arrow_schemas(version: int = None):
+    """The three streams' Arrow schemas of format `version` (default: the one written now; pyarrow imported here: the
+    rest of the package does not need it). Version 2 added the nodes' signed `min` and `max`."""
+    version = FORMAT_VERSION if version is None else version
     import pyarrow as pa
 
     steps = pa.schema([
@@ -93,6 +96,8 @@ def arrow_schemas():
         ("max_abs", pa.float32()),  # max |value| of that gradient (NaN if it holds a NaN)
         ("nonfinite", pa.int64()),  # how many of its values are NaN or ±inf
         ("time_s", pa.float32()),  # the node's backward wall time
+        # version 2: the smallest and the largest value of that gradient, signed (NaN if it holds a NaN)
+        *([("min", pa.float32()), ("max", pa.float32())] if version >= 2 else []),
     ])
     return {"steps": steps, "parameters": parameters, "nodes": nodes}
 
@@ -165,9 +170,10 @@ class Recording:
         if self.manifest.get("format") != FORMAT:
             raise RecordingError(f"{self.path / MANIFEST} does not say it is a {FORMAT}.")
         version = self.manifest.get("format_version")
-        if version != FORMAT_VERSION:
+        if type(version) is not int or version not in READS:
             raise RecordingError(f"{self.path} is a recording of format version {version!r}; this version of "
-                                 f"graphviz-core reads version {FORMAT_VERSION} only.")
+                                 f"graphviz-core reads versions {', '.join(map(str, READS))}.")
+        self.version = version
         if self.manifest.get("schema") != SCHEMA_VERSION:
             raise RecordingError(f"{self.path}'s graphs are of schema {self.manifest.get('schema')!r}; this version "
                                  f"reads schema {SCHEMA_VERSION}.")
@@ -202,14 +208,14 @@ class Recording:
             raise RecordingError(f"{path} is {size:,} bytes, more than the {MAX_STREAM_BYTES:,} a stream may be.")
         if size == 0:
             return []
-        expected = arrow_schemas()[name]
+        expected = arrow_schemas(self.version)[name]
         try:
             reader = pa.ipc.open_stream(pa.memory_map(str(path)))
         except (pa.ArrowException, OSError):
             raise RecordingError(f"{path} is not an Arrow stream; it is not part of a recording (or is damaged at its "
                                  f"start).") from None
         if not reader.schema.equals(expected):
-            raise RecordingError(f"{path}'s columns are not those of a version-{FORMAT_VERSION} recording's {name}.")
+            raise RecordingError(f"{path}'s columns are not those of a version-{self.version} recording's {name}.")
         batches = []
         while True:
             try:
@@ -302,7 +308,8 @@ class Recording:
 
     def step_graph(self, step: int, rank: int = 0, backward: int = 0) -> nx.DiGraph:
         """The graph of one backward of one step, each node carrying that backward's figures: `grad_norm` and
-        `time_s` replaced by the recorded ones, `max_abs` and `nonfinite` added (null where the node did not run)."""
+        `time_s` replaced by the recorded ones, `max_abs`, `nonfinite`, `min` and `max` added (null where the node did
+        not run; `min` and `max` null in a version-1 recording)."""
         steps = self.steps(rank)
         index = next((i for i, s in enumerate(steps) if s.step == step), None)
         if index is None:
@@ -323,6 +330,8 @@ class Recording:
             data["time_s"] = columns["time_s"][row]
             data["max_abs"] = columns["max_abs"][row]
             data["nonfinite"] = columns["nonfinite"][row]
+            data["min"] = columns["min"][row] if "min" in columns else None  # a version-1 recording has no min / max
+            data["max"] = columns["max"][row] if "max" in columns else None
         return graph
 
     def to_dict(self) -> dict:

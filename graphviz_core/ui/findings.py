@@ -55,6 +55,8 @@ def show_recorded_graph(graph: nx.DiGraph, focus: str | None, colour: str, *, ti
             broken.add(node)
         data["details"] = node_details(node, data) + [
             ["max |value| of its gradient", "n/a" if data.get("max_abs") is None else f"{data['max_abs']:.4g}"],
+            ["smallest and largest value of its gradient", "n/a" if data.get("min") is None else
+             f"{data['min']:.4g} to {data['max']:.4g}"],
             ["NaN or inf values in its gradient", "n/a" if data.get("nonfinite") is None else f"{data['nonfinite']:,}"]]
     note = f"{graph.number_of_nodes():,} nodes; colour: {METRICS[colour]}{at}, white = least, dark red = most"
     if colour_range is not None:
