@@ -130,8 +130,8 @@ class _NewStorages(TorchDispatchMode):
 
 def update_bytes(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter]) -> int | None:
     """The most bytes one steady-state update allocates beyond the state it keeps (AdamW's denominator and step
-    size per parameter, on CPU one parameter at a time), measured on a second step over the same gradients; None
-    where the update could not run (a value read on meta, or a step the GradScaler skipped leaves its own)."""
+    size per parameter, on CPU one parameter at a time), measured on a second step over the same gradients (the first
+    built the state); None where the update could not run (on meta, Adafactor's update reads a value)."""
     if not optimizer.state:
         return None
     existing = {p.untyped_storage()._cdata for p in params}
