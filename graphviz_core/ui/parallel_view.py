@@ -240,7 +240,8 @@ def _pipeline_fields(key: str) -> None:
     left.number_input("Pipeline stages (pp)", step=1, key=f"{key}.pp",
                       help="Pipeline-parallel ranks: the layers are split into stages, one group of ranks each; the "
                       "world size counts them (FSDP 8 x pp 4 = 32). 1: no pipeline. Takes a decoder whose family declares its "
-                      f"stages, with untied embedding and head (model family {_taking(lambda p: p.stages)}).")
+                      f"stages (model family {_taking(lambda p: p.stages)}); a head tied to the embedding is copied "
+                      "to the last stage and its gradient summed with the first stage's.")
     right.number_input("Microbatches", step=1, key=f"{key}.microbatches",
                        help="Pipeline: the batch (per data-parallel rank) is split into this many; it must divide "
                        "the batch. 1F1B needs at least pp.")
