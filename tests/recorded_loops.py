@@ -71,4 +71,26 @@ def mlp_nan_fault(path, steps: int = 3, fault_at: int = 2) -> None:
             opt.zero_grad()
 
 
+class _Detached(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.base, self.adapter, self.head = torch.nn.Linear(8, 16), torch.nn.Linear(8, 16), torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.base(x) + self.adapter(x).detach()))  # the adapter's output cut off
+
+
+def mlp_detached_adapter(path, steps: int = 2) -> None:
+    """An MLP whose adapter's output is detached before it joins the base layer's: adapter.weight and adapter.bias get
+    no gradient, the cut placed at the add it entered (not one of LOOPS: the findings' own test opens it)."""
+    torch.manual_seed(4)
+    model = _Detached()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with graphviz_core.record(path, model=model):
+        for _ in range(steps):
+            torch.nn.functional.cross_entropy(model(torch.randn(6, 8)), torch.randint(0, 3, (6,))).backward()
+            opt.step()
+            opt.zero_grad()
+
+
 LOOPS = {"mlp-sgd": mlp_sgd, "gpt2-adamw-accumulation": gpt2_adamw_accumulation, "float16-grad-scaler": float16_grad_scaler}

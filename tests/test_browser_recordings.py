@@ -14,7 +14,7 @@ from graphviz_core.graph.recording import open_recording
 from graphviz_core.ui.browser_harness import graph_frame, serve_app
 from graphviz_core.ui.recordings_view import RECORDINGS_ENV, finding_label
 from tests.conftest import LAPTOP, both_sizes, choose, idle
-from tests.recorded_loops import LOOPS, mlp_nan_fault
+from tests.recorded_loops import LOOPS, mlp_detached_adapter, mlp_nan_fault
 
 pytestmark = pytest.mark.browser
 SHOTS = os.environ.get("GRAPHVIZ_CORE_SHOTS")  # where to keep the screenshots (default: pytest's tmp folder)
@@ -26,6 +26,7 @@ def server(tmp_path_factory):
     for name, loop in LOOPS.items():
         loop(root / name)
     mlp_nan_fault(root / "nan-fault")
+    mlp_detached_adapter(root / "mlp-detached")
     shutil.copytree(root / "mlp-sgd", root / "truncated")
     (root / "truncated" / "graphs").rename(root / "truncated" / "gone")  # its graph files missing
     with serve_app({"GRAPHVIZ_CORE_DEVICE": "cpu", RECORDINGS_ENV: str(root)},
@@ -112,6 +113,35 @@ def test_a_finding_opens_at_its_node_with_the_path_from_the_loss(page, server, t
     both_sizes(page, os.path.join(SHOTS or str(tmp_path), "recordings-finding"))
     page.locator("iframe").last.scroll_into_view_if_needed()
     both_sizes(page, os.path.join(SHOTS or str(tmp_path), "recordings-finding-graph"))
+    assert not page.outside, page.outside
+
+
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
+def test_a_detached_adapter_opens_at_the_node_its_cut_output_entered(page, server, tmp_path):
+    """The adapter's output detached before `base(x) + adapter(x)`: its weight's no-gradient finding opens at that
+    AddBackward0 (selected, its details shown, the path from the loss ringed), the node beside base's matmul."""
+    url, root = server
+    _open(page, url, "mlp-detached")
+    page.get_by_text("Findings", exact=True).wait_for(timeout=30_000)
+    found = {f["parameter"]: f for f in analyse(open_recording(root / "mlp-detached"))["findings"]
+             if f["kind"] == "no-gradient"}
+    assert set(found) == {"adapter.weight", "adapter.bias"}
+    box = page.get_by_role("combobox", name="Open a finding at its node in the step's graph below")
+    choose(page, box, finding_label(found["adapter.weight"]))
+    idle(page, settle_ms=1000)
+    graph = open_recording(root / "mlp-detached").step_graph(found["adapter.weight"]["step"])
+    frame = graph_frame(page, graph.number_of_nodes(), timeout_s=90)
+    shown = frame.evaluate("() => ({selected: window.network.getSelectedNodes(), "
+                           "details: document.getElementById('details').innerText})")
+    assert shown["selected"] == [found["adapter.weight"]["node_id"]]
+    node = shown["selected"][0]
+    assert graph.nodes[node]["op"] == "AddBackward0" and "AddBackward0" in shown["details"]
+    assert [graph.nodes[c]["module"] for c in graph.successors(node)] == ["base"]
+    assert "the finding's node AddBackward0 selected" in page.locator('[data-testid="stMain"]').inner_text()
+    assert found["adapter.weight"]["reason"].startswith("cut by detach")
+    assert page.locator('[data-testid="stException"]').count() == 0
+    page.locator("iframe").last.scroll_into_view_if_needed()
+    both_sizes(page, os.path.join(SHOTS or str(tmp_path), "recordings-cut"))
     assert not page.outside, page.outside
 
 

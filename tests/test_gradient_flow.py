@@ -164,6 +164,18 @@ def test_parameters_without_a_gradient_are_named_with_their_reasons(tmp_path):
     assert reasons["frozen_path.weight"].startswith("computed under no_grad")
     assert reasons["zero.weight"].startswith("its gradient is exactly zero")
     assert all(f["step"] == 0 and f["figures"]["steps"] == 2 for f in findings)  # one finding each, over 2 steps
+    # The cut placed where it happens: the node the cut output entered (the first node made after the cut with an input
+    # that needs no gradient). adapter: `base(x) + adapter(x).detach()`, the add beside base's matmul; frozen_path:
+    # `h + side`, the next add, taking the first; the unused head never ran and has no place.
+    by_name = {f["parameter"]: f for f in findings}
+    graph = open_recording(tmp_path / "run").step_graph(0)
+    adapter, frozen = by_name["adapter.weight"]["node_id"], by_name["frozen_path.weight"]["node_id"]
+    assert graph.nodes[adapter]["op"] == graph.nodes[frozen]["op"] == "AddBackward0" and adapter != frozen
+    assert [graph.nodes[c]["module"] for c in graph.successors(adapter)] == ["base"]
+    assert list(graph.successors(frozen)) == [adapter]
+    assert reasons["adapter.weight"].endswith("before the loss; it entered the graph at AddBackward0")
+    assert "node_id" not in by_name["unused_head.weight"]
+    assert by_name["adapter.bias"]["node_id"] == adapter  # one cut, both its parameters
 
 
 def test_half_the_units_of_one_mlp_dead(tmp_path):

@@ -87,9 +87,13 @@ def _checked_step(line: dict, where: str) -> dict:
     dead = line.get("dead_units") or {}
     losses = line.get("losses") or []
     forward = line.get("forward") or {}
+    def cut(value) -> bool:  # where a cut output entered the graph (capture.nonfinite._cut_at)
+        return value is None or (isinstance(value, dict) and count(value.get("backward")) and count(value.get("row"))
+                                 and isinstance(value.get("op"), str))
+
     good = (isinstance(missing, list) and all(isinstance(e, dict) and all(text(e.get(k)) for k in
                                                                         ("parameter", "module", "reason"))
-                                              for e in missing)
+                                              and cut(e.get("cut")) for e in missing)
             and isinstance(dead, dict) and all(isinstance(v, list) and len(v) == 2 and all(count(n) for n in v)
                                                and v[0] <= v[1] for v in dead.values())
             and isinstance(losses, list) and all(text(v) for v in losses)
@@ -343,9 +347,12 @@ def analyse(recording: Recording) -> dict:
             findings += _backward_findings(recording, rank, step, index, log, loss_bad)
             for entry in line.get("no_gradient") or []:
                 if isinstance(entry, dict):
+                    placed_at = entry.get("cut")  # a detach or no_grad: the node the cut output entered
+                    at = {"node": placed_at["op"], "node_id": f"{placed_at['op']}:{placed_at['row']}",
+                          "backward": placed_at["backward"]} if placed_at else {}
                     _aggregate(once, ("no-gradient", rank, entry.get("parameter"), entry.get("reason")), {
                         "kind": "no-gradient", "step": step.step, "rank": rank, "parameter": entry.get("parameter"),
-                        "module": entry.get("module") or "", "reason": entry.get("reason")})
+                        "module": entry.get("module") or "", "reason": entry.get("reason"), **at})
             step_figures = _step_figures(rank, step, line)
             for module, fraction in step_figures["dead_units"].items():
                 if fraction >= DEAD_FRACTION:

@@ -23,6 +23,7 @@ import sys
 import weakref
 
 import torch
+from torch._C._autograd import _get_sequence_nr
 from torch.overrides import TorchFunctionMode
 
 DEBUG_FILE = "debug.jsonl"
@@ -31,6 +32,7 @@ RELU_FAMILY = (torch.nn.ReLU, torch.nn.ReLU6)
 # module the module's own count stands
 FUNCTIONAL_RELUS = {torch.nn.functional.relu, torch.relu, torch.nn.functional.relu6, torch.Tensor.relu}
 MAX_DETACHED = 256  # detach calls kept between two backwards
+CUT_REASONS = ("computed under no_grad", "cut by detach")  # reasons whose place in the graph is a cut (_cut_at)
 _ACCESSORS = ("__get__", "__set__", "__delete__")  # a tensor's attribute read (p.grad), not an op of the forward
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -127,7 +129,8 @@ class DebugWatch:
     def _reset(self) -> None:
         self.calls: dict[int, dict] = {}  # id(module) -> {"grad": bool, "nograd": bool, "reached": bool, ...}
         self.outputs: list = []  # (id(module), grad_fn) of this backward's window
-        self.detached: list = []  # grad_fns whose tensor was detached
+        self.detached: list = []  # (grad_fn whose tensor was detached, the autograd sequence number then)
+        self.backwards = 0  # backwards recorded in this step so far
         # bool mask of units seen non-zero: by id(module) for a ReLU module, by label for a functional ReLU
         self.dead: dict[int | str, torch.Tensor] = {}
         self.relu_calls: dict[str, int] = {}  # functional ReLU calls per module in the current forward
@@ -150,7 +153,7 @@ class DebugWatch:
             node = tensor.grad_fn
             if node is not None and len(watch.detached) < MAX_DETACHED and not watch.depth \
                     and not torch.compiler.is_compiling():
-                watch.detached.append(node)
+                watch.detached.append((node, _get_sequence_nr()))
             return original(tensor)
 
         torch.Tensor.detach = detach
@@ -207,9 +210,10 @@ class DebugWatch:
         if not relu and id(module) not in self.owning:
             return
         entry = self.calls.setdefault(id(module), {"grad": False, "nograd": False, "reached": False,
-                                                  "detached": None, "output": False})
+                                                  "detached": None, "output": False, "after": None, "cut": None})
         if not torch.is_grad_enabled():
             entry["nograd"] = True
+            entry["after"] = _get_sequence_nr()  # the ops after it made the nodes from here on
             return
         entry["grad"] = True
         outs = _tensors(output)
@@ -260,13 +264,18 @@ class DebugWatch:
             for m, node in self.outputs:
                 if id(node) in walked:
                     self.calls[m]["reached"] = True
-            detached = [d for d in self.detached if id(d) not in walked]  # a cut's node is not in the backward
+            detached = [(d, at) for d, at in self.detached if id(d) not in walked]  # a cut's node is not walked
             if cut and detached:
-                for d in detached:
+                for d, at in detached:
                     below = _reachable(d)
                     for m, node in cut:
                         if id(node) in below and self.calls[m]["detached"] is None:
                             self.calls[m]["detached"] = _name(d)
+                            self.calls[m]["after"] = at
+            for entry in self.calls.values():  # where each cut output would have entered the graph
+                if entry["after"] is not None and entry["cut"] is None and (entry["detached"] or not entry["grad"]):
+                    entry["cut"] = _cut_at(probe.nodes, entry["after"], self.backwards)
+            self.backwards += 1
             self.outputs, self.detached = [], []
             if self.check_forward and probe.id not in self.written_sources:
                 rows = {str(i): self.sources[id(n)][1] for i, n in enumerate(probe.nodes)
@@ -302,9 +311,11 @@ class DebugWatch:
                 beside = self.zero_beside.get(id(p))
                 if beside is not None and beside[1]() is not None and bool(beside[1]().detach().any()):
                     continue  # zero beside a zero weight the optimizer has just moved: LoRA's first step, expected
-                missing.append({"parameter": name, "module": self._path(module),
-                                "reason": self._reason(module, zero=norm == 0,
-                                                       beside=beside[0] if beside is not None else None)})
+                reason = self._reason(module, zero=norm == 0, beside=beside[0] if beside is not None else None)
+                entry = self.calls.get(id(module)) if module is not None else None
+                cut = entry.get("cut") if entry is not None and reason.startswith(CUT_REASONS) else None
+                missing.append({"parameter": name, "module": self._path(module), "reason": reason,
+                                **({"cut": cut} if cut else {})})
             dead = {}
             for key, alive in self.dead.items():
                 known = (key,) if isinstance(key, str) else self.recorder.modules.paths.get(key)
@@ -358,10 +369,11 @@ class DebugWatch:
         entry = self.calls.get(id(module)) if module is not None else None
         if entry is None:
             return f"not on any path from the loss: {path} never ran in this step's forward"
+        entered = f"; it entered the graph at {entry['cut']['op']}" if entry.get("cut") else ""
         if entry["nograd"] and not entry["grad"]:
-            return f"computed under no_grad: {path}'s forward ran with gradients off"
+            return f"computed under no_grad: {path}'s forward ran with gradients off{entered}"
         if entry["detached"]:
-            return f"cut by detach: the output of {path} was detached (at {entry['detached']}) before the loss"
+            return f"cut by detach: the output of {path} was detached (at {entry['detached']}) before the loss{entered}"
         if entry["grad"] and not entry["output"]:
             return (f"requires_grad=False upstream: {path}'s output needed no gradient (its inputs and weights, as "
                     f"used, do not require one)")
@@ -412,6 +424,22 @@ class DebugWatch:
                 self._line(line)
         self.file.write(json.dumps(data, allow_nan=False, separators=(",", ":")) + "\n")
         self.file.flush()
+
+
+def _cut_at(nodes: list, after: int, backward: int) -> dict | None:
+    """The node a cut output most likely entered: of the walked `nodes`, the first made after the cut (autograd's
+    sequence numbers count the nodes a thread makes, in order) that took an input needing no gradient (a None among
+    its next_functions). `h = base(x) + adapter(x).detach()`: the add. None where no such node follows."""
+    best = None
+    for row, node in enumerate(nodes):
+        if node.name() == "torch::autograd::AccumulateGrad":
+            continue
+        number = node._sequence_nr()
+        if number >= after and any(f is None for f, _ in node.next_functions) and (best is None or number < best[0]):
+            best = (number, row, node)
+    if best is None:
+        return None
+    return {"backward": backward, "row": best[1], "op": _name(best[2])}
 
 
 def _name(node) -> str:

@@ -18,6 +18,9 @@ FINDING_COLUMNS = ("kind", "step", "node", "module", "parameter", "source", "rea
 
 def finding_label(f: dict) -> str:
     """A finding as one line of the picker: kind, step, where."""
+    if f["kind"] == "no-gradient":  # by its parameter, and where its cut entered the graph (a detach, a no_grad)
+        where = f.get("parameter") or f.get("module") or ""
+        return f"{f['kind']} at step {f.get('step', '?')}: {where}" + (f" (cut at {f['node']})" if f.get("node") else "")
     where = f.get("node") or f.get("parameter") or f.get("module") or ""
     return f"{f['kind']} at step {f.get('step', '?')}: {where}" + (f" ({f['module']})" if f.get("node") and
                                                                      f.get("module") else "")
