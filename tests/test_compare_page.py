@@ -189,3 +189,20 @@ def test_a_seq_set_on_a_picked_preset_is_the_users_change_not_the_architectures(
     assert "Also changed: context 0 → 64, intermediate 0 → 256; these come with the other architecture" in model
     assert "seq 32 → 16" not in model.partition("Not from the architecture")[0]
     assert seq.startswith("- seq 32 → 16: no node added or removed — the graph's shape does not depend on seq")
+
+
+def test_the_changed_fields_are_listed_by_their_declared_labels_and_units():
+    """Issue 34 item 4: the compare page names the fields A and B differ in by the labels and units every view reads
+    (graphviz_core.fields), above the sentences that explain them. gpt2-tiny against bert-tiny at sequence length 16:
+    the family, the sequence length (in tokens), the context (tokens) and the MLP width."""
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    at.selectbox(key="compare.b.preset").set_value("bert-tiny").run()
+    at.number_input(key="compare.b.seq").set_value(16)
+    next(b for b in at.button if b.label == "Use as B").click().run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    rows = {r["field"]: (r["A"], r["B"]) for r in table.to_dict("records")}
+    assert rows["Model family"] == ("gpt2", "bert")
+    assert rows["Sequence length"] == ("32 tokens", "16 tokens")
+    assert rows["Context"] == ("0 (the sequence length)", "64 tokens")  # gpt2-tiny's 0 stands for its default
+    assert rows["MLP width"] == ("n/a", "256")  # the built-in GPT-2 has no such field

@@ -12,10 +12,19 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from graphviz_core.analysis.compare import Comparison, Headline, LayerPair, compare_captures
+from graphviz_core.analysis.compare import Comparison, Headline, LayerPair, compare_captures, differing_fields
 from graphviz_core.capture.result import Capture
-from graphviz_core.config import DEFAULT_PRESET, LORA_ALPHA, LORA_RANK, ModelConfig, applies, config_from_preset
+from graphviz_core.config import (
+    DEFAULT_PRESET,
+    FAMILIES,
+    LORA_ALPHA,
+    LORA_RANK,
+    ModelConfig,
+    applies,
+    config_from_preset,
+)
 from graphviz_core.export.render import render_html, run_description
+from graphviz_core.fields import FIELDS
 from graphviz_core.serve.recent import Recent
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.config_form import config_form, in_form_words, set_config
@@ -194,8 +203,33 @@ def with_binary_units(sentence: str) -> str:
     return _EXACT_BYTES.sub(both, sentence)
 
 
+def changed_fields_table(c: Comparison) -> pd.DataFrame:
+    """The config fields A and B differ in, each by its label (graphviz_core.fields) with its unit: what the sentences
+    below explain."""
+    rows = []
+    model = c.b.config.model
+    for name, (a, b) in differing_fields(c.a, c.b).items():
+        field = FIELDS.get(name)
+        label = FAMILIES[model].label(name) if field is not None and model in FAMILIES else (field.label if field else name)
+        rows.append({"field": label, "A": _field_value(field, a), "B": _field_value(field, b)})
+    return pd.DataFrame(rows, columns=["field", "A", "B"])
+
+
+def _field_value(field, value) -> str:
+    """A field's value as the table shows it: with its unit, a 0 that stands for a default with that default, and
+    "n/a" where that side's family has no such field."""
+    if value is None:
+        return "n/a"
+    if field is not None and field.zero and value == 0:
+        return f"0 ({field.zero})"
+    return f"{value} {field.unit}" if field is not None and field.unit else str(value)
+
+
 def show_comparison(c: Comparison) -> None:
     st.markdown("##### What changed, and why")
+    changed = changed_fields_table(c)
+    if len(changed):
+        st.dataframe(changed, hide_index=True, width="content")
     for sentence in c.explanations:
         st.markdown("- " + escape_markdown(with_binary_units(sentence)))
     cols = [*st.columns(3), *st.columns(3)[:2]]  # two rows: five in one cut values off at laptop widths
