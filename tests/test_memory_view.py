@@ -98,3 +98,22 @@ def test_no_explanation_where_saved_and_held_is_within_the_activation_peak():
     at = explorer_tab("Memory", 180, preset="vit-tiny")
     assert not at.exception
     assert not [c.value for c in at.caption if c.value.startswith("Saved + held is above")]
+
+
+def test_the_policies_side_by_side_are_captured_through_the_shared_captures():
+    """Issue 34 item 5: the checkpointing comparison asks the one job path the main capture uses (queued, limited,
+    cancellable, cached for every session), not a capture of its own: after the click, the shared cache holds each
+    policy's capture, and the table is a pure function of them (analysis.checkpointing.checkpointing_table)."""
+    from graphviz_core.analysis.checkpointing import checkpointing_table, policy_configs
+    from graphviz_core.serve.shared_captures import shared_captures
+
+    at = explorer_tab("Memory", 180)
+    next(b for b in at.button if b.label == "Compare the checkpointing policies").click().run()
+    assert not at.exception
+    config = at.session_state["config.applied"]
+    configs = policy_configs(config, "meta")
+    held = [shared_captures().lookup(c) for c in configs]
+    assert all(h is not None for h in held), [c.checkpoint for c, h in zip(configs, held, strict=True) if h is None]
+    table = checkpointing_table(config, "meta", config.optimizer, [h.capture for h in held])
+    shown = next(d.value for d in at.dataframe if "held for recompute" in d.value.columns)
+    assert list(shown["held for recompute"]) == [format_bytes(r.held_bytes) for r in table.rows]

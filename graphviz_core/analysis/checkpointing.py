@@ -89,7 +89,18 @@ def compare_checkpointing(
 ) -> CheckpointComparison:
     """Capture `config` once per checkpoint policy on `device` (meta by default) and tabulate them. On meta the
     policies are captured side by side in other processes where there are some (graphviz_core.capture.workers)."""
-    configs = [config.replace(checkpoint=policy, device=device) for policy in policies_for(config)]
-    captures = capture_many(configs, progress=progress)
+    captures = capture_many(policy_configs(config, device), progress=progress)
+    return checkpointing_table(config, device, optimizer, captures, step_time_s)
+
+
+def policy_configs(config: ModelConfig, device: str = "meta") -> list[ModelConfig]:
+    """The configs the comparison captures: `config` under each policy its family offers, on `device`."""
+    return [config.replace(checkpoint=policy, device=device) for policy in policies_for(config)]
+
+
+def checkpointing_table(config: ModelConfig, device: str, optimizer: str, captures: list[Capture],
+                        step_time_s: float | None = None) -> CheckpointComparison:
+    """The table of captures already made, one per policy (policy_configs): a pure function of them, so a page can
+    have them captured where every capture is queued, limited and cancellable (graphviz_core.serve)."""
     rows = [policy_memory(capture, optimizer, step_time_s) for capture in captures]
     return CheckpointComparison(config, device, optimizer, tuple(rows))

@@ -144,7 +144,7 @@ def start_capture(config: ModelConfig) -> None:
             st.session_state.setdefault("capture.measured", {})[config] = None
 
 
-def get_capture(config: ModelConfig, form_key: str | None = None) -> Capture | None:
+def get_capture(config: ModelConfig, form_key: str | None = None, origin: bool = True) -> Capture | None:
     """The capture of `config` from the shared cache, or captured now (waiting with everyone who asked for the same
     config); None after showing an st.error, or a cancelled notice, when there is no result. A capture refused with a
     sentence takes the form `form_key` back to the config it ran before (config_form.refuse), as a refused Run does."""
@@ -177,6 +177,7 @@ def get_capture(config: ModelConfig, form_key: str | None = None) -> Capture | N
     cancelled.pop(config, None)
     if config in measured and measured[config] is None:
         measured[config] = got.measured_at
-    _show_origin(got, measured.get(config) == got.measured_at)
+    if origin:  # where the capture came from (measured now, or the shared cache); a table of several says it once
+        _show_origin(got, measured.get(config) == got.measured_at)
     apply_pending_view(config, got.capture.graph)  # a link's focused/expanded module, now that its modules are known
     return got.capture

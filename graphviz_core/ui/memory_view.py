@@ -7,7 +7,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from graphviz_core.analysis.checkpointing import compare_checkpointing
+from graphviz_core.analysis.checkpointing import checkpointing_table, policy_configs
 from graphviz_core.analysis.fit import will_it_fit
 from graphviz_core.analysis.memory_breakdown import largest_saved_tensors, saved_bytes_by_layer
 from graphviz_core.analysis.step_terms import step_parts
@@ -20,6 +20,8 @@ from graphviz_core.analysis.training_step import (
 )
 from graphviz_core.capture.result import Capture
 from graphviz_core.capture.timeline import KINDS, sampled_steps
+from graphviz_core.config import ModelConfig
+from graphviz_core.ui.capture_cache import get_capture, start_capture
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.finetune_view import MEMORY_ROWS, show_finetune_comparison
 from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, format_flops, literal_cells
@@ -251,6 +253,21 @@ def _training_step(capture: Capture, step: TrainingStep) -> None:
         st.caption(escape_markdown(note))
 
 
+def _policies_captured(config: ModelConfig, device: str, step_time: float | None):
+    """The policies' captures through the shared captures (queued, limited, each with its Cancel button, cached for
+    every session; dry runs started together), then their table; None while one is refused or cancelled (said)."""
+    configs = policy_configs(config, device)
+    for each in configs:
+        start_capture(each)
+    captures = []
+    for each in configs:
+        got = get_capture(each, origin=False)
+        if got is None:
+            return None
+        captures.append(got)
+    return checkpointing_table(config, device, config.optimizer, captures, step_time)
+
+
 def _run_action(key: str, label: str, action):
     """Run `action` on click, keep its result in the session (a rerun shows it again), errors as st.error."""
     if st.button(label, key=f"{key}.button"):
@@ -274,13 +291,9 @@ def _checkpointing(capture: Capture) -> None:
     measured = capture.time.forward_s + capture.time.backward_s if capture.time.forward_s is not None else None
     step_time = measured if capture.config.checkpoint == "none" else None
     key = f"memory.ckpt::{config}::{device}"
-    result = _run_action(
-        key,
-        "Compare the checkpointing policies",
-        lambda: compare_checkpointing(
-            config, device=device, optimizer=config.optimizer, step_time_s=step_time
-        ),
-    )
+    if st.button("Compare the checkpointing policies", key=f"{key}.button"):
+        st.session_state[key] = True
+    result = _policies_captured(config, device, step_time) if st.session_state.get(key) else None
     if result is None:
         st.caption(
             "Captures this config once per checkpoint policy (on meta: shapes only, quick at any size) "
