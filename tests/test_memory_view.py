@@ -117,3 +117,19 @@ def test_the_policies_side_by_side_are_captured_through_the_shared_captures():
     table = checkpointing_table(config, "meta", config.optimizer, [h.capture for h in held])
     shown = next(d.value for d in at.dataframe if "held for recompute" in d.value.columns)
     assert list(shown["held for recompute"]) == [format_bytes(r.held_bytes) for r in table.rows]
+
+
+def test_full_against_lora_is_captured_through_the_shared_captures():
+    """Issue 34 item 5: full fine-tuning against LoRA asks the shared captures for both sides (finetune_configs), and
+    the table is the pure finetune_table of them."""
+    from graphviz_core.analysis.finetuning import finetune_configs, finetune_table
+    from graphviz_core.serve.shared_captures import shared_captures
+
+    at = explorer_tab("Memory", 180)
+    next(b for b in at.button if b.label.startswith("Compare full fine\\-tuning with")).click().run()  # Markdown-escaped
+    assert not at.exception
+    config = at.session_state["config.applied"]
+    held = [shared_captures().lookup(c) for c in finetune_configs(config)]
+    assert all(h is not None for h in held)
+    result = finetune_table(config, config.optimizer, held[0].capture, held[1].capture)
+    assert result.tuned.trainable_parameters < result.full.trainable_parameters  # LoRA trains fewer

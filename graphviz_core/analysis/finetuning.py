@@ -139,7 +139,17 @@ def compare_finetuning(
 ) -> FinetuneComparison:
     """Capture full fine-tuning and `config`'s fine-tuning (LoRA at its defaults when `config` trains everything)
     on `device` (meta by default: shapes only, quick at any size) and put them side by side."""
-    full, tuned = full_twin(config), tuned_twin(config)
-    captures = capture_many([full.replace(device=device), tuned.replace(device=device)], progress=progress)
-    return FinetuneComparison(tuned, captures[0].device, optimizer, finetune_side(captures[0], optimizer),
-                              finetune_side(captures[1], optimizer))
+    captures = capture_many(list(finetune_configs(config, device)), progress=progress)
+    return finetune_table(config, optimizer, captures[0], captures[1])
+
+
+def finetune_configs(config: ModelConfig, device: str = "meta") -> tuple[ModelConfig, ModelConfig]:
+    """The two configs the comparison captures: every parameter trained, and `config`'s fine-tuning (LoRA at its
+    defaults when `config` trains everything), on `device`."""
+    return full_twin(config).replace(device=device), tuned_twin(config).replace(device=device)
+
+
+def finetune_table(config: ModelConfig, optimizer: str, full: Capture, tuned: Capture) -> FinetuneComparison:
+    """The comparison of the two captures already made (finetune_configs): a pure function of them."""
+    return FinetuneComparison(tuned_twin(config), full.device, optimizer, finetune_side(full, optimizer),
+                              finetune_side(tuned, optimizer))

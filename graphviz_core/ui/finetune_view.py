@@ -8,12 +8,14 @@ import streamlit as st
 
 from graphviz_core.analysis.finetuning import (
     FinetuneComparison,
-    compare_finetuning,
     comparison_title,
+    finetune_configs,
     finetune_label,
+    finetune_table,
     tuned_twin,
 )
 from graphviz_core.capture.result import Capture
+from graphviz_core.ui.capture_cache import get_capture, start_capture
 from graphviz_core.ui.format import escape_markdown, format_bytes, format_flops, literal_cells
 
 # The rows each tab shows (FinetuneComparison.savings' first column).
@@ -39,6 +41,18 @@ def _change(full: int, tuned: int) -> str:
     return f"{tuned / full:.1%} of full"
 
 
+def _both_captured(config, optimizer: str) -> FinetuneComparison | None:
+    """Both captures through the shared captures (queued, limited, cancellable, cached for every session; started
+    together), then their comparison; None while one is refused or cancelled (said by get_capture)."""
+    configs = finetune_configs(config)
+    for each in configs:
+        start_capture(each)
+    full, tuned = (get_capture(each, origin=False) for each in configs)
+    if full is None or tuned is None:
+        return None
+    return finetune_table(config, optimizer, full, tuned)
+
+
 def show_finetune_comparison(capture: Capture, rows: tuple[str, ...], key: str) -> None:
     """A button that captures full fine-tuning and LoRA (or this run's freezing) on meta and shows `rows`."""
     config = capture.config
@@ -53,12 +67,8 @@ def show_finetune_comparison(capture: Capture, rows: tuple[str, ...], key: str) 
     state_key = f"finetune.{key}::{config}::{optimizer}"
     # a button's label is Markdown: a glob's stars would turn italic
     if st.button(escape_markdown(f"Compare full fine-tuning with {finetune_label(tuned)}"), key=f"finetune.{key}.button"):
-        try:
-            with st.spinner("Capturing both on meta (shapes only)…"):
-                st.session_state[state_key] = compare_finetuning(config, optimizer=optimizer)
-        except ValueError as exc:
-            st.error(str(exc))
-    result: FinetuneComparison | None = st.session_state.get(state_key)
+        st.session_state[state_key] = True
+    result = _both_captured(config, optimizer) if st.session_state.get(state_key) else None
     if result is None:
         other = "with LoRA's adapters" if tuned.finetune == "lora" else "with this run's frozen parameters"
         st.caption("Captures this config twice on meta (shapes only, quick at any size): every parameter trained, "
