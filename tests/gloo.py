@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import socket
+import queue
 import sys
+import time
 from collections.abc import Callable, Iterator
 
 import torch
@@ -16,12 +17,6 @@ from graphviz_core.parallel.report import PerRank
 from graphviz_core.parallel.settings import ParallelConfig
 from graphviz_core.parallel.simulate import measure_step, workload_of
 from graphviz_core.parallel.world import build_meshes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -43,14 +38,36 @@ def _no_main_script() -> Iterator[None]:
 
 def spawn_ranks(rank_fn: Callable, world: int, *args, timeout: float = 120):
     """Run `rank_fn(rank, world, port, *args, results)` in `world` real processes; what rank 0 puts on `results`.
-    The queue is read before the processes are joined: rank 0 flushes it on exit."""
+    The queue is read before the processes are joined: rank 0 flushes it on exit.
+
+    The ranks' rendezvous (a TCPStore) is served from this process on a port it holds from the start: a port found
+    free and let go, for rank 0 to bind seconds later once spawned, could be taken meanwhile by any connection on the
+    machine (the browser tests' make hundreds); rank 0 then failed to bind, rank 1 waited for it, and the test ran out
+    its timeout with no result (tests/test_parallel_lora.py's TP + SP run, once in a fresh-clone suite, never alone).
+    A rank that raised is reported with its traceback; one that hangs is stopped."""
+    store = dist.TCPStore("127.0.0.1", 0, world_size=world, is_master=True, wait_for_workers=False)
     results = mp.get_context("spawn").Queue()
     with _no_main_script():
-        ranks = mp.start_processes(rank_fn, args=(world, free_port(), *args, results), nprocs=world,
+        ranks = mp.start_processes(rank_fn, args=(world, store.port, *args, results), nprocs=world,
                                    start_method="spawn", join=False)
-    out = results.get(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            out = results.get(timeout=1)
+            break
+        except queue.Empty:
+            # a rank that raised or died: ProcessRaisedException (its traceback) or ProcessExitedException, at once
+            if ranks.join(timeout=0):
+                out = results.get(timeout=10)  # every rank ended cleanly: rank 0's result is on its way
+                break
+            if time.monotonic() > deadline:
+                for process in ranks.processes:
+                    process.kill()
+                raise TimeoutError(f"no result from the {world} ranks within {timeout:g} s; none raised: they "
+                                   "hung") from None
     while not ranks.join():
         pass
+    del store  # held until the ranks are done with it
     return out
 
 
@@ -60,7 +77,8 @@ def gloo_group(rank: int, world: int, port: int) -> Iterator[None]:
     tearing gloo down while the other still talks to it aborted (SIGABRT, "terminate called without an active
     exception") on a loaded machine, after the results had come back."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    store = dist.TCPStore("127.0.0.1", port, world_size=world, is_master=False)  # served by spawn_ranks' process
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     try:
         yield
         dist.barrier()  # not after an error: the other rank would wait here for one that never comes
