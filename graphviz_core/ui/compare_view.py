@@ -209,8 +209,8 @@ def changed_fields_table(c: Comparison) -> pd.DataFrame:
     rows = []
     model = c.b.config.model
     for name, (a, b) in differing_fields(c.a, c.b).items():
-        field = FIELDS.get(name)
-        label = FAMILIES[model].label(name) if field is not None and model in FAMILIES else (field.label if field else name)
+        field = FIELDS[name]  # every config field is declared there (tests/test_fields.py)
+        label = FAMILIES[model].label(name) if model in FAMILIES else field.label
         rows.append({"field": label, "A": _field_value(field, a), "B": _field_value(field, b)})
     return pd.DataFrame(rows, columns=["field", "A", "B"])
 
@@ -220,9 +220,9 @@ def _field_value(field, value) -> str:
     "n/a" where that side's family has no such field."""
     if value is None:
         return "n/a"
-    if field is not None and field.zero and value == 0:
+    if field.zero and value == 0:
         return f"0 ({field.zero})"
-    return f"{value} {field.unit}" if field is not None and field.unit else str(value)
+    return f"{value} {field.unit}" if field.unit else str(value)
 
 
 def show_comparison(c: Comparison) -> None:
