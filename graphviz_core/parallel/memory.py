@@ -171,7 +171,10 @@ class PhasePeaks(torch.utils._python_dispatch.TorchDispatchMode):
         inside = [self._layer_of[name] for name in names if self._layer_of[name] is not None]
         if inside:
             self._in_layers = True
-            return f"layer {inside[0]}"
+            # Two layers can be in the tracker's set at once: one entered before the other is seen to end (a set of
+            # names, iterated in an order that follows string hashes, so changes from process to process). The step
+            # is in the one furthest along: the last in forward, the first in backward (layers run in reverse).
+            return f"layer {min(inside) if self.phase == 'backward' else max(inside)}"
         return "post" if self._in_layers else "pre"
 
 
