@@ -1,5 +1,6 @@
-"""Which layer a parallel simulation's memory sample is filed under (graphviz_core.parallel.memory.PhasePeaks): the
-planner scales each layer's peak by its position, so the answer must not change from one process to the next."""
+"""Which layer a parallel simulation's memory sample, and which module its collective, is filed under (PhasePeaks,
+CollectiveRecorder): the planner scales each layer's peak by its position, and the Communication table files traffic
+by module, so neither answer may change from one process to the next."""
 
 from __future__ import annotations
 
@@ -36,3 +37,28 @@ def test_two_layers_held_at_once_file_under_the_one_running(order):
 
 def test_outside_the_layers_a_sample_is_before_or_after_them():
     assert _peaks_in(["Global", "Stage"], "forward") == "pre"
+
+
+@pytest.mark.parametrize("order", [["Global", "Stack", "Stack.layers", "Stack.layers.1", "Stack.layers.1.0",
+                                    "Stack.layers.2", "Stack.layers.2.1"],
+                                   ["Stack.layers.2.1", "Stack.layers.2", "Stack.layers.1.0", "Stack.layers.1",
+                                    "Stack.layers", "Stack", "Global"]])
+def test_a_collective_is_filed_under_the_module_running(order):
+    """The same for the collective recorder's module: layer 1's first linear (`layers.1.0`) and layer 2's second
+    (`layers.2.1`) held at once. The old rule, the deepest path and then the longest, tied these two and took the
+    first the set gave."""
+    from graphviz_core.parallel.collectives import CollectiveRecorder
+
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Sequential(nn.Linear(1, 1), nn.Linear(1, 1)) for _ in range(3))
+
+    model = Stack()
+    recorder = CollectiveRecorder({})
+    recorder.modules._get_mod_name(model)  # torch's ModTracker names the model's modules, in the model's order
+    recorder.modules.parents = order
+    recorder.phase = "backward"
+    assert recorder._innermost() == "layers.1.0"
+    recorder.phase = "forward"
+    assert recorder._innermost() == "layers.2.1"

@@ -216,8 +216,16 @@ class CollectiveRecorder(TorchDispatchMode):
     def _innermost(self) -> str:
         """The innermost module running, by its path from the model ("" = top level)."""
         parents = [p for p in self.modules.parents if p != "Global"]
-        # ModTracker names modules by dotted path from the root class; the innermost is the deepest.
-        return max(parents, key=lambda p: (p.count("."), len(p)), default="").partition(".")[2]
+        # ModTracker names modules by dotted path from the root class. Its set can hold a module that has ended (one
+        # layer's backward begun before the previous one is seen to end): of the innermost modules, the one running
+        # is furthest along, the last in the model's order in forward, the first in backward (not whichever a set
+        # of names, ordered by string hashes, gives first).
+        leaves = [p for p in parents if not any(q.startswith(p + ".") for q in parents)]
+        if not leaves:
+            return ""
+        order = {name: i for i, name in enumerate(self.modules._known_modules.values())}  # the model's pre-order
+        pick = min if self.phase == "backward" else max
+        return pick(leaves, key=lambda p: order.get(p, -1)).partition(".")[2]
 
     def _record(self, kind: str, args: tuple, group_arg: int, functional: bool) -> None:
         group = _process_group(args[group_arg])
