@@ -2,6 +2,7 @@
 the chart of peak per layout against the GPU's memory, clicked at a laptop's size and photographed at a desktop's too
 (page errors fail)."""
 
+import os
 import re
 
 import pytest
@@ -59,3 +60,26 @@ def test_the_plan_tab_ranks_the_layouts_with_progress_and_a_chart(page, streamli
     chart.scroll_into_view_if_needed()
     page.wait_for_timeout(800)
     both_sizes(page, tmp_path / "plan", full_page=True)
+
+
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
+def test_a_plan_shows_its_progress_with_a_cancel_button_that_stops_it(page, streamlit_url, tmp_path):
+    """The default plan (8 GPUs, 1 or 2 pipeline stages, none and full checkpointing: over a minute of simulations
+    here) runs as the server's other long work does: a line naming it, a bar with the layouts done, a Cancel button.
+    Cancel stops it and says so with a button to run it again; the page keeps serving (page errors fail)."""
+    page.goto(f"{streamlit_url}/parallel?preset=llama-tiny")
+    page.get_by_text("Rank 0 next to one device").wait_for(timeout=180_000)
+    page.get_by_role("tab", name="Plan").click()
+    form = page.locator('[data-testid="stForm"]').filter(has_text="GPUs in all")
+    form.get_by_role("button", name="Plan the layouts").click()
+    page.get_by_text("The plan of llama on 8 GPUs…").wait_for(timeout=60_000)
+    page.locator('[data-testid="stProgress"]').filter(has_text=re.compile(r"Simulated \d+ of \d+ layouts")).wait_for(
+        timeout=120_000)
+    page.get_by_role("button", name="Cancel").scroll_into_view_if_needed()
+    both_sizes(page, os.path.join(os.environ.get("GRAPHVIZ_CORE_SHOTS") or str(tmp_path), "plan-running"))
+    page.get_by_role("button", name="Cancel").click()
+    page.get_by_text("Cancelled: the plan of llama on 8 GPUs.").wait_for(timeout=30_000)
+    page.get_by_role("button", name="Run again").wait_for(timeout=10_000)
+    assert page.locator('[data-testid="stTable"]').filter(has_text="Tokens/s per GPU (estimate)").count() == 0
+    page.get_by_role("tab", name="Memory per rank").click()  # the page still serves its other tabs
+    page.get_by_text("Rank 0 next to one device").wait_for(timeout=30_000)

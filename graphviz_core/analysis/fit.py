@@ -18,6 +18,7 @@ from graphviz_core.analysis.checkpointing import policies_for
 from graphviz_core.analysis.memory_formulas import KORTHIKANTI_POLICIES, korthikanti_policy_layer_bytes
 from graphviz_core.analysis.training_step import training_step, training_step_of
 from graphviz_core.capture.engine import capture_backward
+from graphviz_core.capture.result import Capture
 from graphviz_core.config import LIMITS, ModelConfig, applies
 
 DIMENSIONS = ("batch", "seq")
@@ -58,10 +59,14 @@ def _probe_config(
     return config.replace(**changes)
 
 
+Capturer = Callable[[ModelConfig], Capture]  # runs one meta capture (a server passes its queued, cancellable one)
+
+
 class _Prober:
     """Step peaks of probe configs, counting captures."""
 
-    def __init__(self, config: ModelConfig, optimizer: str) -> None:
+    def __init__(self, config: ModelConfig, optimizer: str, capture: Capturer = capture_backward) -> None:
+        self.capture = capture
         self.config = config
         self.optimizer = optimizer
         self.captures = 0
@@ -73,7 +78,7 @@ class _Prober:
         key = (policy, dimension, value)
         if key not in self.known:
             self.captures += 1
-            capture = capture_backward(_probe_config(self.config, policy, dimension, value))
+            capture = self.capture(_probe_config(self.config, policy, dimension, value))
             self.known[key] = training_step_of(capture, self.optimizer).step_peak_bytes
         return self.known[key]
 
@@ -87,7 +92,7 @@ class _Prober:
         steps = []
         for layers in (low, high):
             self.captures += 1
-            capture = capture_backward(_probe_config(self.config, policy, dimension, value, layers))
+            capture = self.capture(_probe_config(self.config, policy, dimension, value, layers))
             steps.append(training_step_of(capture, self.optimizer))
         per_layer = steps[1].step_peak_bytes - steps[0].step_peak_bytes
         self.known[key] = steps[0].step_peak_bytes + (self.config.layers - low) * per_layer
@@ -135,6 +140,7 @@ def largest_fitting(
     optimizer: str = "adamw",
     parameter_count: int | None = None,
     frozen_parameter_count: int = 0,
+    capture: Capturer = capture_backward,
 ) -> FitResult:
     """The largest `dimension` (batch or seq) whose step peak under `policy` is at most `budget_bytes`.
     `parameter_count`: the trainable parameters (None: from a meta capture, which also gives the frozen ones);
@@ -148,10 +154,10 @@ def largest_fitting(
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
         # a whole number of bytes: a float budget of inf compared above every peak and searched to the limits
         raise ValueError(f"the memory budget is a whole number of bytes above 0, got {budget_bytes!r}.")
-    prober = _Prober(config, optimizer)
+    prober = _Prober(config, optimizer, capture)
     limit = LIMITS[dimension]
     if parameter_count is None:
-        summary = capture_backward(config.replace(device="meta")).summary
+        summary = capture(config.replace(device="meta")).summary
         parameter_count, frozen_parameter_count = summary.parameter_count, summary.frozen_parameter_count
         prober.captures += 1
     predicted = predicted_largest(config, budget_bytes, policy, dimension, optimizer, parameter_count,
@@ -210,17 +216,18 @@ def will_it_fit(
     parameter_count: int | None = None,
     progress: Callable[[str], None] | None = None,
     frozen_parameter_count: int = 0,
+    capture: Capturer = capture_backward,
 ) -> FitSearch:
     """Every policy the model supports x every dimension asked for; `parameter_count` (the config's, from a
-    capture already made) saves a capture for the prediction."""
+    capture already made) saves a capture for the prediction. `capture` runs each meta capture."""
     count, frozen = parameter_count, frozen_parameter_count
     if count is None:
-        summary = capture_backward(config.replace(device="meta")).summary
+        summary = capture(config.replace(device="meta")).summary
         count, frozen = summary.parameter_count, summary.frozen_parameter_count
     results = []
     for policy in policies_for(config):
         for dimension in (d for d in dimensions if applies(d, config.model)):
             if progress:
                 progress(f"largest {dimension} with checkpoint {policy}")
-            results.append(largest_fitting(config, budget_bytes, policy, dimension, optimizer, count, frozen))
+            results.append(largest_fitting(config, budget_bytes, policy, dimension, optimizer, count, frozen, capture))
     return FitSearch(config, budget_bytes, optimizer, tuple(results))

@@ -11,7 +11,8 @@ waiting there), then the one with the most room (its budget minus what is reserv
 budget and queue.
 `meta` dry runs allocate no tensor memory but can run for minutes: they have a queue of their own (never behind
 real captures), as many at once as the caller says can run side by side (graphviz_core.capture.workers: one per
-worker process), and the same run time limit, cancel and queue timeout.
+worker process), and the same run time limit, cancel and queue timeout. Parallel simulations (fake tensors over a
+fake process group; a plan is many) queue as `SIMULATION`, one at a time: the fake process group is the process's.
 
 Budgets (bytes) come from the container's memory limit (cgroup v2 `memory.max`, v1
 `memory.limit_in_bytes`) and `MemAvailable`, whichever leaves less room, or from the environment:
@@ -67,6 +68,7 @@ DEFAULT_COMPUTE_BUDGET_S = 60.0
 DEFAULT_FLOPS_PER_S = {"cpu": 4e10, "cuda": 2e13}
 # Trimming costs a few milliseconds; below this a capture leaves too little behind to be worth it.
 TRIM_ABOVE_BYTES = 256 * 2**20
+SIMULATION = "simulation"  # the queue of parallel simulations: fake tensors, no bytes reserved, one at a time
 POLL_S = 0.25  # how often a waiting or running capture looks at its cancel conditions
 
 
@@ -209,10 +211,11 @@ class Admission:
             return
         ticket.device = device
         ticket._admission = self
-        need = 0 if device == "meta" else estimate_peak_bytes(config)
-        if device != "meta":
+        shapes_only = device in ("meta", SIMULATION)
+        need = 0 if shapes_only else estimate_peak_bytes(config)
+        if not shapes_only:
             self._refuse_if_impossible(config, device, need)
-        default = {"cuda": 1, "meta": 1}.get(device.partition(":")[0])
+        default = {"cuda": 1, "meta": 1, SIMULATION: 1}.get(device.partition(":")[0])
         self._wait_for_room(ticket, device, need, at_once or default)
         device = ticket.device  # "cuda" was placed on one GPU, "cuda:N"
         run_limit = _env_float(RUN_TIMEOUT_ENV, 900)

@@ -15,6 +15,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from graphviz_core.capture.flop_formulas import op_info
 from graphviz_core.capture.meta_kernels import GROUPED_MM, grouped_mm_on_meta
 from graphviz_core.parallel.settings import FSDP_STRATEGIES, ParallelConfig
+from graphviz_core.parallel.world import check_stopped
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -132,6 +133,11 @@ class PhasePeaks(torch.utils._python_dispatch.TorchDispatchMode):
 
         if any(t is DTensor for t in types):
             return NotImplemented
+        if func.namespace == "aten" and not _propagating.active:
+            # A cancelled request, or one past the server's run time limit, stops at this rank's next tensor op: not
+            # at prim.device, which autograd's C++ reads where an exception ends the process, nor inside DTensor's
+            # sharding propagation, which would report it as its own failure.
+            check_stopped()
         if func is GROUPED_MM and is_fake(args[0]):  # a mixture of experts' GEMMs: the fake kernel refuses float32,
             # which the CPU kernel runs
             out = grouped_mm_on_meta(*args, **(kwargs or {}))

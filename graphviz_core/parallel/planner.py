@@ -29,6 +29,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
+from graphviz_core.capture.admission import CaptureCancelled
 from graphviz_core.config import ModelConfig
 from graphviz_core.parallel.collectives import link_of
 from graphviz_core.parallel.settings import (
@@ -304,6 +305,8 @@ def _sample_or_failure(config: ModelConfig, layout: Layout, per_stage: int, gpus
 
     try:
         return simulate_sample(config, layout, per_stage, gpus_per_node)
+    except CaptureCancelled:  # the whole plan stops: not one layout's failure
+        raise
     except Exception as exc:  # noqa: BLE001 - reported as the layout's reason, in the plan's output
         text = str(exc).strip()
         return f"the simulation failed: {type(exc).__name__}" + (f": {text.splitlines()[0]}" if text else "")

@@ -9,6 +9,7 @@ thread. Parameters are made fake storages with `to_empty` (ties kept) once the m
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -18,9 +19,49 @@ import torch.distributed as dist
 from torch import nn
 
 from graphviz_core.capture import step_gate
+from graphviz_core.capture.admission import CaptureCancelled
 from graphviz_core.parallel.settings import ParallelConfig
 
 _SIMULATION_LOCK = threading.Lock()
+_ASKING = threading.local()  # per thread: the ticket that may stop the simulations this thread starts
+# The running simulation's ticket (one at a time, under the lock), read from its rank threads, and whether it has
+# stopped the simulation already: the ops its unwinding dispatches (a profiler range closed) must run, not raise again.
+_RUNNING: list = [None, False]
+
+
+@contextlib.contextmanager
+def stopped_by(ticket) -> Iterator[None]:
+    """The simulations this thread runs inside the block stop at their next op once `ticket` (an admission Ticket)
+    is cancelled or past its run time limit: CaptureCancelled, raised out of the simulation, its world torn down."""
+    previous = getattr(_ASKING, "ticket", None)
+    _ASKING.ticket = ticket
+    try:
+        yield
+    finally:
+        _ASKING.ticket = previous
+
+
+def _stop_within(exc: BaseException):
+    """The stop (admission's CaptureCancelled: a cancelled or timed-out ticket) that `exc` is or wraps, if any."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, CaptureCancelled):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def check_stopped() -> None:
+    """Raise CaptureCancelled if the running simulation's ticket says stop (called at every op, in any rank's
+    thread)."""
+    ticket, stopped = _RUNNING
+    if ticket is not None and not stopped:
+        try:
+            ticket.check()
+        except BaseException:
+            _RUNNING[1] = True
+            raise
 
 
 @contextlib.contextmanager
@@ -28,6 +69,7 @@ def simulation_lock() -> Iterator[None]:
     """The fake process group is process-global: one simulation at a time, in a process with no other group."""
     if not _SIMULATION_LOCK.acquire(timeout=600):
         raise ValueError("another parallel simulation has been running for 10 minutes; try again when it ends.")
+    _RUNNING[:] = [getattr(_ASKING, "ticket", None), False]
     try:
         if dist.is_initialized():
             raise ValueError(
@@ -36,7 +78,13 @@ def simulation_lock() -> Iterator[None]:
             )
         with step_gate.shared(), _quiet(), _propagation_apart():  # never beside a compiled capture
             yield
+    except Exception as exc:
+        stop = _stop_within(exc)
+        if stop is None or stop is exc:
+            raise
+        raise stop from None  # torch's pipeline stages raise "Failed to run stage backward" from what stopped them
     finally:
+        _RUNNING[:] = [None, False]
         _SIMULATION_LOCK.release()
 
 
@@ -97,11 +145,15 @@ def fake_world(parallel: ParallelConfig, rank: int = 0) -> Iterator[dict]:
         return
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    # init_process_group wraps sys.excepthook to prefix "[rank0]: " to every line of an uncaught error, and nothing
+    # unwraps it: after 100 simulations a server's traceback read "[rank0]: " 100 times per line, through 100 hooks.
+    hook = sys.excepthook
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=parallel.world_size)
     try:
         yield build_meshes(parallel)
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
 
 
 def build_meshes(parallel: ParallelConfig) -> dict:

@@ -1,6 +1,7 @@
 """The results every session of one server shares, the most recently used kept: one small thread-safe store for what a
-page computes once and shows to everyone (a comparison of two captures, a parallel simulation). Captures themselves go
-through graphviz_core.serve.shared_captures, which also queues, limits and cancels the work."""
+page computes quickly from results it already has (the compare page's comparison of two cached captures). Anything that
+runs long (captures, parallel simulations, plans, will-it-fit) goes through graphviz_core.serve.shared_captures, which
+also queues, limits and cancels it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """One capture per config for everyone in the process: a cache bounded by bytes and entries, and captures in flight
-that every session asking for the same config waits on, instead of capturing it again.
+that every session asking for the same config waits on, instead of capturing it again. Other long work the pages ask
+for (a parallel simulation, a plan, a will-it-fit search: graphviz_core.serve.work) runs the same way, keyed by what
+it computes (`request_work`): queued, cancelled with its last waiter, cached beside the captures under one limit.
 
 A session asks with `request(config, waiter)`: it gets the cached result at once, or the `Job` capturing that
 config (started on a worker thread if none runs yet; a meta dry run is handed from there to another process,
@@ -21,8 +23,9 @@ import threading
 import time
 import types
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 from graphviz_core.capture.admission import CaptureCancelled, Ticket, return_freed_memory
 from graphviz_core.capture.device import resolve_device
@@ -75,31 +78,44 @@ def without_frames(exc: BaseException) -> BaseException:
     return exc
 
 
+# What a job runs: given a progress callback (what it does now, and how far along as a fraction when it knows) and
+# its ticket (cancel, run time limit), it returns the result or raises.
+Work = Callable[[Callable[..., None], Ticket], Any]
+
+
 @dataclass(frozen=True)
 class Eviction:
-    """A capture dropped from the cache to make room for another."""
+    """A result dropped from the cache to make room for another."""
 
-    config: ModelConfig
+    config: ModelConfig | None  # a capture's config; None for other work
     retained_bytes: int
     at: float  # time.time()
+    what: str = ""  # the result in words
 
 
 @dataclass(frozen=True)
 class Cached:
-    """A finished capture as the cache holds it."""
+    """A finished capture (or other result: `value`) as the cache holds it."""
 
-    capture: Capture
+    value: Any
     retained_bytes: int
-    measured_at: float  # time.time() when the capture finished
+    measured_at: float  # time.time() when the work finished
     evicted: tuple[Eviction, ...] = ()  # what was dropped to make room for it
     kept: bool = True  # False: larger than the whole cache, handed to its waiters but not kept
+    what: str = ""
+    config: ModelConfig | None = None  # a capture's config; None for other work
+
+    @property
+    def capture(self) -> Capture:
+        return self.value
 
 
 @dataclass
 class Job:
-    """One capture in flight: its admission ticket, what it is doing, who waits for it, and how it ended."""
+    """One capture (or other work) in flight: its admission ticket, what it is doing, who waits for it, and how it
+    ended."""
 
-    config: ModelConfig
+    config: ModelConfig | None  # the capture's config; None for other work
     ticket: Ticket
     started_at: float = field(default_factory=time.time)
     phase: str = "waiting for its turn"
@@ -107,6 +123,14 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
     result: Cached | None = None
     error: BaseException | None = None
+    key: Hashable = None
+    work: Work | None = None
+    what: str = ""  # the work in words: "the capture of …", "the simulation of …"
+    fraction: float | None = None  # how far along, where the work says
+
+    def report(self, phase: str, fraction: float | None = None) -> None:
+        """The work's progress callback."""
+        self.phase, self.fraction = phase, fraction
 
     def ahead(self) -> int | None:
         """Captures ahead of this one in its device's queue; None once it runs."""
@@ -152,15 +176,27 @@ class SharedCaptures:
         self._jobs: dict[ModelConfig, Job] = {}
 
     def lookup(self, config: ModelConfig) -> Cached | None:
+        return self.lookup_key(cache_key(config))
+
+    def lookup_key(self, key: Hashable) -> Cached | None:
         with self._lock:
-            cached = self._cached.get(cache_key(config))
+            cached = self._cached.get(key)
             if cached is not None:
-                self._cached.move_to_end(cache_key(config))
+                self._cached.move_to_end(key)
             return cached
 
     def request(self, config: ModelConfig, waiter: str) -> Cached | Job:
         """The cached capture of `config`, or the job capturing it (joined as `waiter`; started if none runs)."""
-        key = cache_key(config)
+
+        def work(progress: Callable[..., None], ticket: Ticket) -> Capture:
+            return self._capture(config, progress=progress, ticket=ticket)
+
+        return self.request_work(cache_key(config), waiter, work, f"the capture of {config.describe()}", config)
+
+    def request_work(self, key: Hashable, waiter: str, work: Work, what: str,
+                     config: ModelConfig | None = None) -> Cached | Job:
+        """The cached result for `key`, or the job computing it with `work` (joined as `waiter`; started on a thread
+        of its own if none runs). `key` names what `work` computes, whole: equal keys share one result."""
         with self._lock:
             cached = self._cached.get(key)
             if cached is not None:
@@ -168,7 +204,7 @@ class SharedCaptures:
                 return cached
             job = self._jobs.get(key)
             if job is None or job.ticket.cancelled:  # a cancelled one still winding down is not joined
-                job = Job(config, Ticket())
+                job = Job(config, Ticket(), key=key, work=work, what=what)
                 job.ticket.wanted = lambda: self._wanted(job)
                 self._jobs[key] = job
                 job.waiters.add(waiter)
@@ -195,8 +231,11 @@ class SharedCaptures:
         return jobs
 
     def in_flight(self, config: ModelConfig) -> Job | None:
+        return self.in_flight_key(cache_key(config))
+
+    def in_flight_key(self, key: Hashable) -> Job | None:
         with self._lock:
-            return self._jobs.get(cache_key(config))
+            return self._jobs.get(key)
 
     def load(self) -> CacheLoad:
         with self._lock:
@@ -219,44 +258,43 @@ class SharedCaptures:
 
     def _run(self, job: Job) -> None:
         try:
-            capture = self._capture(job.config, progress=lambda phase: setattr(job, "phase", phase), ticket=job.ticket)
-            job.result = self._keep(job.config, capture)
+            value = job.work(job.report, job.ticket)
+            job.result = self._keep(job.key, value, job.config, job.what)
         except CaptureCancelled as exc:
             job.error = without_frames(exc)
-            log.info("capture of %s cancelled: %s", job.config, exc)
+            log.info("%s cancelled: %s", job.what, exc)
         except BaseException as exc:  # noqa: BLE001 - handed to every waiter, shown there
             if not isinstance(exc, ValueError):
-                log.exception("capture of %s failed", job.config)
+                log.exception("%s failed", job.what)
             job.error = without_frames(exc)
         finally:
             with self._lock:
-                if self._jobs.get(cache_key(job.config)) is job:
-                    del self._jobs[cache_key(job.config)]
+                if self._jobs.get(job.key) is job:
+                    del self._jobs[job.key]
             if job.error is not None:
                 # What the stopped run built (the model, its activations) is garbage now that no frame holds it:
                 # give it back, so a capture stopped by its user or the run time limit costs the server nothing.
                 return_freed_memory()
             job.done.set()
 
-    def _keep(self, config: ModelConfig, capture: Capture) -> Cached:
-        key = cache_key(config)
-        size = retained_bytes(capture)
+    def _keep(self, key: Hashable, value: Any, config: ModelConfig | None, what: str) -> Cached:
+        size = retained_bytes(value)
         now = time.time()
         max_bytes = _limit(MAX_BYTES_ENV, DEFAULT_MAX_BYTES)
         max_entries = _limit(MAX_ENTRIES_ENV, DEFAULT_MAX_ENTRIES)
         with self._lock:
             if size > max_bytes or max_entries < 1:
-                return Cached(capture, size, now, kept=False)
+                return Cached(value, size, now, kept=False, what=what, config=config)
             evicted = []
             held = sum(c.retained_bytes for c in self._cached.values())
             while self._cached and (held + size > max_bytes or len(self._cached) + 1 > max_entries):
                 _, old = self._cached.popitem(last=False)
                 held -= old.retained_bytes
-                evicted.append(Eviction(old.capture.config, old.retained_bytes, now))
-            cached = Cached(capture, size, now, tuple(evicted))
+                evicted.append(Eviction(old.config, old.retained_bytes, now, old.what))
+            cached = Cached(value, size, now, tuple(evicted), what=what, config=config)
             self._cached[key] = cached
         for e in evicted:
-            log.info("evicted %s (%d bytes) from the shared cache to make room", e.config, e.retained_bytes)
+            log.info("evicted %s (%d bytes) from the shared cache to make room", e.what, e.retained_bytes)
         return cached
 
 

@@ -1,10 +1,13 @@
-"""Runs captures for the pages through the process-wide shared cache: one capture per config for every session,
-its queue position and a Cancel button while it waits or runs, and where the result came from once it is there."""
+"""Runs captures, and the pages' other long work (graphviz_core.serve.work), through the process-wide shared store:
+one result per config (or request) for every session, its queue position or progress and a Cancel button while it
+waits or runs, and where a capture came from once it is there."""
 
 from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Hashable
+from typing import Any
 
 import streamlit as st
 from streamlit.runtime import Runtime
@@ -14,7 +17,7 @@ from graphviz_core.capture.admission import CaptureCancelled
 from graphviz_core.capture.result import Capture
 from graphviz_core.capture.workers import runs_elsewhere
 from graphviz_core.config import ModelConfig
-from graphviz_core.serve.shared_captures import Cached, Job, shared_captures
+from graphviz_core.serve.shared_captures import Cached, Job, Work, shared_captures
 from graphviz_core.ui.config_form import in_form_words, refuse
 from graphviz_core.ui.format import escape_markdown, format_bytes, format_seconds
 from graphviz_core.ui.links import apply_pending_view
@@ -37,7 +40,7 @@ def _session_alive(session_id: str) -> bool:
 shared_captures().alive = _session_alive
 
 
-def _key(config: ModelConfig) -> str:
+def _key(config: Hashable) -> str:
     return hashlib.sha1(repr(config).encode()).hexdigest()[:12]
 
 
@@ -49,10 +52,11 @@ def _name(config: ModelConfig) -> str:
     return (f"preset {config.preset}: " if config.preset else "") + config.describe()
 
 
-def _cancel(config: ModelConfig) -> None:
-    """Cancel button callback: this browser session stops waiting; the capture stops when nobody else waits for it."""
-    st.session_state.setdefault("capture.cancelled", {})[config] = "Capture cancelled."
-    job = shared_captures().in_flight(config)
+def _cancel(asked: Hashable, key: Hashable, said: str) -> None:
+    """Cancel button callback: this browser session stops waiting for the job at `key` (asked for as `asked`: a
+    capture's config, or the work's key); it stops when nobody else waits for it."""
+    st.session_state.setdefault("capture.cancelled", {})[asked] = said
+    job = shared_captures().in_flight_key(key)
     if job is not None:
         shared_captures().withdraw(job, _session_id())
 
@@ -68,7 +72,8 @@ def _waiting_line(job: Job) -> str:
     ahead = job.ahead()
     if ahead:
         return f"Waiting for room on {device}: {ahead} ahead of you · {time.time() - job.started_at:.0f} s{shared}"
-    return f"{job.phase.capitalize().rstrip('…')}… {time.time() - job.started_at:.0f} s{shared}"
+    doing = job.what if job.fraction is not None else job.phase  # with a fraction, the bar below says the phase
+    return f"{doing[:1].upper()}{doing[1:].rstrip('…')}… {time.time() - job.started_at:.0f} s{shared}"
 
 
 QUIET_S = 0.3  # a capture done within this long is never drawn waiting for
@@ -87,18 +92,22 @@ def _wait(job: Job) -> None:
     box = st.empty()
     if job.done.wait(QUIET_S):
         return
+    asked = job.config if job.config is not None else job.key
     with box.container(border=True):
         line = st.empty()
         line.info(_waiting_line(job))
+        bar = st.empty()
         st.button(
             "Cancel",
-            key=f"capture.cancel.{_key(job.config)}",
+            key=f"capture.cancel.{_key(job.key)}",
             on_click=_cancel,
-            args=(job.config,),
-            help="Stops waiting for this capture; it stops at the next node unless another session waits for it too",
+            args=(asked, job.key, "Capture cancelled." if job.config is not None else f"Cancelled: {job.what}."),
+            help="Stops waiting for this; it stops at its next node or op unless another session waits for it too",
         )
     while not job.done.wait(POLL_S):
         line.info(_waiting_line(job))
+        if job.fraction is not None:
+            bar.progress(min(1.0, max(0.0, job.fraction)), text=escape_markdown(job.phase[:1].upper() + job.phase[1:]))
     box.empty()
 
 
@@ -120,7 +129,8 @@ def _show_origin(cached: Cached, measured_now: bool) -> None:
     st.caption(line)
     if measured_now and cached.evicted:
         gone = ", ".join(
-            f"{escape_markdown(_name(e.config))} ({format_bytes(e.retained_bytes)})" for e in cached.evicted
+            f"{escape_markdown(_name(e.config) if e.config is not None else e.what)} ({format_bytes(e.retained_bytes)})"
+            for e in cached.evicted
         )
         st.caption(f"Evicted {gone} from the shared cache to make room (least recently used first).")
     if not cached.kept:
@@ -181,3 +191,29 @@ def get_capture(config: ModelConfig, form_key: str | None = None, origin: bool =
         _show_origin(got, measured.get(config) == got.measured_at)
     apply_pending_view(config, got.capture.graph)  # a link's focused/expanded module, now that its modules are known
     return got.capture
+
+
+def get_result(key: Hashable, work: Work, what: str) -> Any | None:
+    """The shared result of `work` (named by `key`: everything it depends on), from the store or run now, queued with
+    everyone's work, its line, progress and Cancel button drawn while it waits or runs; None after a notice that it
+    was cancelled, with a button to run it again. A refusal (ValueError, a sentence) is raised to the caller, which
+    says it in its own words."""
+    store = shared_captures()
+    cancelled = st.session_state.setdefault("capture.cancelled", {})  # key -> why it stopped
+    got = store.lookup_key(key)
+    if got is None and key in cancelled:
+        st.warning(escape_markdown(cancelled[key]))
+        st.button("Run again", key=f"work.again.{_key(key)}", on_click=_capture_again, args=(key,))
+        return None
+    if got is None:
+        got = store.request_work(key, _session_id(), work, what)
+    if isinstance(got, Job):
+        _wait(got)
+        if got.error is not None:
+            if isinstance(got.error, CaptureCancelled):
+                cancelled[key] = f"{what[:1].upper()}{what[1:]} stopped: {got.error}."
+                return get_result(key, work, what)
+            raise got.error
+        got = got.result
+    cancelled.pop(key, None)
+    return got.value

@@ -9,18 +9,13 @@ from __future__ import annotations
 
 import streamlit as st
 
-from graphviz_core.analysis.gradient_flow import debug_step
 from graphviz_core.export.render import METRICS
+from graphviz_core.serve import work
+from graphviz_core.ui.capture_cache import get_result
 from graphviz_core.ui.findings import PLACED_AT_MOST, finding_label, findings_frame, placed, show_recorded_graph
 from graphviz_core.ui.format import escape_markdown
 
 COLOURS = ("grad_norm", "time_s")
-
-
-@st.cache_resource(max_entries=8, show_spinner=False)
-def _debugged(key: str, check_forward: bool, _config) -> tuple[dict, list]:
-    """One debugged step per (config, forward check): the findings and the recorded graph of each backward."""
-    return debug_step(_config, check_forward)
 
 
 def show_debug(capture) -> None:
@@ -30,12 +25,14 @@ def show_debug(capture) -> None:
                "(docs/debugging.md).")
     check = st.checkbox("Also check every op of the forward for NaN and inf (names the op that produced one; costs "
                         "more)", key="debug.forward")
-    try:
-        with st.spinner("Running the step under the gradient-flow watch..."):
-            result, graphs = _debugged(repr(config), check, config)
+    try:  # one debugged step per (config, forward check), shared by every session; queued, with Cancel
+        done = get_result(*work.debugging(config, check), "the step under the gradient-flow watch")
     except ValueError as exc:
         st.info(escape_markdown(f"The Debug view cannot run this config: {exc}"))
         return
+    if done is None:  # cancelled: said above, with a button to run it again
+        return
+    result, graphs = done
     findings = result["findings"]
     checked = "; every op of the forward checked" if result["forward_checked"] else ""
     if not findings:

@@ -8,7 +8,6 @@ import pandas as pd
 import streamlit as st
 
 from graphviz_core.analysis.checkpointing import checkpointing_table, policy_configs
-from graphviz_core.analysis.fit import will_it_fit
 from graphviz_core.analysis.memory_breakdown import largest_saved_tensors, saved_bytes_by_layer
 from graphviz_core.analysis.step_terms import step_parts
 from graphviz_core.analysis.training_step import (
@@ -21,7 +20,8 @@ from graphviz_core.analysis.training_step import (
 from graphviz_core.capture.result import Capture
 from graphviz_core.capture.timeline import KINDS, sampled_steps
 from graphviz_core.config import ModelConfig
-from graphviz_core.ui.capture_cache import get_capture, start_capture
+from graphviz_core.serve import work
+from graphviz_core.ui.capture_cache import get_capture, get_result, start_capture
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.finetune_view import MEMORY_ROWS, show_finetune_comparison
 from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, format_flops, literal_cells
@@ -268,14 +268,23 @@ def _policies_captured(config: ModelConfig, device: str, step_time: float | None
     return checkpointing_table(config, device, config.optimizer, captures, step_time)
 
 
-def _run_action(key: str, label: str, action):
-    """Run `action` on click, keep its result in the session (a rerun shows it again), errors as st.error."""
+def _run_shared(key: str, label: str, asked: tuple):
+    """On a click of `label`, ask the shared store for `asked` (key, work, what); then, in this run and later ones,
+    wait for it (its progress and Cancel button drawn) and keep the result in the session (a rerun shows it again
+    without running it). Errors as st.error; None while not asked, running elsewhere, or cancelled (said)."""
     if st.button(label, key=f"{key}.button"):
+        st.session_state[f"{key}.asked"] = asked
+        st.session_state.get("capture.cancelled", {}).pop(asked[0], None)  # a click asks again, cancelled or not
+    if (pending := st.session_state.get(f"{key}.asked")) is not None:
         try:
-            with st.spinner("Capturing on meta (shapes only)…"):
-                st.session_state[key] = action()
+            result = get_result(*pending)
         except ValueError as exc:
+            del st.session_state[f"{key}.asked"]
             st.error(str(exc))
+            return st.session_state.get(key)
+        if result is not None:
+            st.session_state[key] = result
+            del st.session_state[f"{key}.asked"]
     return st.session_state.get(key)
 
 
@@ -401,11 +410,11 @@ def _will_it_fit(capture: Capture) -> None:
     config = capture.config
     optimizer = config.optimizer
     key = f"memory.fit::{config}::{budget}::{optimizer}"
-    result = _run_action(
+    result = _run_shared(
         key,
         f"Find the largest batch and seq within {format_bytes(budget)}",
-        lambda: will_it_fit(config, budget, optimizer, parameter_count=capture.summary.parameter_count,
-                            frozen_parameter_count=capture.summary.frozen_parameter_count),
+        (*work.fit_search(config, budget, optimizer, capture.summary.parameter_count,
+                          capture.summary.frozen_parameter_count), f"the will-it-fit search of {config.model}"),
     )
     if result is None:
         st.caption(

@@ -11,7 +11,6 @@ import streamlit as st
 from graphviz_core.capture.instruments.optimizer import OPTIMIZER_NAMES
 from graphviz_core.config import ModelConfig
 from graphviz_core.parallel.collectives import GPUS_PER_NODE, INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
-from graphviz_core.parallel.pipeline import simulate_layout
 from graphviz_core.parallel.report import PerRank
 from graphviz_core.parallel.settings import (
     FSDP_STRATEGIES,
@@ -22,7 +21,9 @@ from graphviz_core.parallel.settings import (
     ParallelConfig,
     families_declaring,
 )
-from graphviz_core.serve.recent import Recent
+from graphviz_core.serve import work
+from graphviz_core.serve.shared_captures import shared_captures
+from graphviz_core.ui.capture_cache import get_result
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, format_seconds, literal_cells
 from graphviz_core.ui.links import (
@@ -35,7 +36,6 @@ from graphviz_core.ui.links import (
     write_params,
 )
 
-MAX_CACHED = 8
 DEFAULT = ParallelConfig("fsdp", 8)
 STRATEGY_LABELS = {
     "none": "one device (no parallelism)",
@@ -268,34 +268,27 @@ def _sequence_fields(key: str) -> None:
                    f"{_taking(lambda p: p.sequence)}.")
 
 
-@st.cache_resource
-def _store() -> Recent:
-    # Shared by every session: the same (model, layout) is simulated once.
-    return Recent(MAX_CACHED)
-
-
 def is_simulated(config: ModelConfig, parallel: ParallelConfig) -> bool:
     """Whether `config` laid out as `parallel` is simulated already (get_per_rank then returns at once)."""
-    return (config, parallel) in _store()
+    return shared_captures().lookup_key(work.simulation(config, parallel)[0]) is not None
 
 
 def get_per_rank(config: ModelConfig, parallel: ParallelConfig, key: str = "parallel") -> PerRank | None:
-    """The simulation of `config` laid out as `parallel` (cached). When it cannot run: an st.error, and the result
-    the page showed last in this browser tab (None before any)."""
-    store = _store()
-    wanted = (config, parallel)
-    result = store.get(wanted)
+    """The simulation of `config` laid out as `parallel`, shared by every session (queued with everyone's work, with
+    a Cancel button while it runs; graphviz_core.serve.work). When it cannot run, or was cancelled: an st.error or
+    the cancelled notice, and the result the page showed last in this browser tab (None before any)."""
+    wanted, simulate = work.simulation(config, parallel)
+    try:
+        result = get_result(wanted, simulate, f"the simulation of {STRATEGY_LABELS[parallel.strategy]} over "
+                                              f"{parallel.world_size} ranks")
+    except ValueError as exc:
+        result = None
+        st.error(escape_markdown(f"Not run: {in_user_words(str(exc))}{still_shown(key)}"))
     if result is None:
-        try:
-            with st.spinner("Simulating the ranks with torch.distributed over a fake process group…"):
-                result = simulate_layout(config, parallel)
-        except ValueError as exc:
-            shown = st.session_state.get(f"{key}.shown")
-            st.error(escape_markdown(f"Not run: {in_user_words(str(exc))}{still_shown(key)}"))
-            if shown is not None:  # the link names what is on screen, not the layout refused
-                _sync_url(shown.parallel)
-            return shown
-        store.put(wanted, result)
+        shown = st.session_state.get(f"{key}.shown")
+        if shown is not None:  # the link names what is on screen, not the layout refused
+            _sync_url(shown.parallel)
+        return shown
     st.session_state[f"{key}.shown"] = result
     _sync_url(result.parallel)
     return result

@@ -7,8 +7,10 @@ import pandas as pd
 import streamlit as st
 
 from graphviz_core.config import ModelConfig
-from graphviz_core.parallel.planner import MAX_GLOBAL_BATCH, Cluster, parse_bytes, plan, rate_problem
+from graphviz_core.parallel.planner import MAX_GLOBAL_BATCH, Cluster, parse_bytes, rate_problem
 from graphviz_core.parallel.settings import GPUS_PER_NODE, H100_FLOPS, INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
+from graphviz_core.serve import work
+from graphviz_core.ui.capture_cache import get_result
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, format_seconds, literal_cells
 
@@ -79,8 +81,8 @@ def out_of_range(inputs: dict) -> list[str]:
     return problems + [problem[:1].upper() + problem[1:] for problem in rates if problem]
 
 
-def _run(config: ModelConfig, inputs: dict):
-    """The plan for `inputs`, with a progress bar while it runs; None after an st.error."""
+def _asked(config: ModelConfig, inputs: dict):
+    """The plan `inputs` ask for, as (key, work, what) for the shared store; None after an st.error."""
     if problems := out_of_range(inputs):
         st.error(escape_markdown("Not planned: " + " ".join(problems)))
         return None
@@ -89,24 +91,27 @@ def _run(config: ModelConfig, inputs: dict):
         if not inputs[name]:
             st.error(f"Pick at least {words} to try.")
             return None
-    bar = st.progress(0.0, text="Enumerating the layouts…")
-
-    def progress(done: int, total: int, what: str) -> None:
-        bar.progress(min(1.0, done / max(total, 1)),
-                     text=escape_markdown(f"Simulated {done} of {total} layouts; last: {what}"))
-
     try:
         cluster = Cluster(gpus=inputs["gpus"], gpu_memory_bytes=parse_bytes(inputs["memory"]),
                           gpus_per_node=inputs["per_node"], gpu_flops=inputs["tflops"] * 1e12,
                           nvlink_bytes_per_s=inputs["nvlink"] * 1e9, infiniband_bytes_per_s=inputs["infiniband"] * 1e9)
-        result = plan(config, cluster, inputs["batch"], inputs["checkpoints"], inputs["sizes"], inputs["pp"],
-                      jobs=1, progress=progress, cp_degrees=inputs["cp"], cp_with_pp=inputs["cp_with_pp"])
     except ValueError as exc:
-        bar.empty()
         st.error(escape_markdown(str(exc)))
         return None
-    bar.empty()
-    return result
+    key, planning = work.planning(config, cluster, inputs["batch"], inputs["checkpoints"], inputs["sizes"],
+                                  inputs["pp"], inputs["cp"], inputs["cp_with_pp"])
+    return key, planning, f"the plan of {config.model} on {cluster.gpus} GPUs"
+
+
+def _run(asked: tuple):
+    """The plan asked for: from the shared store, or run now, queued with everyone's simulations, its progress and a
+    Cancel button drawn while it runs (a rerun meanwhile waits on again); None while cancelled or after an st.error."""
+    try:
+        return get_result(*asked)
+    except ValueError as exc:
+        st.session_state.pop(f"{KEY}.asked", None)
+        st.error(escape_markdown(str(exc)))
+        return None
 
 
 def _time(seconds: float) -> str:
@@ -119,10 +124,12 @@ def show_plan(config: ModelConfig) -> None:
                "× context parallel, checkpointing, microbatch size), each simulated as on the other tabs, ranked: "
                "those that fit first, then the fastest by an estimate. Tensor parallelism stays inside a node.")
     inputs = _inputs(config)
-    if inputs is not None:
-        result = _run(config, inputs)
-        if result is not None:
-            st.session_state[f"{KEY}.result"] = result
+    if inputs is not None and (asked := _asked(config, inputs)) is not None:
+        st.session_state[f"{KEY}.asked"] = asked
+        st.session_state.get("capture.cancelled", {}).pop(asked[0], None)  # a press asks again, cancelled or not
+    if (asked := st.session_state.get(f"{KEY}.asked")) is not None and (result := _run(asked)) is not None:
+        st.session_state[f"{KEY}.result"] = result  # kept here: a later rerun shows it, never plans it again
+        del st.session_state[f"{KEY}.asked"]
     result = st.session_state.get(f"{KEY}.result")
     if result is None:
         return
