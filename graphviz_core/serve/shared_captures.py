@@ -9,8 +9,8 @@ graphviz_core.capture.workers, so two of them run at once). A job's ticket goes 
 every capture; it is cancelled when its last waiter withdraws or when none of its waiters is alive any more.
 Limits come from the environment:
 
-    GRAPHVIZ_CORE_CACHE_MAX_BYTES     bytes the cached captures may retain together (default 256 MiB)
-    GRAPHVIZ_CORE_CACHE_MAX_ENTRIES   captures kept at most (default 64)
+    GRAPHVIZ_CORE_CACHE_MAX_BYTES     bytes the cached results may retain together (default 256 MiB)
+    GRAPHVIZ_CORE_CACHE_MAX_ENTRIES   results kept at most (default 64)
 """
 
 from __future__ import annotations
@@ -172,8 +172,8 @@ class SharedCaptures:
         self._capture = capture
         self.alive = alive  # is this waiter (a session id) still there?
         self._lock = threading.Lock()
-        self._cached: OrderedDict[ModelConfig, Cached] = OrderedDict()
-        self._jobs: dict[ModelConfig, Job] = {}
+        self._cached: OrderedDict[Hashable, Cached] = OrderedDict()  # a capture by its config, other work by its key
+        self._jobs: dict[Hashable, Job] = {}
 
     def lookup(self, config: ModelConfig) -> Cached | None:
         return self.lookup_key(cache_key(config))

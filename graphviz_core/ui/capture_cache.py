@@ -123,7 +123,7 @@ def _show_origin(cached: Cached, measured_now: bool) -> None:
         line = f"From the shared cache: {what}, measured at {_clock(cached.measured_at)} by an earlier run"
     load = shared_captures().load()
     line += (
-        f" · shared cache {load.entries} of {load.max_entries} captures, "
+        f" · shared cache {load.entries} of {load.max_entries} results, "
         f"{format_bytes(load.retained_bytes)} of {format_bytes(load.max_bytes)}"
     )
     st.caption(line)
@@ -154,6 +154,17 @@ def start_capture(config: ModelConfig) -> None:
             st.session_state.setdefault("capture.measured", {})[config] = None
 
 
+def _said_cancelled(asked: Hashable, button: str, prefix: str) -> bool:
+    """Whether this browser session cancelled `asked` (a capture's config, or a work's key); if so, the notice of why
+    it stopped and a button to ask again are drawn."""
+    cancelled = st.session_state.setdefault("capture.cancelled", {})
+    if asked not in cancelled:
+        return False
+    st.warning(escape_markdown(cancelled[asked]))
+    st.button(button, key=f"{prefix}.{_key(asked)}", on_click=_capture_again, args=(asked,))
+    return True
+
+
 def get_capture(config: ModelConfig, form_key: str | None = None, origin: bool = True) -> Capture | None:
     """The capture of `config` from the shared cache, or captured now (waiting with everyone who asked for the same
     config); None after showing an st.error, or a cancelled notice, when there is no result. A capture refused with a
@@ -164,9 +175,7 @@ def get_capture(config: ModelConfig, form_key: str | None = None, origin: bool =
     measured = st.session_state.setdefault("capture.measured", {})
     cancelled = st.session_state.setdefault("capture.cancelled", {})  # config -> why it stopped
     got = store.lookup(config)
-    if got is None and config in cancelled:
-        st.warning(escape_markdown(cancelled[config]))
-        st.button("Capture again", key=f"capture.again.{_key(config)}", on_click=_capture_again, args=(config,))
+    if got is None and _said_cancelled(config, "Capture again", "capture.again"):
         return None
     if got is None:
         got = store.request(config, _session_id())
@@ -201,9 +210,7 @@ def get_result(key: Hashable, work: Work, what: str) -> Any | None:
     store = shared_captures()
     cancelled = st.session_state.setdefault("capture.cancelled", {})  # key -> why it stopped
     got = store.lookup_key(key)
-    if got is None and key in cancelled:
-        st.warning(escape_markdown(cancelled[key]))
-        st.button("Run again", key=f"work.again.{_key(key)}", on_click=_capture_again, args=(key,))
+    if got is None and _said_cancelled(key, "Run again", "work.again"):
         return None
     if got is None:
         got = store.request_work(key, _session_id(), work, what)
