@@ -615,9 +615,12 @@ def plan(config: ModelConfig, cluster: Cluster, global_batch: int, checkpoints: 
     search = _Search(config, cluster, global_batch, layouts)
     _simulate(search, jobs, progress)
     planned = ranked(search.planned.values())
+    # in the order the layouts were enumerated, not the order they were settled in: with worker processes that
+    # follows which simulation ends first, and the same plan listed its skipped layouts in two orders
+    position = {layout: i for i, layout in enumerate(layouts)}
     skipped = refused + [{"mesh": layout.mesh(), "checkpoint": layout.checkpoint,
                           "microbatch_size": layout.microbatch_size, "reason": reason}
-                         for layout, reason in search.skipped.items()]
+                         for layout, reason in sorted(search.skipped.items(), key=lambda item: position[item[0]])]
     return Plan(config, cluster, global_batch, tuple(planned), tuple(skipped), time.perf_counter() - started)
 
 
