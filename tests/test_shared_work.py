@@ -144,3 +144,19 @@ def test_no_simulation_leaves_its_exception_hook_behind():
     with pytest.raises(CaptureCancelled):
         simulate(lambda *a: None, StopAt(at=300))
     assert sys.excepthook is before
+
+
+def test_a_comparison_is_kept_in_the_shared_store_counted_with_the_captures_it_holds():
+    """The compare page's comparison of two captures lives in the one store too: asked again, the same object, not
+    compared again; its retained bytes include both captures' (it holds them), so the store's limit is never passed
+    by what comparisons keep alive."""
+    from graphviz_core.serve.shared_captures import retained_bytes, shared_captures
+    from graphviz_core.ui.compare_view import get_comparison
+    from tests.conftest import captured
+
+    a, b = captured("mlp"), captured("gpt2-tiny")
+    first = get_comparison(a, b)
+    assert get_comparison(a, b) is first
+    kept = shared_captures().lookup_key(("comparison", a.config, b.config, id(a), id(b)))
+    assert kept is not None and kept.value is first
+    assert kept.retained_bytes == retained_bytes(first) > max(retained_bytes(a), retained_bytes(b))

@@ -277,6 +277,11 @@ class SharedCaptures:
                 return_freed_memory()
             job.done.set()
 
+    def keep(self, key: Hashable, value: Any, what: str) -> Cached:
+        """Keep `value`, computed at once by the caller (a comparison of two cached captures), under `key`: counted
+        with everything else (its whole retained bytes, the captures it holds included), evicted the same way."""
+        return self._keep(key, value, None, what)
+
     def _keep(self, key: Hashable, value: Any, config: ModelConfig | None, what: str) -> Cached:
         size = retained_bytes(value)
         now = time.time()

@@ -25,7 +25,7 @@ from graphviz_core.config import (
 )
 from graphviz_core.export.render import render_html, run_description
 from graphviz_core.fields import FIELDS
-from graphviz_core.serve.recent import Recent
+from graphviz_core.serve.shared_captures import shared_captures
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.config_form import config_form, in_form_words, set_config
 from graphviz_core.ui.format import (
@@ -159,21 +159,15 @@ def pick_configs() -> tuple[ModelConfig, ModelConfig]:
     return configs[0], configs[1]
 
 
-COMPARISONS_KEPT = 8
-
-
-@st.cache_resource
-def _comparisons() -> Recent:
-    # Shared by every session: the same pair of captures is compared once (captures are cached by config).
-    return Recent(COMPARISONS_KEPT)
-
-
 def get_comparison(a: Capture, b: Capture) -> Comparison:
-    store, key = _comparisons(), (a.config, b.config, id(a), id(b))
-    comparison = store.get(key)
-    if comparison is None:
-        comparison = compare_captures(a, b)
-        store.put(key, comparison)
+    """The comparison of two captures, kept in the shared store for every session (the same pair is compared once;
+    the captures themselves are kept there by config)."""
+    store, key = shared_captures(), ("comparison", a.config, b.config, id(a), id(b))
+    cached = store.lookup_key(key)
+    if cached is not None:
+        return cached.value
+    comparison = compare_captures(a, b)
+    store.keep(key, comparison, f"the comparison of {a.config.describe()} with {b.config.describe()}")
     return comparison
 
 
