@@ -3,7 +3,7 @@ the collectives' row numbers stay on one line ("10" read "1" over "0"); photogra
 
 import pytest
 
-from tests.conftest import LAPTOP, both_sizes
+from tests.conftest import LAPTOP, both_sizes, idle
 
 pytestmark = pytest.mark.browser
 
@@ -24,7 +24,11 @@ WORD_LINES = """(e, word) => { const walk = document.createTreeWalker(e, NodeFil
 
 
 def _tab(page, name: str):
+    """The tab's panel once the page has settled: the tab is in the link (bind="query-params"), so the click reruns the
+    page, and a table measured while that run redraws it can read a row number as 0 lines (a fresh-clone run once
+    read row 2's so, under load; the same test passes alone)."""
     page.get_by_role("tab", name=name).click()
+    idle(page, settle_ms=1000)
     panel = page.locator('[data-testid="stTabs"] [role="tabpanel"]:not([hidden])')
     return panel
 
