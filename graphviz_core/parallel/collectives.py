@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphviz_core.graph.categories import category_of, normalise_op
 from graphviz_core.parallel.settings import GPUS_PER_NODE, INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
+from graphviz_core.parallel.world import running_of
 
 # The interconnect the times are quoted at (per direction, per GPU): graphviz_core.parallel.settings.
 LINKS = {"NVLink": NVLINK_BYTES_PER_S, "InfiniBand": INFINIBAND_BYTES_PER_S}
@@ -216,16 +217,13 @@ class CollectiveRecorder(TorchDispatchMode):
     def _innermost(self) -> str:
         """The innermost module running, by its path from the model ("" = top level)."""
         parents = [p for p in self.modules.parents if p != "Global"]
-        # ModTracker names modules by dotted path from the root class. Its set can hold a module that has ended (one
-        # layer's backward begun before the previous one is seen to end): of the innermost modules, the one running
-        # is furthest along, the last in the model's order in forward, the first in backward (not whichever a set
-        # of names, ordered by string hashes, gives first).
+        # ModTracker names modules by dotted path from the root class; of the innermost ones it holds, the one running
+        # (world.running_of; the tracker names the model's modules in its pre-order)
         leaves = [p for p in parents if not any(q.startswith(p + ".") for q in parents)]
         if not leaves:
             return ""
-        order = {name: i for i, name in enumerate(self.modules._known_modules.values())}  # the model's pre-order
-        pick = min if self.phase == "backward" else max
-        return pick(leaves, key=lambda p: order.get(p, -1)).partition(".")[2]
+        order = {name: i for i, name in enumerate(self.modules._known_modules.values())}
+        return running_of(leaves, self.phase, lambda p: order.get(p, -1)).partition(".")[2]
 
     def _record(self, kind: str, args: tuple, group_arg: int, functional: bool) -> None:
         group = _process_group(args[group_arg])

@@ -15,7 +15,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from graphviz_core.capture.flop_formulas import op_info
 from graphviz_core.capture.meta_kernels import GROUPED_MM, grouped_mm_on_meta
 from graphviz_core.parallel.settings import FSDP_STRATEGIES, ParallelConfig
-from graphviz_core.parallel.world import check_stopped
+from graphviz_core.parallel.world import check_stopped, running_of
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -177,10 +177,7 @@ class PhasePeaks(torch.utils._python_dispatch.TorchDispatchMode):
         inside = [self._layer_of[name] for name in names if self._layer_of[name] is not None]
         if inside:
             self._in_layers = True
-            # Two layers can be in the tracker's set at once: one entered before the other is seen to end (a set of
-            # names, iterated in an order that follows string hashes, so changes from process to process). The step
-            # is in the one furthest along: the last in forward, the first in backward (layers run in reverse).
-            return f"layer {min(inside) if self.phase == 'backward' else max(inside)}"
+            return f"layer {running_of(inside, self.phase, lambda i: i)}"  # two layers can be held at once
         return "post" if self._in_layers else "pre"
 
 

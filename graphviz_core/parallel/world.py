@@ -12,7 +12,8 @@ import contextlib
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -265,6 +266,14 @@ def fill_small(model: nn.Module) -> None:
     for p in model.parameters():
         local = p.to_local() if hasattr(p, "to_local") else p
         local.normal_(0.0, 0.02)
+
+
+def running_of(held: list, phase: str, position: Callable[[Any], int]):
+    """Of the modules torch's module tracker holds at once, the one running. Its `parents` is a set that can keep a
+    module whose end it has not seen yet (one layer's backward begun before the previous layer's is seen to end), and
+    a set of names iterates in an order that follows string hashes, different in every process: the one running is
+    furthest along the model's order (`position`), the last in forward, the first in backward."""
+    return (min if phase == "backward" else max)(held, key=position)
 
 
 def this_thread_only(module_tracker) -> None:

@@ -224,3 +224,35 @@ def get_result(key: Hashable, work: Work, what: str) -> Any | None:
         got = got.result
     cancelled.pop(key, None)
     return got.value
+
+
+def get_captures(configs: list[ModelConfig]) -> list[Capture] | None:
+    """The captures of `configs`, for a table built from several (each through get_capture: queued, limited, with its
+    Cancel button, cached for every session); dry runs started together. None while one is refused or cancelled
+    (said by get_capture)."""
+    for each in configs:
+        start_capture(each)
+    captures = [get_capture(each, origin=False) for each in configs]  # every one asked for, each wait drawn
+    return None if any(c is None for c in captures) else captures
+
+
+def asked_result(state_key: str, asked: tuple | None) -> Any | None:
+    """Work a button asks for, waited for in the run the button was pressed (`asked`: (key, work, what) for
+    get_result; None on other runs) and in the reruns after it, until it ends; its result is kept in the session under
+    `state_key`, so a later rerun shows it and never runs it again. A refusal is an st.error. Returns the result kept
+    (the one before, while a new one runs or after a refusal), or None."""
+    pending_key = f"{state_key}.asked"
+    if asked is not None:
+        st.session_state[pending_key] = asked
+        st.session_state.get("capture.cancelled", {}).pop(asked[0], None)  # a press asks again, cancelled or not
+    if (pending := st.session_state.get(pending_key)) is not None:
+        try:
+            result = get_result(*pending)
+        except ValueError as exc:
+            result = None
+            del st.session_state[pending_key]
+            st.error(escape_markdown(str(exc)))
+        if result is not None:
+            st.session_state[state_key] = result
+            del st.session_state[pending_key]
+    return st.session_state.get(state_key)

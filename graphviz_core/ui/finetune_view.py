@@ -15,7 +15,7 @@ from graphviz_core.analysis.finetuning import (
     tuned_twin,
 )
 from graphviz_core.capture.result import Capture
-from graphviz_core.ui.capture_cache import get_capture, start_capture
+from graphviz_core.ui.capture_cache import get_captures
 from graphviz_core.ui.format import escape_markdown, format_bytes, format_flops, literal_cells
 
 # The rows each tab shows (FinetuneComparison.savings' first column).
@@ -42,15 +42,9 @@ def _change(full: int, tuned: int) -> str:
 
 
 def _both_captured(config, optimizer: str) -> FinetuneComparison | None:
-    """Both captures through the shared captures (queued, limited, cancellable, cached for every session; started
-    together), then their comparison; None while one is refused or cancelled (said by get_capture)."""
-    configs = finetune_configs(config)
-    for each in configs:
-        start_capture(each)
-    full, tuned = (get_capture(each, origin=False) for each in configs)
-    if full is None or tuned is None:
-        return None
-    return finetune_table(config, optimizer, full, tuned)
+    """Both captures through the shared captures, then their comparison; None while one is refused or cancelled."""
+    captures = get_captures(list(finetune_configs(config)))
+    return None if captures is None else finetune_table(config, optimizer, *captures)
 
 
 def show_finetune_comparison(capture: Capture, rows: tuple[str, ...], key: str) -> None:

@@ -21,7 +21,7 @@ from graphviz_core.capture.result import Capture
 from graphviz_core.capture.timeline import KINDS, sampled_steps
 from graphviz_core.config import ModelConfig
 from graphviz_core.serve import work
-from graphviz_core.ui.capture_cache import get_capture, get_result, start_capture
+from graphviz_core.ui.capture_cache import asked_result, get_captures
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.finetune_view import MEMORY_ROWS, show_finetune_comparison
 from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, format_flops, literal_cells
@@ -254,38 +254,9 @@ def _training_step(capture: Capture, step: TrainingStep) -> None:
 
 
 def _policies_captured(config: ModelConfig, device: str, step_time: float | None):
-    """The policies' captures through the shared captures (queued, limited, each with its Cancel button, cached for
-    every session; dry runs started together), then their table; None while one is refused or cancelled (said)."""
-    configs = policy_configs(config, device)
-    for each in configs:
-        start_capture(each)
-    captures = []
-    for each in configs:
-        got = get_capture(each, origin=False)
-        if got is None:
-            return None
-        captures.append(got)
-    return checkpointing_table(config, device, config.optimizer, captures, step_time)
-
-
-def _run_shared(key: str, label: str, asked: tuple):
-    """On a click of `label`, ask the shared store for `asked` (key, work, what); then, in this run and later ones,
-    wait for it (its progress and Cancel button drawn) and keep the result in the session (a rerun shows it again
-    without running it). Errors as st.error; None while not asked, running elsewhere, or cancelled (said)."""
-    if st.button(label, key=f"{key}.button"):
-        st.session_state[f"{key}.asked"] = asked
-        st.session_state.get("capture.cancelled", {}).pop(asked[0], None)  # a click asks again, cancelled or not
-    if (pending := st.session_state.get(f"{key}.asked")) is not None:
-        try:
-            result = get_result(*pending)
-        except ValueError as exc:
-            del st.session_state[f"{key}.asked"]
-            st.error(str(exc))
-            return st.session_state.get(key)
-        if result is not None:
-            st.session_state[key] = result
-            del st.session_state[f"{key}.asked"]
-    return st.session_state.get(key)
+    """The policies' captures through the shared captures, then their table; None while one is refused or cancelled."""
+    captures = get_captures(policy_configs(config, device))
+    return None if captures is None else checkpointing_table(config, device, config.optimizer, captures, step_time)
 
 
 def _checkpointing(capture: Capture) -> None:
@@ -410,12 +381,11 @@ def _will_it_fit(capture: Capture) -> None:
     config = capture.config
     optimizer = config.optimizer
     key = f"memory.fit::{config}::{budget}::{optimizer}"
-    result = _run_shared(
-        key,
-        f"Find the largest batch and seq within {format_bytes(budget)}",
-        (*work.fit_search(config, budget, optimizer, capture.summary.parameter_count,
-                          capture.summary.frozen_parameter_count), f"the will-it-fit search of {config.model}"),
-    )
+    # queued with everyone's work, its progress and Cancel drawn while it runs; kept for this browser tab
+    pressed = st.button(f"Find the largest batch and seq within {format_bytes(budget)}", key=f"{key}.button")
+    result = asked_result(key, (*work.fit_search(config, budget, optimizer, capture.summary.parameter_count,
+                                                 capture.summary.frozen_parameter_count),
+                                f"the will-it-fit search of {config.model}") if pressed else None)
     if result is None:
         st.caption(
             "Bisection over shapes-only captures on meta: the training step's peak (as above, with the "

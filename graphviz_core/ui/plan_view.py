@@ -10,7 +10,7 @@ from graphviz_core.config import ModelConfig
 from graphviz_core.parallel.planner import MAX_GLOBAL_BATCH, Cluster, parse_bytes, rate_problem
 from graphviz_core.parallel.settings import GPUS_PER_NODE, H100_FLOPS, INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
 from graphviz_core.serve import work
-from graphviz_core.ui.capture_cache import get_result
+from graphviz_core.ui.capture_cache import asked_result
 from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.format import bytes_unit, escape_markdown, format_bytes, format_seconds, literal_cells
 
@@ -103,17 +103,6 @@ def _asked(config: ModelConfig, inputs: dict):
     return key, planning, f"the plan of {config.model} on {cluster.gpus} GPUs"
 
 
-def _run(asked: tuple):
-    """The plan asked for: from the shared store, or run now, queued with everyone's simulations, its progress and a
-    Cancel button drawn while it runs (a rerun meanwhile waits on again); None while cancelled or after an st.error."""
-    try:
-        return get_result(*asked)
-    except ValueError as exc:
-        st.session_state.pop(f"{KEY}.asked", None)
-        st.error(escape_markdown(str(exc)))
-        return None
-
-
 def _time(seconds: float) -> str:
     return format_seconds(seconds) if seconds >= 1e-6 or seconds == 0 else "< 1 µs"
 
@@ -124,13 +113,8 @@ def show_plan(config: ModelConfig) -> None:
                "× context parallel, checkpointing, microbatch size), each simulated as on the other tabs, ranked: "
                "those that fit first, then the fastest by an estimate. Tensor parallelism stays inside a node.")
     inputs = _inputs(config)
-    if inputs is not None and (asked := _asked(config, inputs)) is not None:
-        st.session_state[f"{KEY}.asked"] = asked
-        st.session_state.get("capture.cancelled", {}).pop(asked[0], None)  # a press asks again, cancelled or not
-    if (asked := st.session_state.get(f"{KEY}.asked")) is not None and (result := _run(asked)) is not None:
-        st.session_state[f"{KEY}.result"] = result  # kept here: a later rerun shows it, never plans it again
-        del st.session_state[f"{KEY}.asked"]
-    result = st.session_state.get(f"{KEY}.result")
+    # queued with everyone's simulations, its progress and Cancel drawn while it runs; kept for this browser tab
+    result = asked_result(f"{KEY}.result", _asked(config, inputs) if inputs is not None else None)
     if result is None:
         return
     if result.config != config:
