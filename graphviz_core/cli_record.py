@@ -50,6 +50,10 @@ def _parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("--check-forward", action="store_true",
                             help="check every op of the forward for NaN and inf and keep each node's forward source "
                                  "line (costs more; docs/debugging.md)")
+        parser.add_argument("--eager", action="store_true",
+                            help="run the script's torch.compile'd code eagerly (torch.compiler.set_stance("
+                                 "'force_eager')): the eager replay of a compiled loop, each op its own node, to "
+                                 "name the op where a finding sits in a compiled region (docs/debugging.md)")
         parser.add_argument("script", help="the Python script to run")
         parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
         return parser
@@ -90,7 +94,7 @@ def _record(args: argparse.Namespace) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
         with record(args.output, steps=args.steps, nodes=not args.parameters_only, check_forward=args.check_forward,
-                    nodes_every=args.nodes_every):
+                    nodes_every=args.nodes_every, eager=args.eager):
             try:
                 runpy.run_path(script, run_name="__main__")
             except SystemExit as exit_:

@@ -109,7 +109,14 @@ def test_a_finding_opens_at_its_node_with_the_path_from_the_loss(page, server, t
     node = shown["selected"][0]
     assert graph.nodes[node]["op"] == "SqrtBackward0" and "SqrtBackward0" in shown["details"]
     assert "nodes from the loss down to it ringed in pink" in main.inner_text()
+    # its gradients in and out, and the tensor it saved: the hidden layer's 6 examples x 16 units, float32; its saved
+    # result is sqrt(0) = 0 everywhere (0 NaN or inf); what it returned holds 6 x 16 NaN (0 / (2 * 0))
+    table_box = page.locator('[data-testid="stTable"]').filter(has_text="gradient received from")
+    table = table_box.inner_text()
+    assert "gradient received from MulBackward0" in table and "gradient returned to SubBackward0" in table, table
+    assert "saved tensor result" in table and table.count("(6, 16)") == 3 and "float32" in table, table
     assert page.locator('[data-testid="stException"]').count() == 0
+    table_box.scroll_into_view_if_needed()
     both_sizes(page, os.path.join(SHOTS or str(tmp_path), "recordings-finding"))
     page.locator("iframe").last.scroll_into_view_if_needed()
     both_sizes(page, os.path.join(SHOTS or str(tmp_path), "recordings-finding-graph"))

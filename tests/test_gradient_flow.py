@@ -89,7 +89,50 @@ def test_a_sqrt_of_zero_in_one_mlp_is_named_at_its_node_module_and_line(tmp_path
     # one of the 3 sequences x positions x 32 values of the sqrt's input (0/0 or g/0)
     assert all(g["nonfinite"] == 0 for g in found["figures"]["grad_in"])
     assert found["figures"]["nonfinite"] == 3 * positions * 32
+    # every gradient in and out of it is the sqrt's input's shape: 3 sequences x `positions` x width 32, float32; the
+    # tensor it saved is its result, sqrt(0) = 0 at every one of those values (read while the node held it)
+    shape = [3, positions, 32]
+    assert [(g["shape"], g["dtype"]) for g in found["figures"]["grad_in"]] == [(shape, "float32")]
+    assert [(g["shape"], g["dtype"]) for g in found["figures"]["grad_out"]["gradients"]] == [(shape, "float32")]
+    assert found["figures"]["saved"] == [{"name": "result", "shape": shape, "dtype": "float32", "min": 0.0,
+                                          "max": 0.0, "nonfinite": 0}]
     assert not [f for f in result["findings"] if f["kind"] in ("nonfinite-forward", "nonfinite-loss")]
+
+
+class _Scaled(torch.nn.Module):
+    """A linear layer, then sqrt(scale * h) - sqrt(0) where scale is 0 on the fault step - then a second layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.scale = torch.nn.Linear(6, 5), torch.nn.Linear(5, 2), 1.0
+
+    def forward(self, x):
+        return self.b(torch.sqrt(self.scale * self.a(x).abs()))
+
+
+def test_a_findings_shapes_are_its_own_steps_when_batches_change_size(tmp_path):
+    """The graph is stored once (same ops and edges at every batch size); the gradients' shapes are per step: a fault
+    at step 2, whose batch has 3 rows where steps 0 and 1 had 7, reads 3 rows."""
+    torch.manual_seed(3)
+    model = _Scaled()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with graphviz_core.record(tmp_path / "run", model=model):
+        for step, rows in enumerate((7, 7, 3)):
+            model.scale = 0.0 if step == 2 else 1.0
+            model(torch.randn(rows, 6)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    recording = open_recording(tmp_path / "run")
+    assert len({g for s in recording.steps() for g in s.backward_graphs}) == 1  # one graph for both sizes
+    found = [f for f in analyse(recording)["findings"] if f["kind"] == "nonfinite-backward"]
+    assert [(f["step"], f["node"]) for f in found] == [(2, "SqrtBackward0")]
+    figures = found[0]["figures"]
+    # sqrt's input is scale * |a(x)|: rows x 5 features; what it saved is its result, sqrt(0) = 0 everywhere
+    assert [g["shape"] for g in figures["grad_in"]] == [[3, 5]]
+    assert [g["shape"] for g in figures["grad_out"]["gradients"]] == [[3, 5]]
+    assert [(v["shape"], v["min"], v["max"]) for v in figures["saved"]] == [([3, 5], 0.0, 0.0)]
+    lines = [json.loads(line) for line in (tmp_path / "run" / "rank-0" / "debug.jsonl").read_text().splitlines()]
+    assert len([line for line in lines if "key" in line]) == 2  # one shapes line per size, not per step
 
 
 class _Attention(torch.nn.Module):
@@ -292,6 +335,8 @@ def test_cli_prints_findings_and_refuses_bad_input(tmp_path, capsys):
     assert json.loads(clean.stdout)["forward_checked"] == []
     checked = here("--preset", "gpt2-tiny", "--layers", "1", "--check-forward")
     assert json.loads(checked.stdout)["forward_checked"] == [0]  # the flag records source lines
+    compiled = here("--preset", "mlp", "--compile")  # a compiled step (AOTAutograd's regions): a clean one
+    assert compiled.returncode == 0 and json.loads(compiled.stdout)["findings"] == [], compiled.stderr
     for args, said in (([str(tmp_path / "none")], "does not exist"),
                        ([], "give a recording's folder"),
                        ([str(tmp_path / "run"), "--check-forward"], "--check-forward applies to --preset"),
@@ -410,7 +455,7 @@ def test_a_damaged_or_hostile_debug_log_is_one_sentence(tmp_path, capsys):
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
     sgd_steps(tmp_path / "base", model, lambda: torch.randn(16, 4))
     lines = (tmp_path / "base" / "rank-0" / "debug.jsonl").read_text().splitlines()
-    assert len(lines) == 3  # the parameters line, then one line per step
+    assert len(lines) == 4  # the parameters line, the graph's shapes (both steps have the same), one line per step
 
     def step_line(**fields):
         return lambda log: log.write_text("\n".join([*lines[:2], json.dumps({"step": 1, **fields})]) + "\n")
@@ -422,7 +467,15 @@ def test_a_damaged_or_hostile_debug_log_is_one_sentence(tmp_path, capsys):
             ("list", lambda log: log.write_text("\n".join([lines[0], "[1, 2]", lines[2]]) + "\n"), "not an object"),
             ("parameter", step_line(no_gradient=[{"parameter": {"a": 1}}]), "wrong type"),
             ("units", step_line(dead_units={"0": [5, 2]}), "wrong type"),
-            ("producer", step_line(forward={"nan": {"op": 3}}), "wrong type")):
+            ("producer", step_line(forward={"nan": {"op": 3}}), "wrong type"),
+            ("shape keys", step_line(link_shapes=[3]), "wrong type"),
+            ("saved values", step_line(saved_values=[{"2": [{"name": "result", "shape": [-1]}]}]), "wrong type"),
+            ("shapes", lambda log: log.write_text("\n".join([lines[0], json.dumps(
+                {"link_shapes": "abc", "key": "k", "shapes": [["a"]], "dtypes": [None]}), *lines[2:]]) + "\n"),
+             "wrong type"),
+            ("dims", lambda log: log.write_text("\n".join([lines[0], json.dumps(
+                {"link_shapes": "abc", "key": "k", "shapes": [[1] * 100], "dtypes": [None]}), *lines[2:]]) + "\n"),
+             "wrong type")):
         done = here(str(_tampered(tmp_path, name, change)))
         assert done.returncode == 2 and said in done.stderr and len(done.stderr.splitlines()) == 1, (name, done.stderr)
     link = tmp_path / "link"

@@ -41,6 +41,7 @@ class DebugLog:
     parameters: list = field(default_factory=list)
     steps: dict = field(default_factory=dict)  # step -> its line
     sources: dict = field(default_factory=dict)  # graph id -> {row: "file:line"}
+    link_shapes: dict = field(default_factory=dict)  # (graph id, key) -> (shapes, dtypes), one per edge of the graph
 
 
 def read_debug(recording: Recording, rank: int) -> DebugLog:
@@ -71,7 +72,26 @@ def read_debug(recording: Recording, rank: int) -> DebugLog:
             log.steps[line["step"]] = _checked_step(line, f"{path} line {i + 1}")
         elif isinstance(line.get("sources"), str) and isinstance(line.get("rows"), dict):
             log.sources[line["sources"]] = {str(k): str(v) for k, v in line["rows"].items()}
+        elif isinstance(line.get("link_shapes"), str):
+            log.link_shapes[(line["link_shapes"], line.get("key"))] = _checked_shapes(line, f"{path} line {i + 1}")
     return log
+
+
+MAX_DIMS = 64  # a tensor's dimensions, at most (torch allows 64 too)
+
+
+def _checked_shapes(line: dict, where: str) -> tuple[list, list]:
+    """A `link_shapes` line's shapes (a list of non-negative integers, or null, per edge) and dtypes (a name or null
+    each), checked as a step line is."""
+    shapes, dtypes, key = line.get("shapes"), line.get("dtypes"), line.get("key")
+    good = (isinstance(key, str) and isinstance(shapes, list) and isinstance(dtypes, list)
+            and len(shapes) == len(dtypes)
+            and all(s is None or (isinstance(s, list) and len(s) <= MAX_DIMS and all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in s)) for s in shapes)
+            and all(d is None or (isinstance(d, str) and len(d) <= 32) for d in dtypes))
+    if not good:
+        raise RecordingError(f"{where} has a field of the wrong type; the recording's debug log is damaged.")
+    return shapes, dtypes
 
 
 def _checked_step(line: dict, where: str) -> dict:
@@ -87,6 +107,18 @@ def _checked_step(line: dict, where: str) -> dict:
     dead = line.get("dead_units") or {}
     losses = line.get("losses") or []
     forward = line.get("forward") or {}
+    keys = line.get("link_shapes") or []
+    saved = line.get("saved_values") or []
+
+    def value(v) -> bool:  # a saved tensor's smallest or largest value: a number, `nan`/`inf`/`-inf`, or null
+        return v is None or v in ("nan", "inf", "-inf") or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+    def figures(v) -> bool:
+        return (isinstance(v, dict) and isinstance(v.get("name"), str) and text(v.get("dtype"))
+                and isinstance(v.get("shape"), list) and len(v["shape"]) <= MAX_DIMS
+                and all(count(d) for d in v["shape"]) and value(v.get("min")) and value(v.get("max"))
+                and count(v.get("nonfinite", 0)))
+
     def cut(value) -> bool:  # where a cut output entered the graph (capture.nonfinite._cut_at)
         return value is None or (isinstance(value, dict) and count(value.get("backward")) and count(value.get("row"))
                                  and isinstance(value.get("op"), str))
@@ -99,7 +131,10 @@ def _checked_step(line: dict, where: str) -> dict:
             and isinstance(losses, list) and all(text(v) for v in losses)
             and isinstance(forward, dict) and all(
                 isinstance(v, dict) and all(text(v.get(k)) for k in ("op", "module", "source"))
-                and all(count(v.get(k, 0)) for k in ("nan", "inf")) for v in forward.values()))
+                and all(count(v.get(k, 0)) for k in ("nan", "inf")) for v in forward.values())
+            and isinstance(keys, list) and all(isinstance(k, str) for k in keys)
+            and isinstance(saved, list) and all(isinstance(b, dict) and all(
+                isinstance(r, list) and all(figures(v) for v in r) for r in b.values()) for b in saved))
     if not good:
         raise RecordingError(f"{where} has a field of the wrong type; the recording's debug log is damaged.")
     return line
@@ -149,20 +184,38 @@ def path_from_loss(graph: nx.DiGraph, node: str) -> list[str]:
     return min(paths, key=len) if paths else [node]
 
 
-def _node_finding(graph, node, log: DebugLog, graph_id: str) -> dict:
+def _node_finding(graph, node, log: DebugLog, graph_id: str, shapes: tuple[list, list] | None = None,
+                  saved: list | None = None) -> dict:
+    """A non-finite node's finding: where it is, and the figures of the gradients in and out of it. `shapes`: the
+    step's (shapes, dtypes) per edge of the graph (None where not recorded: each shape is then null); `saved`: the
+    values of the tensors saved for it, where the recorder read them (capture.record_hooks.saved_values)."""
     data = graph.nodes[node]
     row = node.rpartition(":")[2]
     max_abs = data.get("max_abs")
     values = "nan" if max_abs is not None and max_abs != max_abs else "inf"
+
+    def carried(source, target) -> dict:  # the gradient the edge source -> target carries: its shape and dtype
+        link = graph.edges[source, target].get("link")
+        if shapes is None or link is None or link >= len(shapes[0]):
+            return {"shape": None, "dtype": None}
+        return {"shape": shapes[0][link], "dtype": shapes[1][link]}
+
+    param = data.get("param") or {}
+    returned = [{"to": c, **carried(node, c)} for c in graph.successors(node)]
+    if param:  # AccumulateGrad returns nothing: what it accumulates has its parameter's shape
+        returned = [{"to": param.get("name") or "", "shape": param.get("shape"),
+                     "dtype": carried(*next(iter(graph.in_edges(node))))["dtype"] if graph.in_degree(node) else None}]
     figures = {
         "values": values, "nonfinite": data.get("nonfinite"),
         "grad_out": {"grad_norm": _number(data.get("grad_norm")), "max_abs": _number(max_abs),
-                     "min": _number(data.get("min")), "max": _number(data.get("max"))},
-        "grad_in": [{"node": p, "grad_norm": _number(graph.nodes[p].get("grad_norm")),
+                     "min": _number(data.get("min")), "max": _number(data.get("max")), "gradients": returned},
+        "grad_in": [{"node": p, **carried(p, node), "grad_norm": _number(graph.nodes[p].get("grad_norm")),
                      "max_abs": _number(graph.nodes[p].get("max_abs")), "min": _number(graph.nodes[p].get("min")),
                      "max": _number(graph.nodes[p].get("max")), "nonfinite": graph.nodes[p].get("nonfinite")}
                     for p in graph.predecessors(node)],
-        "saved": [{"shape": s.get("shape"), "dtype": s.get("dtype")} for s in (data.get("saved") or [])],
+        "saved": saved if saved is not None else [
+            {"shape": s.get("shape"), "dtype": s.get("dtype"), "min": None, "max": None, "nonfinite": None}
+            for s in (data.get("saved") or [])],
     }
     finding = {"node": data.get("op"), "node_id": node, "module": data.get("module") or "",
                "source": log.sources.get(graph_id, {}).get(row), "figures": figures}
@@ -174,17 +227,30 @@ def _node_finding(graph, node, log: DebugLog, graph_id: str) -> dict:
         figures["parameters"] = hit
         if data.get("op") == "CompiledFunctionBackward":
             finding["parameter"] = hit[0]
+    if data.get("op") == "CompiledFunctionBackward":
+        finding["replay"] = REPLAY
     return finding
+
+
+# A finding inside a compiled region: how to see its op (the preset's step does it itself: debug_step)
+REPLAY = ("a compiled region's ops are one node here; to name the op, run the same loop again under "
+          "graphviz_core.record(..., eager=True) or `graphviz-core record --eager`: torch.compile'd code then runs "
+          "eagerly (torch.compiler.set_stance(\"force_eager\")), and with the same seeds and data the finding lands "
+          "at its own node")
 
 
 def _backward_findings(recording, rank, step, index, log: DebugLog, loss_bad: bool) -> list[dict]:
     out = []
+    line = log.steps.get(step.step) or {}
+    keys, saved = line.get("link_shapes") or [], line.get("saved_values") or []
     for b, graph_id in enumerate(step.backward_graphs):
         graph = recording.step_graph(step.step, rank, b)
         first, others = _first_source(graph)
         if first is None:
             continue
-        finding = _node_finding(graph, first, log, graph_id)
+        shapes = log.link_shapes.get((graph_id, keys[b])) if b < len(keys) else None
+        values = saved[b].get(first.rpartition(":")[2]) if b < len(saved) else None
+        finding = _node_finding(graph, first, log, graph_id, shapes, values)
         finding["backward"] = b
         if others:
             finding["figures"]["other_sources"] = others[:20]
@@ -383,7 +449,32 @@ def debug_step(config, check_forward: bool = False) -> tuple[dict, list[nx.DiGra
         steps = recording.steps()
         graphs = [recording.step_graph(steps[0].step, 0, b) for b in range(len(steps[0].backward_graphs))] \
             if steps else []
-        return analyse(recording), graphs
+        result = analyse(recording)
+    inside = [f for f in result["findings"] if f.get("replay")]
+    if inside:  # a compiled step with a finding inside a region: the same step again, eagerly, names its op
+        with tempfile.TemporaryDirectory(prefix="graphviz-core-debug-") as folder:
+            record_step(config, folder, check_forward=check_forward, eager=True)
+            _replayed(inside, analyse(open_recording(folder))["findings"])
+    return result, graphs
+
+
+def _replayed(inside: list[dict], eager: list[dict]) -> None:
+    """Each compiled-region finding gets `eager_replay`: the same kind of finding in the same backward of the step
+    replayed eagerly (its node, module, source line), or None where the eager step found none."""
+    for finding in inside:
+        match = next((f for f in eager if f["kind"] == finding["kind"] and
+                      f.get("backward") == finding.get("backward")), None)
+        finding["replay"] = "the step was replayed eagerly (torch.compiler.set_stance(\"force_eager\")), same weights " \
+                            "and batch: eager_replay"
+        if match is None:
+            finding["eager_replay"] = None
+            finding["reason"] += "; the eager replay of the step found no such node (compiled and eager arithmetic " \
+                                 "can differ)"
+            continue
+        finding["eager_replay"] = {k: match.get(k) for k in ("node", "node_id", "module", "source", "reason")}
+        where = "".join([f" in {match['module']}" if match.get("module") else "",
+                         f" ({match['source']})" if match.get("source") else ""])
+        finding["reason"] += f"; replayed eagerly, it starts at {match.get('node')}{where}"
 
 
 def finding_node(graph: nx.DiGraph, finding: dict) -> str | None:
@@ -400,10 +491,11 @@ def finding_node(graph: nx.DiGraph, finding: dict) -> str | None:
     return None
 
 
-def record_step(config, folder: str, check_forward: bool = False) -> None:
+def record_step(config, folder: str, check_forward: bool = False, eager: bool = False) -> None:
     """Record one forward and backward of `config`'s model (weights and batch from its seed, under its autocast, with
-    its LoRA or frozen parameters) into `folder`. Refused with a sentence: the meta device (no values), --compile and
-    checkpointing (the step runs eagerly, without them)."""
+    its LoRA or frozen parameters, torch.compile'd with --compile: AOTAutograd's regions, backend `aot_eager`) into
+    `folder`; `eager=True` runs the compiled model eagerly (the replay). Refused with a sentence: the meta device (no
+    values) and checkpointing (the step runs without it)."""
     import torch
 
     from graphviz_core.capture.autocast import autocast_device_type
@@ -413,8 +505,6 @@ def record_step(config, folder: str, check_forward: bool = False) -> None:
 
     if config.device == "meta":
         raise ValueError("debug needs real values; --device meta computes shapes only (use cpu or auto).")
-    if config.compile:
-        raise ValueError("debug of a preset runs eagerly; leave out --compile (record your compiled loop instead).")
     if config.checkpoint != "none":
         raise ValueError("debug of a preset runs without activation checkpointing; leave out --checkpoint.")
     device = resolve_device(config.device)
@@ -424,10 +514,21 @@ def record_step(config, folder: str, check_forward: bool = False) -> None:
     model.train()
     autocast = torch.autocast(autocast_device_type(device), dtype=getattr(torch, config.autocast)) \
         if config.autocast != "none" else contextlib.nullcontext()
-    with record(folder, model=model, check_forward=check_forward) as rec:
-        with autocast:
-            loss = compute_loss(config, model(batch.inputs), batch.targets)
-        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
-            raise ValueError("the preset's loss needs no gradient; nothing to debug.")
-        loss.backward()
-        rec.step()
+    from graphviz_core.capture import step_gate
+
+    with contextlib.ExitStack() as compiling:
+        if config.compile:  # alone in the process, dynamo's caches empty before and after (no state carried over)
+            from graphviz_core.capture.compiled import dynamo_alone
+
+            compiling.enter_context(step_gate.alone())
+            compiling.enter_context(dynamo_alone())
+            model.compile(backend="aot_eager", dynamic=False)  # in place: no wrapper module for the global hooks
+        else:  # never beside a compiled capture: the recorder's module hooks are the process's
+            compiling.enter_context(step_gate.shared())
+        with record(folder, model=model, check_forward=check_forward, eager=eager) as rec:
+            with autocast:
+                loss = compute_loss(config, model(batch.inputs), batch.targets)
+            if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+                raise ValueError("the preset's loss needs no gradient; nothing to debug.")
+            loss.backward()
+            rec.step()

@@ -65,7 +65,7 @@ def _no_mode_left_behind() -> None:
 
 
 @contextlib.contextmanager
-def _exclusive() -> Iterator[None]:
+def dynamo_alone() -> Iterator[None]:
     """One compiled capture at a time in this process, each starting and ending with dynamo's caches empty."""
     with _LOCK:
         torch._dynamo.reset()
@@ -107,7 +107,7 @@ class CompiledRegions(Instrument):
 
     def exclusive(self) -> contextlib.AbstractContextManager:
         """Held around the whole compiled capture: dynamo's caches are the process's."""
-        return _exclusive()
+        return dynamo_alone()
 
     def compile(self, model: torch.nn.Module, inputs: tuple, loss_of: Callable) -> Callable:
         """torch.compile the model and run one uninstrumented step, which compiles every region's forward and

@@ -9,13 +9,18 @@
   (the first op whose output holds a NaN no input held, or an inf no input held, is the producer) and each autograd
   node's forward source line (`file:line`, the first frame outside torch and this package).
 
+- the shape and dtype of the gradient each edge of the walked graph carries (read from autograd's own metadata of
+  each node's inputs before the backward runs: nothing is computed), once per distinct graph and set of sizes.
+
 Everything is written, as the run goes, to `rank-<r>/debug.jsonl` in the recording (one JSON object per line: a
-`parameters` line first, then one `step` line per step and one `sources` line per distinct graph);
+`parameters` line first, then one `step` line per step, one `sources` line per distinct graph and one `link_shapes`
+line per distinct graph and sizes);
 graphviz_core.analysis.gradient_flow reads it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -121,6 +126,7 @@ class DebugWatch:
         self.original_detach = None
         self.mode: _ForwardCheck | None = None
         self.written_sources: set[str] = set()
+        self.written_shapes: set[tuple[str, str]] = set()
         self.pending: list[dict] = []  # lines waiting for the rank's folder (opened at the first step)
         self.owning: set[int] = set()  # ids of the modules that hold parameters themselves (refreshed each step)
         self.outermost: set[int] = set()
@@ -137,6 +143,8 @@ class DebugWatch:
         self.sources: dict[int, tuple] = {}
         self.producers: dict[str, dict] = {}
         self.losses: list = []
+        self.shape_keys: list[str] = []  # per walked backward of the step: the key of its `link_shapes` line
+        self.saved_of: list[dict] = []  # per walked backward: {row: its saved tensors' figures} (record_hooks)
         self.zero_beside: dict[int, tuple] = {}  # id(param) -> (name, weakref) of the all-zero weight beside it
 
     # ---- installing ---------------------------------------------------------------------------------------------
@@ -275,6 +283,14 @@ class DebugWatch:
             for entry in self.calls.values():  # where each cut output would have entered the graph
                 if entry["after"] is not None and entry["cut"] is None and (entry["detached"] or not entry["grad"]):
                     entry["cut"] = _cut_at(probe.nodes, entry["after"], self.backwards)
+            shapes, dtypes = link_shapes(probe.nodes)
+            key = hashlib.blake2b(json.dumps([shapes, dtypes]).encode(), digest_size=8).hexdigest()
+            if (probe.id, key) not in self.written_shapes:
+                self._line({"link_shapes": probe.id, "key": key, "shapes": shapes, "dtypes": dtypes})
+                self.written_shapes.add((probe.id, key))
+            self.shape_keys.append(key)
+            probe.read_saved = True  # filled by the probe's hooks as the backward runs
+            self.saved_of.append(probe.sources)
             self.backwards += 1
             self.outputs, self.detached = [], []
             if self.check_forward and probe.id not in self.written_sources:
@@ -322,7 +338,8 @@ class DebugWatch:
                 if known is not None:
                     dead[known[0]] = [int(alive.numel() - int(alive.sum())), int(alive.numel())]
             self._line({"step": index, "no_gradient": missing, "dead_units": dead, "losses": self.losses,
-                        "forward": self.producers})
+                        "forward": self.producers, "link_shapes": self.shape_keys,
+                        "saved_values": [{str(row): v for row, v in found.items()} for found in self.saved_of]})
         finally:
             self.depth -= 1
         self._reset()
@@ -424,6 +441,26 @@ class DebugWatch:
                 self._line(line)
         self.file.write(json.dumps(data, allow_nan=False, separators=(",", ":")) + "\n")
         self.file.flush()
+
+
+def link_shapes(nodes: list) -> tuple[list, list]:
+    """The shape and dtype of the gradient each edge of the walked graph carries, in the order of record_hooks.walk's
+    edges (a node's next_functions in order, None skipped): the edge from a node to the node it sends a gradient to
+    carries the gradient of that node's input (autograd's metadata of it: the shape the engine checks the gradient
+    against). None where autograd keeps no plain shape (a nested tensor)."""
+    shapes, dtypes = [], []
+    for node in nodes:
+        for child, number in node.next_functions:
+            if child is None:
+                continue
+            try:
+                meta = child._input_metadata[number]
+                shapes.append([int(d) for d in meta.shape])
+                dtypes.append(str(meta.dtype).removeprefix("torch."))
+            except (RuntimeError, IndexError, AttributeError, TypeError):
+                shapes.append(None)
+                dtypes.append(None)
+    return shapes, dtypes
 
 
 def _cut_at(nodes: list, after: int, backward: int) -> dict | None:

@@ -148,6 +148,45 @@ def _saved_of(node, parameter_storages: set[int]) -> list[dict]:
     return out
 
 
+MAX_SOURCES = 8  # nodes of one backward whose saved tensors' values are read (a NaN's sources; the first is named)
+
+
+def saved_values(node) -> list[dict]:
+    """The shape, dtype, smallest and largest value and non-finite count of each tensor saved for `node`, read from
+    its raw saved fields inside its post hook (still held there); one packed by a saved-tensor hook (checkpointing)
+    is left out, never unpacked. Runs only for a node that returned a non-finite gradient from finite ones."""
+    out = []
+    for name in dir(node):
+        if not name.startswith("_raw_saved_"):
+            continue
+        try:
+            raw = getattr(node, name)
+        except RuntimeError:
+            continue
+        for item in raw if isinstance(raw, (list, tuple)) else (raw,):
+            data = getattr(item, "data", None)
+            if not isinstance(data, torch.Tensor) or data.is_meta or hasattr(data, "to_local"):
+                continue
+            figures = {"name": name.removeprefix("_raw_saved_"), "shape": list(data.shape),
+                       "dtype": str(data.dtype).removeprefix("torch."), "min": None, "max": None, "nonfinite": 0}
+            if data.numel() and not data.is_complex() and data.dtype != torch.bool:
+                flat = data.detach().reshape(-1)
+                low, high = torch.aminmax(flat)
+                figures["min"], figures["max"] = _plain(low), _plain(high)
+                if data.is_floating_point():
+                    figures["nonfinite"] = int(flat.numel() - int(torch.isfinite(flat).sum()))
+            out.append(figures)
+    return out
+
+
+def _plain(value: torch.Tensor) -> float | int | str:
+    """A 0-dim tensor as JSON can hold it: `nan`, `inf` and `-inf` as names."""
+    number = value.item()
+    if isinstance(number, float) and not math.isfinite(number):
+        return str(number)
+    return number
+
+
 def _same_values_key(g: torch.Tensor) -> tuple | None:
     """A key equal for every dense view of the same elements (a transpose, a reshape): where the elements start, how
     many, the dtype. None for a view that skips or repeats elements (its values are not the same set)."""
@@ -214,6 +253,10 @@ class BackwardProbe:
         self.current: int | None = None
         self.leaf = [op == "AccumulateGrad" for op in self.ops]
         self.seen: dict[int, tuple] = {}
+        # set by the gradient-flow watch (capture.nonfinite): on the CPU, for up to MAX_SOURCES nodes that return a
+        # non-finite gradient from finite ones, the figures of the tensors saved for them ({row: [figures]})
+        self.read_saved = False
+        self.sources: dict[int, list] = {}
         self.structure = self._structure() if self.new else None
         self.handles = []
         for i, node in enumerate(self.nodes):
@@ -281,6 +324,10 @@ class BackwardProbe:
             with torch._C._DisableTorchDispatch():
                 self.norms[i] = [self._figures(g) for g in (grad_outputs if self.leaf[i] else grad_inputs)
                                  if g is not None]
+                if self.read_saved and not self.cuda and not self.leaf[i] and len(self.sources) < MAX_SOURCES \
+                        and any(f[3] for f in self.norms[i]) \
+                        and not any(self._figures(g)[3] for g in grad_outputs if g is not None):
+                    self.sources[i] = saved_values(self.nodes[i])
 
         return hook
 

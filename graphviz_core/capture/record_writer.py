@@ -37,7 +37,7 @@ class RecordingWriter:
     """One recording folder; `rank` streams opened at the first step (a DDP script initialises its process group
     after the recorder starts)."""
 
-    def __init__(self, path: str | os.PathLike, steps_limit: int | None) -> None:
+    def __init__(self, path: str | os.PathLike, steps_limit: int | None, eager: bool = False) -> None:
         import torch
 
         self.path = Path(path)
@@ -53,7 +53,7 @@ class RecordingWriter:
         self.manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "schema": SCHEMA_VERSION,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__, "steps_limit": steps_limit,
+            "torch": torch.__version__, "steps_limit": steps_limit, "eager": eager,
         }
         if not (self.path / MANIFEST).exists():
             _write_json(self.path / MANIFEST, self.manifest)

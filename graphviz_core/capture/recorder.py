@@ -46,13 +46,13 @@ class Recorder:
     """The object `record()` yields. `step()` closes a step by hand; `steps_written` counts the steps written."""
 
     def __init__(self, path, steps: int | None, model: torch.nn.Module | None, nodes: bool,
-                 nodes_every: int = 1) -> None:
+                 nodes_every: int = 1, eager: bool = False) -> None:
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
             raise ValueError(f"steps must be a whole number of optimizer steps, 1 or more (or None for all); got "
                              f"{steps!r}.")
         if model is not None and not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be the torch.nn.Module being trained; got a {type(model).__name__}.")
-        self.writer = RecordingWriter(path, steps)
+        self.writer = RecordingWriter(path, steps, eager)
         self.limit = steps
         self.nodes = nodes
         self.nodes_every = nodes_every  # per-node figures on every this-many-th step (0, N, 2N, ...)
@@ -392,7 +392,7 @@ def _like(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def record(path, *, steps: int | None = None, model: torch.nn.Module | None = None, check_forward: bool = False,
-           nodes: bool = True, nodes_every: int = 1) -> Iterator[Recorder]:
+           nodes: bool = True, nodes_every: int = 1, eager: bool = False) -> Iterator[Recorder]:
     """Record the training loop run inside the block into the folder `path` (docs/recording.md).
 
     `steps`: stop recording after that many optimizer steps (the loop runs on). `model`: the module being trained
@@ -402,6 +402,8 @@ def record(path, *, steps: int | None = None, model: torch.nn.Module | None = No
     every step (on a GPU, where the per-node work costs most: docs/recording.md).
     `check_forward=True`: every op of the forward checked for NaN and inf, and each node's forward source line
     kept (capture.nonfinite; docs/debugging.md).
+    `eager=True`: torch.compile'd code runs eagerly inside the block (`torch.compiler.set_stance("force_eager")`):
+    the eager replay of a compiled loop, each op a node of its own where a compiled region is one node.
     """
     if isinstance(nodes_every, bool) or not isinstance(nodes_every, int) or nodes_every < 1:
         raise ValueError(f"nodes_every is how often a step gets per-node figures: a whole number from 1 (every "
@@ -415,7 +417,10 @@ def record(path, *, steps: int | None = None, model: torch.nn.Module | None = No
         raise ValueError("a recording is already running in this process; record one loop at a time.")
     recorder = None
     try:
-        recorder = Recorder(path, steps, model, nodes, nodes_every)
+        if not isinstance(eager, bool):
+            raise ValueError(f"eager is True (run torch.compile'd code eagerly while recording) or False; got "
+                             f"{eager!r}.")
+        recorder = Recorder(path, steps, model, nodes, nodes_every, eager)
         recorder.thread = threading.current_thread()
         recorder.saved_bytes_of = {}
         if nodes:
@@ -425,7 +430,8 @@ def record(path, *, steps: int | None = None, model: torch.nn.Module | None = No
         recorder.install()
         clean = False
         try:
-            yield recorder
+            with torch.compiler.set_stance("force_eager") if eager else contextlib.nullcontext():
+                yield recorder
             clean = True
         finally:
             recorder.remove()

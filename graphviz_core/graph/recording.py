@@ -174,6 +174,7 @@ class Recording:
             raise RecordingError(f"{self.path} is a recording of format version {version!r}; this version of "
                                  f"graphviz-core reads versions {', '.join(map(str, READS))}.")
         self.version = version
+        self.eager = self.manifest.get("eager") is True  # recorded with record(eager=True): compiled code ran eagerly
         if self.manifest.get("schema") != SCHEMA_VERSION:
             raise RecordingError(f"{self.path}'s graphs are of schema {self.manifest.get('schema')!r}; this version "
                                  f"reads schema {SCHEMA_VERSION}.")
@@ -273,11 +274,12 @@ class Recording:
                 if not isinstance(node_id, str):
                     raise RecordingError(f"graph {graph_id} of {self.path} has a node without an id.")
                 graph.add_node(node_id, **NodeRecord.from_dict(node, node_id).to_dict())
-            for link in links:
+            for index, link in enumerate(links):
                 source, target = (link.get("source"), link.get("target")) if isinstance(link, dict) else (None, None)
                 if source not in graph or target not in graph:
                     raise RecordingError(f"graph {graph_id} of {self.path} has an edge between nodes it lacks.")
-                graph.add_edge(source, target)
+                if not graph.has_edge(source, target):  # `link`: its place in the file's list (its gradient's shape)
+                    graph.add_edge(source, target, link=index)
         except RecordingError:
             raise
         except ValueError as exc:
@@ -345,6 +347,7 @@ class Recording:
             "format_version": FORMAT_VERSION,
             "schema": SCHEMA_VERSION,
             "complete": self.complete,
+            "eager": self.eager,
             "ranks": self.ranks,
             "created": self.manifest.get("created"),
             "torch": self.manifest.get("torch"),

@@ -3,7 +3,8 @@
 The step runs once more under the recorder and its gradient-flow watch (analysis.gradient_flow.debug_step: the same
 weights, batch, autocast and LoRA as the capture, no optimizer step), and its findings are listed; one placed at a
 node opens in that step's graph with the node selected and the path from the loss down to it ringed. Refused with
-the analysis's own sentence where the step cannot run that way (meta, --compile, checkpointing)."""
+the analysis's own sentence where the step cannot run that way (meta, checkpointing). A compiled config's step runs
+compiled, and a finding inside a compiled region is replayed eagerly by the analysis (its `eager_replay`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ import streamlit as st
 from graphviz_core.export.render import METRICS
 from graphviz_core.serve import work
 from graphviz_core.ui.capture_cache import get_result
-from graphviz_core.ui.findings import PLACED_AT_MOST, finding_label, findings_frame, placed, show_recorded_graph
+from graphviz_core.ui.findings import (
+    PLACED_AT_MOST,
+    finding_label,
+    findings_frame,
+    placed,
+    show_gradients,
+    show_recorded_graph,
+)
 from graphviz_core.ui.format import escape_markdown
 
 COLOURS = ("grad_norm", "time_s")
@@ -54,5 +62,7 @@ def show_debug(capture) -> None:
     colour = row[1].selectbox("Colour by", COLOURS, key="debug.colour", format_func=METRICS.get)
     pair = next((p for p, label in zip(at_nodes, labels, strict=True) if label == chosen), None)
     backward = pair[0].get("backward", 0) if pair else 0
+    if pair:
+        show_gradients(pair[0])
     show_recorded_graph(graphs[backward], pair[1] if pair else None, colour, title="the step, recorded",
                         subtitle=f"backward {backward}")

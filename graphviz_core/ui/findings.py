@@ -10,7 +10,7 @@ import streamlit as st
 
 from graphviz_core.analysis.gradient_flow import finding_node, path_from_loss
 from graphviz_core.export.render import METRICS, node_details, render_html
-from graphviz_core.ui.format import escape_markdown
+from graphviz_core.ui.format import escape_markdown, literal_cells
 from graphviz_core.ui.vis_script import vis_src
 
 FINDING_COLUMNS = ("kind", "step", "node", "module", "parameter", "source", "reason")
@@ -29,6 +29,53 @@ def finding_label(f: dict) -> str:
 def findings_frame(findings: list[dict]) -> pd.DataFrame:
     """The findings' table: text cells (the dataframe escapes them), empty where a field does not apply."""
     return pd.DataFrame([{c: "" if f.get(c) is None else str(f.get(c)) for c in FINDING_COLUMNS} for f in findings])
+
+
+def _shape(shape) -> str:
+    return "not recorded" if shape is None else "(" + ", ".join(f"{d:,}" for d in shape) + ")"
+
+
+def _value(value) -> str:
+    if value is None:
+        return "not read"
+    return value if isinstance(value, str) else f"{value:.4g}"
+
+
+def gradients_frame(finding: dict) -> pd.DataFrame | None:
+    """A non-finite node's finding as a table: each gradient it received and returned, each tensor saved for it, with
+    shape, dtype, smallest and largest value and count of NaN or inf values. None for another kind of finding."""
+    figures = finding.get("figures") or {}
+    if "grad_out" not in figures:
+        return None
+    out = figures["grad_out"]
+    rows = [{"what": f"gradient received from {g.get('node', '')}", "shape": _shape(g.get("shape")),
+             "dtype": g.get("dtype") or "", "smallest": _value(g.get("min")), "largest": _value(g.get("max")),
+             "NaN or inf values": _value(g.get("nonfinite")),
+             "note": "values: all the sender returned"} for g in figures.get("grad_in") or []]
+    for g in out.get("gradients") or []:
+        rows.append({"what": f"gradient returned to {g.get('to', '')}", "shape": _shape(g.get("shape")),
+                     "dtype": g.get("dtype") or "", "smallest": _value(out.get("min")),
+                     "largest": _value(out.get("max")), "NaN or inf values": _value(figures.get("nonfinite")),
+                     "note": "values: all it returned"})
+    for v in figures.get("saved") or []:
+        rows.append({"what": f"saved tensor {v.get('name') or ''}".strip(), "shape": _shape(v.get("shape")),
+                     "dtype": v.get("dtype") or "", "smallest": _value(v.get("min")), "largest": _value(v.get("max")),
+                     "NaN or inf values": _value(v.get("nonfinite")), "note": ""})
+    return pd.DataFrame(rows)
+
+
+def show_gradients(finding: dict) -> None:
+    """The chosen finding's gradients in and out, and its saved tensors, under a caption naming its node."""
+    frame = gradients_frame(finding)
+    if frame is None or frame.empty:
+        return
+    unread = (frame == "not read").any().any()
+    st.caption(escape_markdown(f"What went in and out of {finding.get('node', 'the node')} at step "
+                               f"{finding.get('step', '?')}: the gradients it received and returned, and the tensors "
+                               f"saved for it." + (" Values not read: the recorder reads a saved tensor's values on "
+                                                   "the CPU only, and never unpacks one checkpointing packed."
+                                                   if unread else "")))
+    st.table(literal_cells(frame), hide_index=True)  # a few rows; wraps at 1280 px where a data grid clips
 
 
 PLACED_AT_MOST = 100  # findings offered in the picker: each reads its step's graph on every rerun of the page

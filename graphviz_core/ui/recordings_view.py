@@ -30,7 +30,14 @@ from graphviz_core.analysis.gradient_flow import analyse, layer_figures
 from graphviz_core.export.render import METRICS, metric_range
 from graphviz_core.graph.recording import MANIFEST, Recording, RecordingError, open_recording
 from graphviz_core.ui.charts import show_chart
-from graphviz_core.ui.findings import PLACED_AT_MOST, finding_label, findings_frame, placed, show_recorded_graph
+from graphviz_core.ui.findings import (
+    PLACED_AT_MOST,
+    finding_label,
+    findings_frame,
+    placed,
+    show_gradients,
+    show_recorded_graph,
+)
 from graphviz_core.ui.format import escape_markdown
 from graphviz_core.units import format_bytes
 
@@ -383,8 +390,11 @@ def _show_findings(recording: Recording, rank: int) -> None:
         st.session_state[_key("rec.backward")] = finding.get("backward", 0)
         st.session_state[_key("rec.focus")] = (finding["step"], finding.get("backward", 0), node)
 
-    st.selectbox("Open a finding at its node in the step's graph below", labels, index=None, key=_key("rec.finding"),
-                 placeholder="Choose a finding", on_change=opened)
+    chosen = st.selectbox("Open a finding at its node in the step's graph below", labels, index=None,
+                          key=_key("rec.finding"), placeholder="Choose a finding", on_change=opened)
+    shown = next((f for (f, _), label in zip(at_nodes, labels, strict=True) if label == chosen), None)
+    if shown is not None:
+        show_gradients(shown)
 
 
 def _show_heatmap(chart: alt.LayerChart) -> None:
