@@ -16,7 +16,7 @@ import graphviz_core
 from graphviz_core.graph.recording import open_recording
 
 
-def loop(path=None, steps: int = 3):
+def loop(path=None, steps: int = 3, check_forward: bool = False):
     """A 2-layer MLP compiled, SGD, `steps` steps; the gradient norms taken by hand, dynamo's graph-break count."""
     torch._dynamo.reset()
     counters.clear()
@@ -26,7 +26,7 @@ def loop(path=None, steps: int = 3):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(4, 8), torch.randn(4, 1)
     norms = []
-    with graphviz_core.record(path, model=model) if path else contextlib.nullcontext():
+    with graphviz_core.record(path, model=model, check_forward=check_forward) if path else contextlib.nullcontext():
         for _ in range(steps):
             loss = torch.nn.functional.mse_loss(compiled(x), y)
             loss.backward()
@@ -40,6 +40,9 @@ def test_a_compiled_model_records_every_parameter_and_adds_no_graph_break(tmp_pa
     _, breaks_bare, graphs_bare = loop()
     by_hand, breaks, graphs = loop(tmp_path / "run")
     assert (breaks, graphs) == (breaks_bare, graphs_bare)  # the recorder changes nothing dynamo compiles
+    # nor does its forward check (a torch function mode dynamo traces into: it steps aside while dynamo compiles; its
+    # .item() reads had broken the graph at every op)
+    assert loop(tmp_path / "checked", check_forward=True)[1:] == (breaks_bare, graphs_bare)
     recording = open_recording(tmp_path / "run")
     steps = recording.steps()
     assert [s.step for s in steps] == [0, 1, 2] and recording.complete

@@ -82,6 +82,8 @@ class _ForwardCheck(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if torch.compiler.is_compiling():  # dynamo tracing a region: no check, and no graph break (the eager replay,
+            return out                     # record(eager=True), checks the region's ops one by one)
         watch = self.watch
         if not torch.is_grad_enabled() or watch.depth or getattr(func, "__name__", "") in _ACCESSORS:
             return out
