@@ -127,10 +127,9 @@ def _storage_of(t: torch.Tensor) -> tuple[int, int] | None:
         return None
 
 
-def _saved_of(node, parameter_storages: set[int]) -> list[dict]:
-    """The tensors saved for `node`'s backward, read from its raw saved fields: a tensor packed by a saved-tensor hook
-    (checkpointing) is left out, never unpacked (unpacking a checkpoint's tensor runs its forward again)."""
-    out = []
+def _raw_saved(node):
+    """(field name, tensor) for each tensor saved for `node`'s backward, read from its raw saved fields: a tensor packed
+    by a saved-tensor hook (checkpointing) is left out, never unpacked (unpacking one runs its forward again)."""
     for name in dir(node):
         if not name.startswith("_raw_saved_"):
             continue
@@ -140,11 +139,19 @@ def _saved_of(node, parameter_storages: set[int]) -> list[dict]:
             continue
         for item in raw if isinstance(raw, (list, tuple)) else (raw,):
             data = getattr(item, "data", None)
-            found = _storage_of(data) if isinstance(data, torch.Tensor) else None
-            if found is not None:
-                key, size = found
-                out.append({"shape": list(data.shape), "dtype": str(data.dtype).removeprefix("torch."),
-                            "bytes": size, "key": key, "parameter": key in parameter_storages})
+            if isinstance(data, torch.Tensor):
+                yield name.removeprefix("_raw_saved_"), data
+
+
+def _saved_of(node, parameter_storages: set[int]) -> list[dict]:
+    """The tensors saved for `node`'s backward: shape, dtype, the bytes of their storage (once per storage)."""
+    out = []
+    for _, data in _raw_saved(node):
+        found = _storage_of(data)
+        if found is not None:
+            key, size = found
+            out.append({"shape": list(data.shape), "dtype": str(data.dtype).removeprefix("torch."),
+                        "bytes": size, "key": key, "parameter": key in parameter_storages})
     return out
 
 
@@ -156,26 +163,18 @@ def saved_values(node) -> list[dict]:
     its raw saved fields inside its post hook (still held there); one packed by a saved-tensor hook (checkpointing)
     is left out, never unpacked. Runs only for a node that returned a non-finite gradient from finite ones."""
     out = []
-    for name in dir(node):
-        if not name.startswith("_raw_saved_"):
+    for name, data in _raw_saved(node):
+        if data.is_meta or hasattr(data, "to_local"):
             continue
-        try:
-            raw = getattr(node, name)
-        except RuntimeError:
-            continue
-        for item in raw if isinstance(raw, (list, tuple)) else (raw,):
-            data = getattr(item, "data", None)
-            if not isinstance(data, torch.Tensor) or data.is_meta or hasattr(data, "to_local"):
-                continue
-            figures = {"name": name.removeprefix("_raw_saved_"), "shape": list(data.shape),
-                       "dtype": str(data.dtype).removeprefix("torch."), "min": None, "max": None, "nonfinite": 0}
-            if data.numel() and not data.is_complex() and data.dtype != torch.bool:
-                flat = data.detach().reshape(-1)
-                low, high = torch.aminmax(flat)
-                figures["min"], figures["max"] = _plain(low), _plain(high)
-                if data.is_floating_point():
-                    figures["nonfinite"] = int(flat.numel() - int(torch.isfinite(flat).sum()))
-            out.append(figures)
+        figures = {"name": name, "shape": list(data.shape), "dtype": str(data.dtype).removeprefix("torch."),
+                   "min": None, "max": None, "nonfinite": 0}
+        if data.numel() and not data.is_complex() and data.dtype != torch.bool:
+            flat = data.detach().reshape(-1)
+            low, high = torch.aminmax(flat)
+            figures["min"], figures["max"] = _plain(low), _plain(high)
+            if data.is_floating_point():
+                figures["nonfinite"] = int(flat.numel() - int(torch.isfinite(flat).sum()))
+        out.append(figures)
     return out
 
 

@@ -12,15 +12,8 @@ import streamlit as st
 
 from graphviz_core.export.render import METRICS
 from graphviz_core.serve import work
+from graphviz_core.ui import findings as shown
 from graphviz_core.ui.capture_cache import get_result
-from graphviz_core.ui.findings import (
-    PLACED_AT_MOST,
-    finding_label,
-    findings_frame,
-    placed,
-    show_gradients,
-    show_recorded_graph,
-)
 from graphviz_core.ui.format import escape_markdown
 
 COLOURS = ("grad_norm", "time_s")
@@ -48,13 +41,13 @@ def show_debug(capture) -> None:
                                    f"{checked}."))
     else:
         st.caption(escape_markdown(f"{len(findings)} finding{'s' if len(findings) != 1 else ''}{checked}."))
-        st.dataframe(findings_frame(findings), width="stretch", hide_index=True)
+        st.dataframe(shown.findings_frame(findings), width="stretch", hide_index=True)
     if not graphs:
         return
-    at_nodes = placed(findings, lambda f: graphs[f.get("backward", 0)] if f.get("backward", 0) < len(graphs) else None)
-    labels = [finding_label(f) for f, _ in at_nodes]
-    if len(findings) > PLACED_AT_MOST:
-        st.caption(f"The list below offers the first {PLACED_AT_MOST} of the {len(findings):,} findings.")
+    at_nodes = shown.placed(findings, lambda f: graphs[f.get("backward", 0)] if f.get("backward", 0) < len(graphs) else None)
+    labels = [shown.finding_label(f) for f, _ in at_nodes]
+    if len(findings) > shown.PLACED_AT_MOST:
+        st.caption(f"The list below offers the first {shown.PLACED_AT_MOST} of the {len(findings):,} findings.")
     row = st.columns([3, 1])
     chosen = row[0].selectbox("Open a finding at its node", labels, index=None, key="debug.finding",
                               placeholder="Choose a finding" if labels else "No finding is placed at a node",
@@ -63,6 +56,6 @@ def show_debug(capture) -> None:
     pair = next((p for p, label in zip(at_nodes, labels, strict=True) if label == chosen), None)
     backward = pair[0].get("backward", 0) if pair else 0
     if pair:
-        show_gradients(pair[0])
-    show_recorded_graph(graphs[backward], pair[1] if pair else None, colour, title="the step, recorded",
+        shown.show_gradients(pair[0])
+    shown.show_recorded_graph(graphs[backward], pair[1] if pair else None, colour, title="the step, recorded",
                         subtitle=f"backward {backward}")
