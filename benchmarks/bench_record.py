@@ -34,6 +34,12 @@ import torch
 import graphviz_core
 
 CPU_TIME = False  # --cpu-time: the process's CPU time (every thread) instead of wall time: steadier on a shared machine
+# --user-time: the process's user CPU time only. On this machine a gpt2-small step takes 430,000-1,000,000 minor page
+# faults (the allocator maps its large activations afresh every step and the kernel zeroes ~2 GB of pages), 0.7-1.6 s
+# of system time that swings from step to step by more than the 1-3% being measured; the recorder's own work (norms,
+# the weights' copy, the write) is user time, and it adds no page faults (measured: 428,507-556,230 per recorded step,
+# 432,377-605,798 per bare one)
+USER_TIME = False
 VARIANTS = ("bare", "profiler", "anomaly", "norm logger", "recorder", "parameters only", "forward check")
 
 
@@ -73,7 +79,7 @@ def run_variant(name: str, model, ids, steps: int, folder: str) -> list[float]:
         around = graphviz_core.record(folder, model=model, nodes=name != "parameters only",
                                       check_forward=name == "forward check")
     times = []
-    clock = time.process_time if CPU_TIME else time.perf_counter
+    clock = _user_time if USER_TIME else time.process_time if CPU_TIME else time.perf_counter
     with around as context:
         for _ in range(steps):
             started = clock()
@@ -82,6 +88,12 @@ def run_variant(name: str, model, ids, steps: int, folder: str) -> list[float]:
                 context.step()
             times.append(clock() - started)
     return times
+
+
+def _user_time() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_utime
 
 
 def folder_bytes(folder: str) -> int:
@@ -114,7 +126,7 @@ def compare(args) -> None:
             ratios[name].append(this[name] / this["bare"])
     shutil.rmtree(folder, ignore_errors=True)
     print(f"\nGPT-2 {args.layers} layers, width {args.hidden}, b={args.batch}, s={args.seq}, AdamW, CPU "
-          f"({torch.get_num_threads()} threads; {'process CPU time' if CPU_TIME else 'wall time'}); {args.rounds} rounds x {args.steps} steps (+1 warm-up) per variant\n")
+          f"({torch.get_num_threads()} threads; {'process user CPU time' if USER_TIME else 'process CPU time' if CPU_TIME else 'wall time'}); {args.rounds} rounds x {args.steps} steps (+1 warm-up) per variant\n")
     print("| variant | median step | x bare loop |")
     print("| --- | --- | --- |")
     for name in chosen:
@@ -236,7 +248,8 @@ def own_time(steps: int, args) -> None:
     print(f"GPT-2 {args.layers} layers, width {args.hidden}, b={args.batch}, s={args.seq}, AdamW, "
           f"{torch.get_num_threads()} thread(s): bare step {base:.3f} s (median of {steps}); the recorder ({what}) "
           f"spent {mine:.3f} s of its own per step = {mine / base:.3f} of the bare step -> {1 + mine / base:.3f}x; "
-          f"first recorded step: {own[0]:.3f} s of its own")
+          f"first recorded step: {own[0]:.3f} s of its own; the recorded step took {statistics.median(whole[1:]):.3f} s "
+          f"(x{statistics.median(whole[1:]) / base:.3f} the bare step's, run after it: a difference of two step times)")
 
 
 def main() -> None:
@@ -256,9 +269,12 @@ def main() -> None:
     parser.add_argument("--cpu-time", action="store_true",
                         help="time by the process's CPU time (all threads) instead of the wall clock: on a machine "
                              "other work shares, wall time measures the wait as much as the step")
+    parser.add_argument("--user-time", action="store_true",
+                        help="time by the process's user CPU time (all threads): without the system time of the "
+                             "page faults the loop's own allocations take, which swing by more than the recorder costs")
     args = parser.parse_args()
-    global CPU_TIME
-    CPU_TIME = args.cpu_time
+    global CPU_TIME, USER_TIME
+    CPU_TIME, USER_TIME = args.cpu_time, args.user_time
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.rss:
