@@ -37,7 +37,6 @@ RELU_FAMILY = (torch.nn.ReLU, torch.nn.ReLU6)
 # module the module's own count stands
 FUNCTIONAL_RELUS = {torch.nn.functional.relu, torch.relu, torch.nn.functional.relu6, torch.Tensor.relu}
 MAX_DETACHED = 256  # detach calls kept between two backwards
-CUT_REASONS = ("computed under no_grad", "cut by detach")  # reasons whose place in the graph is a cut (_cut_at)
 _ACCESSORS = ("__get__", "__set__", "__delete__")  # a tensor's attribute read (p.grad), not an op of the forward
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -329,9 +328,9 @@ class DebugWatch:
                 beside = self.zero_beside.get(id(p))
                 if beside is not None and beside[1]() is not None and bool(beside[1]().detach().any()):
                     continue  # zero beside a zero weight the optimizer has just moved: LoRA's first step, expected
-                reason = self._reason(module, zero=norm == 0, beside=beside[0] if beside is not None else None)
+                reason, is_cut = self._reason(module, zero=norm == 0, beside=beside[0] if beside is not None else None)
                 entry = self.calls.get(id(module)) if module is not None else None
-                cut = entry.get("cut") if entry is not None and reason.startswith(CUT_REASONS) else None
+                cut = entry.get("cut") if entry is not None and is_cut else None
                 missing.append({"parameter": name, "module": self._path(module), "reason": reason,
                                 **({"cut": cut} if cut else {})})
             dead = {}
@@ -377,26 +376,29 @@ class DebugWatch:
         finally:
             self.depth -= 1
 
-    def _reason(self, module, zero: bool, beside: str | None = None) -> str:
+    def _reason(self, module, zero: bool, beside: str | None = None) -> tuple[str, bool]:
+        """Why the parameter of `module` got no gradient, and whether that is a cut placed in the graph (a detach or a
+        no_grad: the node the cut output entered, _cut_at)."""
         path = self._path(module) or "its module"
         if zero:
             beside = beside or self._zero_neighbour(module)
             if beside:
                 return (f"its gradient is exactly zero: the gradient reaches it through {beside}, whose values are "
-                        f"all zero (LoRA's B starts at zero: A's gradient stays zero until B moves)")
-            return "its gradient is exactly zero: every path from the loss to it carried zeros"
+                        f"all zero (LoRA's B starts at zero: A's gradient stays zero until B moves)"), False
+            return "its gradient is exactly zero: every path from the loss to it carried zeros", False
         entry = self.calls.get(id(module)) if module is not None else None
         if entry is None:
-            return f"not on any path from the loss: {path} never ran in this step's forward"
+            return f"not on any path from the loss: {path} never ran in this step's forward", False
         entered = f"; it entered the graph at {entry['cut']['op']}" if entry.get("cut") else ""
         if entry["nograd"] and not entry["grad"]:
-            return f"computed under no_grad: {path}'s forward ran with gradients off{entered}"
+            return f"computed under no_grad: {path}'s forward ran with gradients off{entered}", True
         if entry["detached"]:
-            return f"cut by detach: the output of {path} was detached (at {entry['detached']}) before the loss{entered}"
+            return (f"cut by detach: the output of {path} was detached (at {entry['detached']}) before the "
+                    f"loss{entered}"), True
         if entry["grad"] and not entry["output"]:
             return (f"requires_grad=False upstream: {path}'s output needed no gradient (its inputs and weights, as "
-                    f"used, do not require one)")
-        return f"not on any path from the loss: the output of {path} never reached it"
+                    f"used, do not require one)"), False
+        return f"not on any path from the loss: the output of {path} never reached it", False
 
     def _zero_neighbour(self, module, with_tensor: bool = False):
         """A weight matrix near `module` (under its parent or grandparent, never the whole model) whose values are
