@@ -67,6 +67,7 @@ def test_the_finding_in_a_region_offers_an_eager_replay_that_names_its_op(tmp_pa
     [found] = analyse(replayed)["findings"]
     assert (found["kind"], found["step"], found["node"]) == ("nonfinite-backward", 2, "SqrtBackward0")
     assert "replay" not in found
+    assert "eager=True" in _shown(inside)  # the page says how to replay it, above the gradients' table
     ops = {d["op"] for g in replayed.steps()[0].backward_graphs for _, d in replayed.graph(g).nodes(data=True)}
     assert "CompiledFunctionBackward" not in ops and "TanhBackward0" in ops  # every op a node of its own
 
@@ -100,6 +101,22 @@ def test_a_compiled_presets_step_is_replayed_eagerly_by_itself(monkeypatch):
     assert inside["node"] == "CompiledFunctionBackward"
     assert inside["eager_replay"]["node"] == "SqrtBackward0" and inside["eager_replay"]["module"] == "layers.1.act"
     assert "replayed eagerly, it starts at SqrtBackward0 in layers.1.act" in inside["reason"]
+    assert "The same step replayed eagerly starts at SqrtBackward0 in layers.1.act" in _shown(inside)
+
+
+def _page(finding):
+    from graphviz_core.ui.findings import show_gradients
+
+    show_gradients(finding)
+
+
+def _shown(finding) -> str:
+    """The text of the box the Recordings page and the Debug tab show above a chosen finding's gradients."""
+    from streamlit.testing.v1 import AppTest
+
+    app = AppTest.from_function(_page, args=(finding,)).run(timeout=30)
+    assert not app.exception
+    return " ".join(box.value for box in app.info).replace("\\", "")  # the Markdown as written, its escapes dropped
 
 
 def test_record_eager_flag_runs_the_scripts_compiled_model_eagerly(tmp_path):

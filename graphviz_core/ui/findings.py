@@ -65,7 +65,18 @@ def gradients_frame(finding: dict) -> pd.DataFrame | None:
 
 
 def show_gradients(finding: dict) -> None:
-    """The chosen finding's gradients in and out, and its saved tensors, under a caption naming its node."""
+    """The chosen finding's gradients in and out, and its saved tensors, under a caption naming its node; for one
+    inside a compiled region, how its op is named (the eager replay)."""
+    replayed = finding.get("eager_replay")
+    if replayed:
+        st.info(escape_markdown(f"Inside a compiled region. The same step replayed eagerly starts at "
+                                f"{replayed.get('node')}" + (f" in {replayed['module']}" if replayed.get("module") else "")
+                                + (f" ({replayed['source']})" if replayed.get("source") else "") + "."))
+    elif "eager_replay" in finding:
+        st.info("Inside a compiled region. The same step replayed eagerly found no such node (compiled and eager "
+                "arithmetic can differ).")
+    elif finding.get("replay"):
+        st.info(escape_markdown(f"Inside a compiled region: {finding['replay']}."))
     frame = gradients_frame(finding)
     if frame is None or frame.empty:
         return
