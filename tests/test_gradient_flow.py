@@ -135,6 +135,48 @@ def test_a_findings_shapes_are_its_own_steps_when_batches_change_size(tmp_path):
     assert len([line for line in lines if "key" in line]) == 2  # one shapes line per size, not per step
 
 
+class _Split(torch.nn.Module):
+    """x split in two, the halves multiplied: mm(x[:2], x[2:]) * 1e30. Rows 0-1 hold 1e10, rows 2-4 1e-20: forward
+    every value is finite (mm: 3 x 1e10 x 1e-20 = 3e-10, then 3e20); backward the mm receives 1e30 (finite) and
+    returns b's gradient a^T @ g = 2 x 1e10 x 1e30 = 2e40, past float32's 3.4e38: inf, both of its gradients sent to
+    the one split node."""
+
+    def __init__(self):
+        super().__init__()
+        self.x = torch.nn.Parameter(torch.cat([torch.full((2, 3), 1e10), torch.full((3, 3), 1e-20)]))
+
+    def forward(self):
+        a, b = self.x.split([2, 3])
+        return (torch.mm(a, b) * 1e30).sum()
+
+
+def test_two_gradients_sent_to_one_node_are_each_listed_with_its_shape(tmp_path):
+    model = _Split()
+    with graphviz_core.record(tmp_path / "run", model=model) as rec:
+        model().backward()
+        rec.step()
+    [found] = [f for f in analyse(open_recording(tmp_path / "run"))["findings"] if f["kind"] == "nonfinite-backward"]
+    assert found["node"] == "MmBackward0" and found["figures"]["values"] == "inf"
+    sent = found["figures"]["grad_out"]["gradients"]
+    assert {g["to"].partition(":")[0] for g in sent} == {"SplitWithSizesBackward0"}
+    assert sorted(g["shape"] for g in sent) == [[2, 3], [3, 3]]  # a's gradient and b's: both halves of x
+
+
+def test_a_sparse_tensor_saved_at_the_source_is_listed_and_the_backward_runs(tmp_path):
+    """sparse.mm(s, w) with an inf in the sparse s: w's gradient s^T @ g is inf where g is finite. The tensor saved
+    for it is sparse (no values are read from it: its shape alone); the user's backward runs as it would unrecorded."""
+    torch.manual_seed(1)
+    model = torch.nn.Linear(3, 2, bias=False)
+    sparse = torch.sparse_coo_tensor([[0, 1], [1, 2]], [float("inf"), 1.0], (4, 3))
+    with graphviz_core.record(tmp_path / "run", model=model) as rec:
+        torch.sparse.mm(sparse, model.weight.t()).sum().backward()
+        rec.step()
+    assert not math.isfinite(float(model.weight.grad.abs().max()))  # the backward ran to the end
+    [found] = [f for f in analyse(open_recording(tmp_path / "run"))["findings"] if f["kind"] == "nonfinite-backward"]
+    listed = {v["shape"] == [4, 3] and v["min"] is None for v in found["figures"]["saved"]}
+    assert True in listed, found["figures"]["saved"]
+
+
 class _Attention(torch.nn.Module):
     def __init__(self, width, masked=False):
         super().__init__()
@@ -470,6 +512,11 @@ def test_a_damaged_or_hostile_debug_log_is_one_sentence(tmp_path, capsys):
             ("producer", step_line(forward={"nan": {"op": 3}}), "wrong type"),
             ("shape keys", step_line(link_shapes=[3]), "wrong type"),
             ("saved values", step_line(saved_values=[{"2": [{"name": "result", "shape": [-1]}]}]), "wrong type"),
+            # JSON's NaN and 1e999 are read as floats, an integer may pass a float's range: each refused by name
+            ("saved nan", step_line(saved_values=[{"2": [{"name": "r", "shape": [1], "min": float("nan")}]}]),
+             "wrong type"),
+            ("saved huge", step_line(saved_values=[{"2": [{"name": "r", "shape": [1], "max": 10 ** 400}]}]),
+             "wrong type"),
             ("shapes", lambda log: log.write_text("\n".join([lines[0], json.dumps(
                 {"link_shapes": "abc", "key": "k", "shapes": [["a"]], "dtypes": [None]}), *lines[2:]]) + "\n"),
              "wrong type"),
@@ -507,3 +554,46 @@ def test_update_ratio_per_module_is_lr_times_gradient_over_weight_for_sgd(tmp_pa
         assert set(figures["update_ratio"]) == {"0", "2"}
         for module, ratio in expected.items():
             assert math.isclose(figures["update_ratio"][module], ratio, rel_tol=1e-5)
+
+
+class _FailsOnce(torch.autograd.Function):
+    """Identity forward; its backward raises the first time it runs."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        _FailsOnce.calls += 1
+        if _FailsOnce.calls == 1:
+            raise RuntimeError("a backward the user catches")
+        return g
+
+
+def test_a_backward_that_raises_leaves_the_next_ones_figures_beside_their_own_graph(tmp_path):
+    """The step's first backward raises and the loop catches it; its second, through a different graph (a sqrt of an
+    exact zero on 4 x 5 values), is the step's only recorded backward: its finding reads its own shapes, not the failed
+    one's (that graph's input was 7 x 5)."""
+    model = torch.nn.Linear(5, 5)
+    with graphviz_core.record(tmp_path / "run", model=model) as rec:
+        with pytest.raises(RuntimeError, match="the user catches"):
+            _FailsOnce.apply(model(torch.randn(7, 5))).sum().backward()
+        h = model(torch.randn(4, 5))
+        (h + 0.0 * torch.sqrt(h - h.detach())).sum().backward()
+        rec.step()
+    recording = open_recording(tmp_path / "run")
+    assert len(recording.steps()[0].backward_graphs) == 1
+    [found] = [f for f in analyse(recording)["findings"] if f["kind"] == "nonfinite-backward"]
+    assert found["node"] == "SqrtBackward0"
+    assert [g["shape"] for g in found["figures"]["grad_in"]] == [[4, 5]]
+    assert [v["shape"] for v in found["figures"]["saved"]] == [[4, 5]]
+
+
+def test_eager_needs_torch_compilers_set_stance(tmp_path, monkeypatch):
+    monkeypatch.delattr(torch.compiler, "set_stance")
+    with pytest.raises(ValueError, match="new in torch 2.6"):
+        with graphviz_core.record(tmp_path / "run", eager=True):
+            pass

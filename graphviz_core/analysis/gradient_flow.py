@@ -80,14 +80,34 @@ def read_debug(recording: Recording, rank: int) -> DebugLog:
 MAX_DIMS = 64  # a tensor's dimensions, at most (torch allows 64 too)
 
 
+def _shape_ok(shape) -> bool:
+    """A tensor's shape as the recorder writes it: at most MAX_DIMS sizes, each a whole number in 0 .. 2**63 - 1."""
+    return isinstance(shape, list) and len(shape) <= MAX_DIMS and all(
+        isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2 ** 63 for d in shape)
+
+
+def _value_ok(value) -> bool:
+    """A saved tensor's smallest or largest value as the recorder writes it: a finite number (JSON's NaN, Infinity
+    and 1e999 are read as floats: refused), `nan`, `inf` or `-inf` by name, or null."""
+    if value is None or value in ("nan", "inf", "-inf"):
+        return True
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an integer beyond a float's range
+        return False
+
+
+SAVED_KEYS = ("name", "shape", "dtype", "min", "max", "nonfinite")  # of a saved tensor's figures (saved_values)
+
+
 def _checked_shapes(line: dict, where: str) -> tuple[list, list]:
     """A `link_shapes` line's shapes (a list of non-negative integers, or null, per edge) and dtypes (a name or null
     each), checked as a step line is."""
     shapes, dtypes, key = line.get("shapes"), line.get("dtypes"), line.get("key")
     good = (isinstance(key, str) and isinstance(shapes, list) and isinstance(dtypes, list)
-            and len(shapes) == len(dtypes)
-            and all(s is None or (isinstance(s, list) and len(s) <= MAX_DIMS and all(
-                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in s)) for s in shapes)
+            and len(shapes) == len(dtypes) and all(s is None or _shape_ok(s) for s in shapes)
             and all(d is None or (isinstance(d, str) and len(d) <= 32) for d in dtypes))
     if not good:
         raise RecordingError(f"{where} has a field of the wrong type; the recording's debug log is damaged.")
@@ -110,14 +130,10 @@ def _checked_step(line: dict, where: str) -> dict:
     keys = line.get("link_shapes") or []
     saved = line.get("saved_values") or []
 
-    def value(v) -> bool:  # a saved tensor's smallest or largest value: a number, `nan`/`inf`/`-inf`, or null
-        return v is None or v in ("nan", "inf", "-inf") or (isinstance(v, (int, float)) and not isinstance(v, bool))
-
     def figures(v) -> bool:
         return (isinstance(v, dict) and isinstance(v.get("name"), str) and text(v.get("dtype"))
-                and isinstance(v.get("shape"), list) and len(v["shape"]) <= MAX_DIMS
-                and all(count(d) for d in v["shape"]) and value(v.get("min")) and value(v.get("max"))
-                and count(v.get("nonfinite", 0)))
+                and _shape_ok(v.get("shape")) and _value_ok(v.get("min")) and _value_ok(v.get("max"))
+                and (v.get("nonfinite") is None or count(v.get("nonfinite"))))
 
     def cut(value) -> bool:  # where a cut output entered the graph (capture.nonfinite._cut_at)
         return value is None or (isinstance(value, dict) and count(value.get("backward")) and count(value.get("row"))
@@ -194,25 +210,24 @@ def _node_finding(graph, node, log: DebugLog, graph_id: str, shapes: tuple[list,
     max_abs = data.get("max_abs")
     values = "nan" if max_abs is not None and max_abs != max_abs else "inf"
 
-    def carried(source, target) -> dict:  # the gradient the edge source -> target carries: its shape and dtype
-        link = graph.edges[source, target].get("link")
-        if shapes is None or link is None or link >= len(shapes[0]):
-            return {"shape": None, "dtype": None}
-        return {"shape": shapes[0][link], "dtype": shapes[1][link]}
+    def carried(source, target) -> list[dict]:  # each gradient the edge source -> target carries: shape and dtype
+        links = graph.edges[source, target].get("links") or [None]
+        return [{"shape": None, "dtype": None} if shapes is None or link is None or link >= len(shapes[0])
+                else {"shape": shapes[0][link], "dtype": shapes[1][link]} for link in links]
 
     param = data.get("param") or {}
-    returned = [{"to": c, **carried(node, c)} for c in graph.successors(node)]
+    returned = [{"to": c, **g} for c in graph.successors(node) for g in carried(node, c)]
     if param:  # AccumulateGrad returns nothing: what it accumulates has its parameter's shape
         returned = [{"to": param.get("name") or "", "shape": param.get("shape"),
-                     "dtype": carried(*next(iter(graph.in_edges(node))))["dtype"] if graph.in_degree(node) else None}]
+                     "dtype": carried(*next(iter(graph.in_edges(node))))[0]["dtype"] if graph.in_degree(node) else None}]
     figures = {
         "values": values, "nonfinite": data.get("nonfinite"),
         "grad_out": {"grad_norm": _number(data.get("grad_norm")), "max_abs": _number(max_abs),
                      "min": _number(data.get("min")), "max": _number(data.get("max")), "gradients": returned},
-        "grad_in": [{"node": p, **carried(p, node), "grad_norm": _number(graph.nodes[p].get("grad_norm")),
+        "grad_in": [{"node": p, **g, "grad_norm": _number(graph.nodes[p].get("grad_norm")),
                      "max_abs": _number(graph.nodes[p].get("max_abs")), "min": _number(graph.nodes[p].get("min")),
                      "max": _number(graph.nodes[p].get("max")), "nonfinite": graph.nodes[p].get("nonfinite")}
-                    for p in graph.predecessors(node)],
+                    for p in graph.predecessors(node) for g in carried(p, node)],
         "saved": saved if saved is not None else [
             {"shape": s.get("shape"), "dtype": s.get("dtype"), "min": None, "max": None, "nonfinite": None}
             for s in (data.get("saved") or [])],
@@ -235,8 +250,8 @@ def _node_finding(graph, node, log: DebugLog, graph_id: str, shapes: tuple[list,
 # A finding inside a compiled region: how to see its op (the preset's step does it itself: debug_step)
 REPLAY = ("a compiled region's ops are one node here; to name the op, run the same loop again under "
           "graphviz_core.record(..., eager=True) or `graphviz-core record --eager`: torch.compile'd code then runs "
-          "eagerly (torch.compiler.set_stance(\"force_eager\")), and with the same seeds and data the finding lands "
-          "at its own node")
+          "eagerly (torch.compiler.set_stance(\"force_eager\"), torch 2.6 or newer), and with the same seeds and data "
+          "the finding lands at its own node")
 
 
 def _backward_findings(recording, rank, step, index, log: DebugLog, loss_bad: bool) -> list[dict]:
@@ -250,6 +265,7 @@ def _backward_findings(recording, rank, step, index, log: DebugLog, loss_bad: bo
             continue
         shapes = log.link_shapes.get((graph_id, keys[b])) if b < len(keys) else None
         values = saved[b].get(first.rpartition(":")[2]) if b < len(saved) else None
+        values = [{k: v.get(k) for k in SAVED_KEYS} for v in values] if values is not None else None  # known keys
         finding = _node_finding(graph, first, log, graph_id, shapes, values)
         finding["backward"] = b
         if others:
@@ -450,8 +466,10 @@ def debug_step(config, check_forward: bool = False) -> tuple[dict, list[nx.DiGra
         graphs = [recording.step_graph(steps[0].step, 0, b) for b in range(len(steps[0].backward_graphs))] \
             if steps else []
         result = analyse(recording)
+    import torch
+
     inside = [f for f in result["findings"] if f.get("replay")]
-    if inside:  # a compiled step with a finding inside a region: the same step again, eagerly, names its op
+    if inside and hasattr(torch.compiler, "set_stance"):  # a finding inside a region: the step again, eagerly
         with tempfile.TemporaryDirectory(prefix="graphviz-core-debug-") as folder:
             record_step(config, folder, check_forward=check_forward, eager=True)
             _replayed(inside, analyse(open_recording(folder))["findings"])

@@ -303,6 +303,14 @@ class DebugWatch:
         finally:
             self.depth -= 1
 
+    def backward_failed(self) -> None:
+        """The backward announced last raised (the user may catch it and go on): the step's figures keep no trace of
+        it, so the next backward's shapes and saved values stay beside its own graph."""
+        if self.backwards:
+            self.backwards -= 1
+            self.shape_keys = self.shape_keys[:self.backwards]
+            self.saved_of = self.saved_of[:self.backwards]
+
     # ---- the step -----------------------------------------------------------------------------------------------
     def end_step(self, index: int, params: list, grads: list, sampled: bool = True) -> None:
         """The step is written: its no-gradient parameters with their reasons, dead units, forward producers. A step

@@ -167,13 +167,19 @@ def saved_values(node) -> list[dict]:
         if data.is_meta or hasattr(data, "to_local"):
             continue
         figures = {"name": name, "shape": list(data.shape), "dtype": str(data.dtype).removeprefix("torch."),
-                   "min": None, "max": None, "nonfinite": 0}
-        if data.numel() and not data.is_complex() and data.dtype != torch.bool:
-            flat = data.detach().reshape(-1)
-            low, high = torch.aminmax(flat)
-            figures["min"], figures["max"] = _plain(low), _plain(high)
-            if data.is_floating_point():
-                figures["nonfinite"] = int(flat.numel() - int(torch.isfinite(flat).sum()))
+                   "min": None, "max": None, "nonfinite": None}
+        # values of a plain dense tensor only (a sparse or mkldnn one, a subclass such as NF4: its shape alone); a
+        # kernel this dtype lacks (aminmax of float8) leaves them null: the user's backward never fails for a figure
+        plain = data.layout == torch.strided and type(data) in (torch.Tensor, torch.nn.Parameter)
+        if plain and data.numel() and not data.is_complex() and data.dtype != torch.bool:
+            try:
+                flat = data.detach().reshape(-1)
+                low, high = torch.aminmax(flat)
+                figures["min"], figures["max"] = _plain(low), _plain(high)
+                figures["nonfinite"] = int(flat.numel() - int(torch.isfinite(flat).sum())) \
+                    if data.is_floating_point() else 0
+            except (RuntimeError, NotImplementedError, TypeError):
+                figures["min"] = figures["max"] = figures["nonfinite"] = None
         out.append(figures)
     return out
 

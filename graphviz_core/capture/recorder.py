@@ -332,6 +332,10 @@ class Recorder:
         try:
             with probe.flop_mode() if probe.new else contextlib.nullcontext():
                 result = original(tensors, *args, **kwargs)
+        except BaseException:
+            if self.debug is not None:  # this backward is not recorded: the watch forgets it too
+                self.debug.backward_failed()
+            raise
         finally:
             probe.remove()
             self.modules.clear()
@@ -420,6 +424,9 @@ def record(path, *, steps: int | None = None, model: torch.nn.Module | None = No
         if not isinstance(eager, bool):
             raise ValueError(f"eager is True (run torch.compile'd code eagerly while recording) or False; got "
                              f"{eager!r}.")
+        if eager and not hasattr(torch.compiler, "set_stance"):
+            raise ValueError(f"eager=True runs compiled code eagerly through torch.compiler.set_stance, new in torch "
+                             f"2.6; this is torch {torch.__version__}.")
         recorder = Recorder(path, steps, model, nodes, nodes_every, eager)
         recorder.thread = threading.current_thread()
         recorder.saved_bytes_of = {}

@@ -278,8 +278,12 @@ class Recording:
                 source, target = (link.get("source"), link.get("target")) if isinstance(link, dict) else (None, None)
                 if source not in graph or target not in graph:
                     raise RecordingError(f"graph {graph_id} of {self.path} has an edge between nodes it lacks.")
-                if not graph.has_edge(source, target):  # `link`: its place in the file's list (its gradient's shape)
-                    graph.add_edge(source, target, link=index)
+                # `links`: the edge's places in the file's list (each one gradient, its shape in the debug log): a
+                # node may send two gradients to one node (x.split(...) into one mm)
+                if graph.has_edge(source, target):
+                    graph.edges[source, target]["links"].append(index)
+                else:
+                    graph.add_edge(source, target, links=[index])
         except RecordingError:
             raise
         except ValueError as exc:

@@ -84,7 +84,7 @@ def show_gradients(finding: dict) -> None:
     st.caption(escape_markdown(f"What went in and out of {finding.get('node', 'the node')} at step "
                                f"{finding.get('step', '?')}: the gradients it received and returned, and the tensors "
                                f"saved for it." + (" Values not read: the recorder reads a saved tensor's values on "
-                                                   "the CPU only, and never unpacks one checkpointing packed."
+                                                   "the CPU only, of a plain dense tensor."
                                                    if unread else "")))
     st.table(literal_cells(frame), hide_index=True)  # a few rows; wraps at 1280 px where a data grid clips
 
