@@ -40,11 +40,15 @@ def main(argv: Sequence[str], config_flags: tuple) -> int:
     try:
         args = _parser(add_config_flags).parse_args(list(argv[1:]))
         result = _run(args, config_of, names)
+        try:
+            text = json.dumps(result, indent=1, allow_nan=False)
+        except ValueError:  # the reader checks every field it passes on; a value JSON cannot carry is still a sentence
+            raise ValueError("the recording holds a NaN or infinity where a figure should be a number; it is "
+                             "damaged.") from None
     except (Refused, ValueError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         sys.stderr.write((message if message.startswith("graphviz-core") else f"graphviz-core: {message}") + "\n")
         return EXIT_BAD_INPUT
-    text = json.dumps(result, indent=1, allow_nan=False)
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as f:

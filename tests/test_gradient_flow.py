@@ -517,6 +517,7 @@ def test_a_damaged_or_hostile_debug_log_is_one_sentence(tmp_path, capsys):
              "wrong type"),
             ("saved huge", step_line(saved_values=[{"2": [{"name": "r", "shape": [1], "max": 10 ** 400}]}]),
              "wrong type"),
+            ("producer shapes", step_line(forward={"nan": {"op": "sqrt", "inputs": [[float("nan")]]}}), "wrong type"),
             ("shapes", lambda log: log.write_text("\n".join([lines[0], json.dumps(
                 {"link_shapes": "abc", "key": "k", "shapes": [["a"]], "dtypes": [None]}), *lines[2:]]) + "\n"),
              "wrong type"),

@@ -147,7 +147,9 @@ def _checked_step(line: dict, where: str) -> dict:
             and isinstance(losses, list) and all(text(v) for v in losses)
             and isinstance(forward, dict) and all(
                 isinstance(v, dict) and all(text(v.get(k)) for k in ("op", "module", "source"))
-                and all(count(v.get(k, 0)) for k in ("nan", "inf")) for v in forward.values())
+                and all(count(v.get(k, 0)) for k in ("nan", "inf"))
+                and all(isinstance(v.get(k) or [], list) and all(_shape_ok(x) for x in v.get(k) or [])
+                        for k in ("inputs", "outputs")) for v in forward.values())
             and isinstance(keys, list) and all(isinstance(k, str) for k in keys)
             and isinstance(saved, list) and all(isinstance(b, dict) and all(
                 isinstance(r, list) and all(figures(v) for v in r) for r in b.values()) for b in saved))
