@@ -37,6 +37,14 @@ def test_a_nan_in_a_compiled_region_is_placed_at_the_region_and_its_parameters(t
     # the region returns NaN to layer a's weight and bias (the sqrt sits between a and b; b's gradient stays finite)
     assert findings[0]["parameter"] in {"a.weight", "a.bias"}
     assert set(findings[0]["figures"]["parameters"]) == {"a.weight", "a.bias"}
+    # the page names the parameters each gradient went to; the region freed what it saved inside its backward, so
+    # the saved tensors are listed by the graph's shapes, their values not read
+    from graphviz_core.ui.findings import gradients_frame
+
+    frame = gradients_frame(findings[0])
+    assert {"gradient returned to a.weight", "gradient returned to a.bias"} <= set(frame["what"])
+    saved = frame[frame["what"].str.startswith("saved tensor")]
+    assert len(saved) and set(saved["smallest"]) == {"not read"}
 
 
 def _compiled_loop(folder, eager: bool):

@@ -160,6 +160,14 @@ def test_two_gradients_sent_to_one_node_are_each_listed_with_its_shape(tmp_path)
     sent = found["figures"]["grad_out"]["gradients"]
     assert {g["to"].partition(":")[0] for g in sent} == {"SplitWithSizesBackward0"}
     assert sorted(g["shape"] for g in sent) == [[2, 3], [3, 3]]  # a's gradient and b's: both halves of x
+    # the page's table: the recorder keeps one count for all the node returned, shown once beside both shapes: b's
+    # gradient is inf at all 3 x 3 values (2 x 1e10 x 1e30 each), a's finite (3 x 1e-20 x 1e30 = 3e10 each)
+    from graphviz_core.ui.findings import gradients_frame
+
+    frame = gradients_frame(found).set_index("what")
+    assert frame.loc["all 2 gradients it returned", "NaN or inf values"] == "9"
+    returned = frame[frame.index.str.startswith("gradient returned to")]
+    assert sorted(returned["shape"]) == ["(2, 3)", "(3, 3)"] and set(returned["NaN or inf values"]) == {""}
 
 
 def test_a_sparse_tensor_saved_at_the_source_is_listed_and_the_backward_runs(tmp_path):

@@ -217,8 +217,15 @@ def _node_finding(graph, node, log: DebugLog, graph_id: str, shapes: tuple[list,
         return [{"shape": None, "dtype": None} if shapes is None or link is None or link >= len(shapes[0])
                 else {"shape": shapes[0][link], "dtype": shapes[1][link]} for link in links]
 
+    def named(target) -> dict:  # a gradient into a parameter's AccumulateGrad: that parameter's name
+        name = (graph.nodes[target].get("param") or {}).get("name")
+        return {"parameter": name} if name else {}
+
+    def sent(source) -> int:  # how many gradients a node returned along the graph's edges (its figures cover them all)
+        return sum(len(graph.edges[source, c].get("links") or [None]) for c in graph.successors(source))
+
     param = data.get("param") or {}
-    returned = [{"to": c, **g} for c in graph.successors(node) for g in carried(node, c)]
+    returned = [{"to": c, **named(c), **g} for c in graph.successors(node) for g in carried(node, c)]
     if param:  # AccumulateGrad returns nothing: what it accumulates has its parameter's shape
         returned = [{"to": param.get("name") or "", "shape": param.get("shape"),
                      "dtype": carried(*next(iter(graph.in_edges(node))))[0]["dtype"] if graph.in_degree(node) else None}]
@@ -226,7 +233,7 @@ def _node_finding(graph, node, log: DebugLog, graph_id: str, shapes: tuple[list,
         "values": values, "nonfinite": data.get("nonfinite"),
         "grad_out": {"grad_norm": _number(data.get("grad_norm")), "max_abs": _number(max_abs),
                      "min": _number(data.get("min")), "max": _number(data.get("max")), "gradients": returned},
-        "grad_in": [{"node": p, **g, "grad_norm": _number(graph.nodes[p].get("grad_norm")),
+        "grad_in": [{"node": p, **g, "sender_returned": sent(p), "grad_norm": _number(graph.nodes[p].get("grad_norm")),
                      "max_abs": _number(graph.nodes[p].get("max_abs")), "min": _number(graph.nodes[p].get("min")),
                      "max": _number(graph.nodes[p].get("max")), "nonfinite": graph.nodes[p].get("nonfinite")}
                     for p in graph.predecessors(node) for g in carried(p, node)],
@@ -251,7 +258,7 @@ def _node_finding(graph, node, log: DebugLog, graph_id: str, shapes: tuple[list,
 
 # A finding inside a compiled region: how to see its op (the preset's step does it itself: debug_step)
 REPLAY = ("a compiled region's ops are one node here; to name the op, run the same loop again under "
-          "graphviz_core.record(..., eager=True) or `graphviz-core record --eager`: torch.compile'd code then runs "
+          "graphviz_core.record(..., eager=True) or graphviz-core record --eager: torch.compile'd code then runs "
           "eagerly (torch.compiler.set_stance(\"force_eager\"), torch 2.6 or newer), and with the same seeds and data "
           "the finding lands at its own node")
 
@@ -267,7 +274,8 @@ def _backward_findings(recording, rank, step, index, log: DebugLog, loss_bad: bo
             continue
         shapes = log.link_shapes.get((graph_id, keys[b])) if b < len(keys) else None
         values = saved[b].get(first.rpartition(":")[2]) if b < len(saved) else None
-        values = [{k: v.get(k) for k in SAVED_KEYS} for v in values] if values is not None else None  # known keys
+        # known keys only; none read (a compiled region frees what it saved inside its backward): the graph's shapes
+        values = [{k: v.get(k) for k in SAVED_KEYS} for v in values] if values else None
         finding = _node_finding(graph, first, log, graph_id, shapes, values)
         finding["backward"] = b
         if others:

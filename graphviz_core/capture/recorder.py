@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -30,6 +32,7 @@ import torch
 from graphviz_core.capture.record_hooks import BackwardProbe, ModuleCalls
 from graphviz_core.capture.record_writer import RecordingWriter
 
+COMPILE_HOOKS_WARNING = "Using `torch.compile(module)` when there are global hooks on modules"
 _ACTIVE = threading.Lock()  # one recording per process: the hooks it installs are process-wide
 
 
@@ -88,8 +91,16 @@ class Recorder:
         scaler.step = self._wrap_scaler_step(self.originals[(scaler, "step")])
         if self.debug is not None:
             self.debug.install()
+        # torch warns that torch.compile(module) fires global module hooks once more, for its wrapper: the recorder's
+        # hooks are global, and they expect that call (a module outside the model's names is not recorded); the
+        # warning, raised for the user's own compile call inside the block, is silenced while it runs, no other
+        warnings.filterwarnings("ignore", message=re.escape(COMPILE_HOOKS_WARNING), category=UserWarning)
+        self.silenced = warnings.filters[0]
 
     def remove(self) -> None:
+        if getattr(self, "silenced", None) in warnings.filters:
+            warnings.filters.remove(self.silenced)
+            getattr(warnings, "_filters_mutated", lambda: None)()  # the module's caches see the filter gone
         for handle in self.handles:
             handle.remove()
         self.handles = []

@@ -48,19 +48,31 @@ def gradients_frame(finding: dict) -> pd.DataFrame | None:
     if "grad_out" not in figures:
         return None
     out = figures["grad_out"]
-    rows = [{"what": f"gradient received from {g.get('node', '')}", "shape": _shape(g.get("shape")),
-             "dtype": g.get("dtype") or "", "smallest": _value(g.get("min")), "largest": _value(g.get("max")),
-             "NaN or inf values": _value(g.get("nonfinite")),
-             "note": "values: all the sender returned"} for g in figures.get("grad_in") or []]
-    for g in out.get("gradients") or []:
-        rows.append({"what": f"gradient returned to {g.get('to', '')}", "shape": _shape(g.get("shape")),
-                     "dtype": g.get("dtype") or "", "smallest": _value(out.get("min")),
-                     "largest": _value(out.get("max")), "NaN or inf values": _value(figures.get("nonfinite")),
-                     "note": "values: all it returned"})
+    rows = []
+    for g in figures.get("grad_in") or []:  # the recorder keeps one set of figures per node: the sender's, all of it
+        count = g.get("sender_returned") or 1
+        rows.append({"what": f"gradient received from {g.get('node', '')}", "shape": _shape(g.get("shape")),
+                     "dtype": g.get("dtype") or "", "smallest": _value(g.get("min")), "largest": _value(g.get("max")),
+                     "NaN or inf values": _value(g.get("nonfinite")),
+                     "values are of": "this gradient" if count == 1 else
+                     f"all {count} gradients {g.get('node', '')} returned"})
+    sent = out.get("gradients") or []
+    for g in sent:
+        one = len(sent) == 1
+        rows.append({"what": f"gradient returned to {g.get('parameter') or g.get('to', '')}",
+                     "shape": _shape(g.get("shape")), "dtype": g.get("dtype") or "",
+                     "smallest": _value(out.get("min")) if one else "",
+                     "largest": _value(out.get("max")) if one else "",
+                     "NaN or inf values": _value(figures.get("nonfinite")) if one else "",
+                     "values are of": "this gradient" if one else "the next row: all it returned together"})
+    if len(sent) > 1:
+        rows.append({"what": f"all {len(sent)} gradients it returned", "shape": "", "dtype": "",
+                     "smallest": _value(out.get("min")), "largest": _value(out.get("max")),
+                     "NaN or inf values": _value(figures.get("nonfinite")), "values are of": "them together"})
     for v in figures.get("saved") or []:
         rows.append({"what": f"saved tensor {v.get('name') or ''}".strip(), "shape": _shape(v.get("shape")),
                      "dtype": v.get("dtype") or "", "smallest": _value(v.get("min")), "largest": _value(v.get("max")),
-                     "NaN or inf values": _value(v.get("nonfinite")), "note": ""})
+                     "NaN or inf values": _value(v.get("nonfinite")), "values are of": "this tensor"})
     return pd.DataFrame(rows)
 
 
@@ -84,7 +96,8 @@ def show_gradients(finding: dict) -> None:
     st.caption(escape_markdown(f"What went in and out of {finding.get('node', 'the node')} at step "
                                f"{finding.get('step', '?')}: the gradients it received and returned, and the tensors "
                                f"saved for it." + (" Values not read: the recorder reads a saved tensor's values on "
-                                                   "the CPU only, of a plain dense tensor."
+                                                   "the CPU, of a plain dense tensor the node still holds after its "
+                                                   "backward (a compiled region frees its own)."
                                                    if unread else "")))
     st.table(literal_cells(frame), hide_index=True)  # a few rows; wraps at 1280 px where a data grid clips
 
