@@ -41,7 +41,7 @@ def show_debug(capture) -> None:
                                    f"{checked}."))
     else:
         st.caption(escape_markdown(f"{len(findings)} finding{'s' if len(findings) != 1 else ''}{checked}."))
-        st.dataframe(shown.findings_frame(findings), width="stretch", hide_index=True)
+        shown.show_findings(findings)
     if not graphs:
         return
     at_nodes = shown.placed(findings, lambda f: graphs[f.get("backward", 0)] if f.get("backward", 0) < len(graphs) else None)

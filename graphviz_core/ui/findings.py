@@ -31,6 +31,14 @@ def findings_frame(findings: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{c: "" if f.get(c) is None else str(f.get(c)) for c in FINDING_COLUMNS} for f in findings])
 
 
+def show_findings(findings: list[dict]) -> None:
+    """The findings' table, its node column wide enough for CompiledFunctionBackward at 1280 px (sized to its first
+    rows' text, it had cut the name to "CompiledFunctior")."""
+    st.dataframe(findings_frame(findings), width="stretch", hide_index=True,
+                 column_config={"node": st.column_config.TextColumn(width="medium"),
+                                "kind": st.column_config.TextColumn(width="medium")})
+
+
 def _shape(shape) -> str:
     return "not recorded" if shape is None else "(" + ", ".join(f"{d:,}" for d in shape) + ")"
 
@@ -64,7 +72,8 @@ def gradients_frame(finding: dict) -> pd.DataFrame | None:
                      "smallest": _value(out.get("min")) if one else "",
                      "largest": _value(out.get("max")) if one else "",
                      "NaN or inf values": _value(figures.get("nonfinite")) if one else "",
-                     "values are of": "this gradient" if one else "the next row: all it returned together"})
+                     "values are of": "this gradient" if one else
+                     f"all {len(sent)} it returned, together: the row after them"})
     if len(sent) > 1:
         rows.append({"what": f"all {len(sent)} gradients it returned", "shape": "", "dtype": "",
                      "smallest": _value(out.get("min")), "largest": _value(out.get("max")),

@@ -33,8 +33,8 @@ from graphviz_core.ui.charts import show_chart
 from graphviz_core.ui.findings import (
     PLACED_AT_MOST,
     finding_label,
-    findings_frame,
     placed,
+    show_findings,
     show_gradients,
     show_recorded_graph,
 )
@@ -371,7 +371,7 @@ def _show_findings(recording: Recording, rank: int) -> None:
         st.success("No finding: every gradient was finite, every trainable parameter got one, no layer vanished or "
                    "exploded by the stated rules.")
         return
-    st.dataframe(findings_frame(mine), width="stretch", hide_index=True)
+    show_findings(mine)
     at_nodes = placed(mine, lambda f: _graph_of(recording, f, rank))
     if len(mine) > PLACED_AT_MOST:
         st.caption(f"The list below offers the first {PLACED_AT_MOST} of the {len(mine):,} findings.")
