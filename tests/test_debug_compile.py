@@ -108,8 +108,9 @@ def test_a_compiled_presets_step_is_replayed_eagerly_by_itself(monkeypatch):
     [inside] = [f for f in findings if f["kind"] == "nonfinite-backward"]
     assert inside["node"] == "CompiledFunctionBackward"
     assert inside["eager_replay"]["node"] == "SqrtBackward0" and inside["eager_replay"]["module"] == "layers.1.act"
-    assert "replayed eagerly, it starts at SqrtBackward0 in layers.1.act" in inside["reason"]
-    assert "The same step replayed eagerly starts at SqrtBackward0 in layers.1.act" in _shown(inside)
+    assert "; the same step replayed eagerly starts at SqrtBackward0 in layers.1.act" in inside["reason"]
+    assert "Inside a compiled region: the same step replayed eagerly starts at SqrtBackward0 in layers.1.act" in \
+        _shown(inside)
 
 
 def _page(finding):

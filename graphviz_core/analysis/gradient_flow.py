@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from graphviz_core.analysis.flop_analysis import layer_of
-from graphviz_core.graph.recording import Recording, RecordingError, open_recording
+from graphviz_core.graph.recording import Recording, RecordingError, json_number, open_recording
 
 KINDS = ("nonfinite-backward", "nonfinite-forward", "nonfinite-loss", "no-gradient", "dead-units",
          "scaler-overflow", "vanishing", "exploding")
@@ -158,12 +158,6 @@ def _checked_step(line: dict, where: str) -> dict:
     return line
 
 
-def _number(value):
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return None if value is None else str(value)
-    return value
-
-
 def noise_scale(micro_grad_norms: list[float], grad_norm: float | None) -> float | None:
     """B_simple, in micro-batches, from k >= 2 micro-batch gradients g_i and their sum G = sum g_i ("An Empirical
     Model of Large-Batch Training", McCandlish et al. 2018, appendix A.1, with B_small = 1 and B_big = k micro-batches):
@@ -231,11 +225,11 @@ def _node_finding(graph, node, log: DebugLog, graph_id: str, shapes: tuple[list,
                      "dtype": carried(*next(iter(graph.in_edges(node))))[0]["dtype"] if graph.in_degree(node) else None}]
     figures = {
         "values": values, "nonfinite": data.get("nonfinite"),
-        "grad_out": {"grad_norm": _number(data.get("grad_norm")), "max_abs": _number(max_abs),
-                     "min": _number(data.get("min")), "max": _number(data.get("max")), "gradients": returned},
-        "grad_in": [{"node": p, **g, "sender_returned": sent(p), "grad_norm": _number(graph.nodes[p].get("grad_norm")),
-                     "max_abs": _number(graph.nodes[p].get("max_abs")), "min": _number(graph.nodes[p].get("min")),
-                     "max": _number(graph.nodes[p].get("max")), "nonfinite": graph.nodes[p].get("nonfinite")}
+        "grad_out": {"grad_norm": json_number(data.get("grad_norm")), "max_abs": json_number(max_abs),
+                     "min": json_number(data.get("min")), "max": json_number(data.get("max")), "gradients": returned},
+        "grad_in": [{"node": p, **g, "sender_returned": sent(p), "grad_norm": json_number(graph.nodes[p].get("grad_norm")),
+                     "max_abs": json_number(graph.nodes[p].get("max_abs")), "min": json_number(graph.nodes[p].get("min")),
+                     "max": json_number(graph.nodes[p].get("max")), "nonfinite": graph.nodes[p].get("nonfinite")}
                     for p in graph.predecessors(node) for g in carried(p, node)],
         "saved": saved if saved is not None else [
             {"shape": s.get("shape"), "dtype": s.get("dtype"), "min": None, "max": None, "nonfinite": None}
@@ -368,7 +362,7 @@ def _step_figures(rank, step, line: dict | None) -> dict:
         if isinstance(pair, list) and len(pair) == 2 and pair[1]:
             dead[module] = pair[0] / pair[1]
     return {"step": step.step, "rank": rank,
-            "noise_scale": _number(noise_scale(step.micro_grad_norms, step.grad_norm)),
+            "noise_scale": json_number(noise_scale(step.micro_grad_norms, step.grad_norm)),
             "micro_batches": len(step.micro_grad_norms), "dead_units": dead, "update_ratio": update_ratios(step)}
 
 
@@ -488,21 +482,21 @@ def debug_step(config, check_forward: bool = False) -> tuple[dict, list[nx.DiGra
 
 def _replayed(inside: list[dict], eager: list[dict]) -> None:
     """Each compiled-region finding gets `eager_replay`: the same kind of finding in the same backward of the step
-    replayed eagerly (its node, module, source line), or None where the eager step found none."""
+    replayed eagerly (its node, module, source line), or None where the eager step found none; `replay` and a clause
+    of `reason` say the same in words."""
     for finding in inside:
         match = next((f for f in eager if f["kind"] == finding["kind"] and
                       f.get("backward") == finding.get("backward")), None)
-        finding["replay"] = "the step was replayed eagerly (torch.compiler.set_stance(\"force_eager\")), same weights " \
-                            "and batch: eager_replay"
         if match is None:
             finding["eager_replay"] = None
-            finding["reason"] += "; the eager replay of the step found no such node (compiled and eager arithmetic " \
-                                 "can differ)"
-            continue
-        finding["eager_replay"] = {k: match.get(k) for k in ("node", "node_id", "module", "source", "reason")}
-        where = "".join([f" in {match['module']}" if match.get("module") else "",
-                         f" ({match['source']})" if match.get("source") else ""])
-        finding["reason"] += f"; replayed eagerly, it starts at {match.get('node')}{where}"
+            said = "the same step replayed eagerly found no such node (compiled and eager arithmetic can differ)"
+        else:
+            finding["eager_replay"] = {k: match.get(k) for k in ("node", "node_id", "module", "source", "reason")}
+            said = "".join([f"the same step replayed eagerly starts at {match.get('node')}",
+                            f" in {match['module']}" if match.get("module") else "",
+                            f" ({match['source']})" if match.get("source") else ""])
+        finding["replay"] = said + " (torch.compiler.set_stance(\"force_eager\"), the same weights and batch)"
+        finding["reason"] += f"; {said}"
 
 
 def finding_node(graph: nx.DiGraph, finding: dict) -> str | None:

@@ -284,7 +284,7 @@ class DebugWatch:
             for entry in self.calls.values():  # where each cut output would have entered the graph
                 if entry["after"] is not None and entry["cut"] is None and (entry["detached"] or not entry["grad"]):
                     entry["cut"] = _cut_at(probe.nodes, entry["after"], self.backwards)
-            shapes, dtypes = link_shapes(probe.nodes)
+            shapes, dtypes = link_shapes(probe.edge_inputs)
             key = hashlib.blake2b(json.dumps([shapes, dtypes]).encode(), digest_size=8).hexdigest()
             if (probe.id, key) not in self.written_shapes:
                 self._line({"link_shapes": probe.id, "key": key, "shapes": shapes, "dtypes": dtypes})
@@ -455,23 +455,19 @@ class DebugWatch:
         self.file.flush()
 
 
-def link_shapes(nodes: list) -> tuple[list, list]:
-    """The shape and dtype of the gradient each edge of the walked graph carries, in the order of record_hooks.walk's
-    edges (a node's next_functions in order, None skipped): the edge from a node to the node it sends a gradient to
-    carries the gradient of that node's input (autograd's metadata of it: the shape the engine checks the gradient
-    against). None where autograd keeps no plain shape (a nested tensor)."""
+def link_shapes(edge_inputs: list) -> tuple[list, list]:
+    """The shape and dtype of the gradient each edge of the walked graph carries (record_hooks.walk's edges, given as
+    the node each sends to and that node's input number): the gradient of that input, by autograd's metadata of it
+    (the shape the engine checks the gradient against). None where autograd keeps no plain shape (a nested tensor)."""
     shapes, dtypes = [], []
-    for node in nodes:
-        for child, number in node.next_functions:
-            if child is None:
-                continue
-            try:
-                meta = child._input_metadata[number]
-                shapes.append([int(d) for d in meta.shape])
-                dtypes.append(str(meta.dtype).removeprefix("torch."))
-            except (RuntimeError, IndexError, AttributeError, TypeError):
-                shapes.append(None)
-                dtypes.append(None)
+    for child, number in edge_inputs:
+        try:
+            meta = child._input_metadata[number]
+            shapes.append([int(d) for d in meta.shape])
+            dtypes.append(str(meta.dtype).removeprefix("torch."))
+        except (RuntimeError, IndexError, AttributeError, TypeError):
+            shapes.append(None)
+            dtypes.append(None)
     return shapes, dtypes
 
 

@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from graphviz_core.capture.flop_formulas import op_info
 from graphviz_core.capture.walk import autograd_nodes, next_sequence_nr
 from graphviz_core.graph.categories import category_in_module, normalise_op
+from graphviz_core.graph.recording import json_number
 from graphviz_core.graph.schema import NodeRecord
 
 MAX_CALLS = 200_000  # module calls kept between two backwards (forwards with no backward keep none past this)
@@ -100,12 +101,14 @@ class ModuleCalls:
         self.calls = []
 
 
-def walk(roots: list) -> tuple[list, list[str], list[tuple[int, int]]]:
-    """Every node reachable from the roots' grad_fn, in pre-order; their op names; the edges as index pairs."""
+def walk(roots: list) -> tuple[list, list[str], list[tuple[int, int]], list[tuple]]:
+    """Every node reachable from the roots' grad_fn, in pre-order; their op names; the edges as index pairs; and per
+    edge the node it sends a gradient to with that node's input number (the gradient's place: its shape is there)."""
     order = autograd_nodes(*roots)
     index = {node: i for i, node in enumerate(order)}
-    edges = [(index[node], index[child]) for node in order for child, _ in node.next_functions if child is not None]
-    return order, [normalise_op(n.name()) for n in order], edges
+    sent = [(node, child, number) for node in order for child, number in node.next_functions if child is not None]
+    return order, [normalise_op(n.name()) for n in order], [(index[a], index[b]) for a, b, _ in sent], \
+        [(child, number) for _, child, number in sent]
 
 
 def graph_id(ops: list[str], edges: list[tuple[int, int]]) -> str:
@@ -175,21 +178,13 @@ def saved_values(node) -> list[dict]:
             try:
                 flat = data.detach().reshape(-1)
                 low, high = torch.aminmax(flat)
-                figures["min"], figures["max"] = _plain(low), _plain(high)
+                figures["min"], figures["max"] = json_number(low.item()), json_number(high.item())
                 figures["nonfinite"] = int(flat.numel() - int(torch.isfinite(flat).sum())) \
                     if data.is_floating_point() else 0
             except (RuntimeError, NotImplementedError, TypeError):
                 figures["min"] = figures["max"] = figures["nonfinite"] = None
         out.append(figures)
     return out
-
-
-def _plain(value: torch.Tensor) -> float | int | str:
-    """A 0-dim tensor as JSON can hold it: `nan`, `inf` and `-inf` as names."""
-    number = value.item()
-    if isinstance(number, float) and not math.isfinite(number):
-        return str(number)
-    return number
 
 
 def _same_values_key(g: torch.Tensor) -> tuple | None:
@@ -244,7 +239,7 @@ class BackwardProbe:
     """One backward: hooks on every node of the walked graph; `figures()` after it ran."""
 
     def __init__(self, roots: list, modules: ModuleCalls, new_graphs: set[str], cuda: bool) -> None:
-        self.nodes, self.ops, edges = walk([getattr(r, "grad_fn", None) for r in roots])
+        self.nodes, self.ops, edges, self.edge_inputs = walk([getattr(r, "grad_fn", None) for r in roots])
         self.edges = edges
         self.id = graph_id(self.ops, edges)
         self.new = self.id not in new_graphs

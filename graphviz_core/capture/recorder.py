@@ -73,6 +73,7 @@ class Recorder:
         self.handles: list = []
         self.originals: dict = {}
         self.debug = None  # capture.nonfinite.DebugWatch (issue 36), set by record() when nodes are recorded
+        self.silenced = None  # the warnings filter install() adds (torch's global-hooks warning), removed by remove()
 
     # ---- installing and removing ------------------------------------------------------------------------------
     def install(self) -> None:
@@ -98,7 +99,7 @@ class Recorder:
         self.silenced = warnings.filters[0]
 
     def remove(self) -> None:
-        if getattr(self, "silenced", None) in warnings.filters:
+        if self.silenced in warnings.filters:
             warnings.filters.remove(self.silenced)
             getattr(warnings, "_filters_mutated", lambda: None)()  # the module's caches see the filter gone
         for handle in self.handles:

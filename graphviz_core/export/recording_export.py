@@ -30,7 +30,7 @@ from pathlib import Path
 
 import networkx as nx
 
-from graphviz_core.graph.recording import Recording, RecordingError
+from graphviz_core.graph.recording import Recording, RecordingError, json_number
 
 TRACE_NOTE = ("Node start times are laid out, not measured: the recorder keeps each node's backward duration; a "
               "step's nodes are placed end to end from the step's start in an order autograd could have run them.")
@@ -119,7 +119,7 @@ def to_chrome_trace(recording: Recording) -> dict:
             step_us = max(0.0, (step.time_s or 0.0) * 1e6)
             events.append({"ph": "X", "name": f"step {step.step}", "cat": "step", "pid": rank, "tid": 0,
                            "ts": round(start_us, 3), "dur": round(step_us, 3),
-                           "args": {"loss": _number(step.loss), "grad_norm": _number(step.grad_norm),
+                           "args": {"loss": json_number(step.loss), "grad_norm": json_number(step.grad_norm),
                                     "skipped": step.skipped, "backwards": len(backwards)}})
             at = start_us
             for index, (graph_id, batch) in enumerate(zip(step.backward_graphs, backwards, strict=True)):
@@ -136,17 +136,11 @@ def to_chrome_trace(recording: Recording) -> dict:
                     events.append({"ph": "X", "name": data["op"], "cat": data["category"], "pid": rank, "tid": 1,
                                    "ts": round(at, 3), "dur": round(dur, 3),
                                    "args": {"node": node, "module": data["module"], "step": step.step,
-                                            "backward": index, "grad_norm": _number(columns["grad_norm"][row]),
-                                            "max_abs": _number(columns["max_abs"][row]),
+                                            "backward": index, "grad_norm": json_number(columns["grad_norm"][row]),
+                                            "max_abs": json_number(columns["max_abs"][row]),
                                             "nonfinite": columns["nonfinite"][row]}})
                     at += dur
             start_us += step_us
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"source": "graphviz-core recording", "note": TRACE_NOTE}}
 
-
-def _number(value):
-    """JSON has no NaN or infinity: their names instead (as `graphviz-core recording --format json` writes them)."""
-    if value is None or math.isfinite(value):
-        return value
-    return str(float(value))

@@ -150,11 +150,12 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def _json_number(value: float | None) -> float | str | None:
-    """JSON has no NaN or infinity: their names instead (as the graph export writes them)."""
-    if value is None or math.isfinite(value):
-        return value
-    return str(value)
+def json_number(value):
+    """A figure as JSON can hold it: NaN and infinities by their names (`nan`, `inf`, `-inf`, as the graph export
+    writes them); any other value (a finite number, None) as it is."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
 
 
 class Recording:
@@ -372,14 +373,14 @@ def _step_dict(step: Step) -> dict:
         "scale": step.scale,
         "peak_bytes": step.peak_bytes,
         "peak_source": step.peak_source,
-        "lr": _json_number(step.lr),
+        "lr": json_number(step.lr),
         "time_s": step.time_s,
-        "grad_norm": _json_number(step.grad_norm),
+        "grad_norm": json_number(step.grad_norm),
         "backwards": [{"graph": g, "nodes": n} for g, n in zip(step.backward_graphs, step.backward_nodes, strict=True)],
-        "micro_losses": [_json_number(v) for v in step.micro_losses],
-        "micro_grad_norms": [_json_number(v) for v in step.micro_grad_norms],
-        "parameters": {name: {"grad_norm": _json_number(p.grad_norm), "weight_norm": _json_number(p.weight_norm),
-                              "update_norm": _json_number(p.update_norm), "update_ratio": _json_number(p.update_ratio)}
+        "micro_losses": [json_number(v) for v in step.micro_losses],
+        "micro_grad_norms": [json_number(v) for v in step.micro_grad_norms],
+        "parameters": {name: {"grad_norm": json_number(p.grad_norm), "weight_norm": json_number(p.weight_norm),
+                              "update_norm": json_number(p.update_norm), "update_ratio": json_number(p.update_ratio)}
                        for name, p in step.parameters.items()},
     }
 

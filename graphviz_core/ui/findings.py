@@ -55,48 +55,34 @@ def gradients_frame(finding: dict) -> pd.DataFrame | None:
     figures = finding.get("figures") or {}
     if "grad_out" not in figures:
         return None
-    out = figures["grad_out"]
-    rows = []
-    for g in figures.get("grad_in") or []:  # the recorder keeps one set of figures per node: the sender's, all of it
-        count = g.get("sender_returned") or 1
-        rows.append({"what": f"gradient received from {g.get('node', '')}", "shape": _shape(g.get("shape")),
-                     "dtype": g.get("dtype") or "", "smallest": _value(g.get("min")), "largest": _value(g.get("max")),
-                     "NaN or inf values": _value(g.get("nonfinite")),
-                     "values are of": "this gradient" if count == 1 else
-                     f"all {count} gradients {g.get('node', '')} returned"})
+    out = {**figures["grad_out"], "nonfinite": figures.get("nonfinite")}
     sent = out.get("gradients") or []
-    for g in sent:
-        one = len(sent) == 1
-        rows.append({"what": f"gradient returned to {g.get('parameter') or g.get('to', '')}",
-                     "shape": _shape(g.get("shape")), "dtype": g.get("dtype") or "",
-                     "smallest": _value(out.get("min")) if one else "",
-                     "largest": _value(out.get("max")) if one else "",
-                     "NaN or inf values": _value(figures.get("nonfinite")) if one else "",
-                     "values are of": "this gradient" if one else
-                     f"all {len(sent)} it returned, together: the row after them"})
-    if len(sent) > 1:
-        rows.append({"what": f"all {len(sent)} gradients it returned", "shape": "", "dtype": "",
-                     "smallest": _value(out.get("min")), "largest": _value(out.get("max")),
-                     "NaN or inf values": _value(figures.get("nonfinite")), "values are of": "them together"})
-    for v in figures.get("saved") or []:
-        rows.append({"what": f"saved tensor {v.get('name') or ''}".strip(), "shape": _shape(v.get("shape")),
-                     "dtype": v.get("dtype") or "", "smallest": _value(v.get("min")), "largest": _value(v.get("max")),
-                     "NaN or inf values": _value(v.get("nonfinite")), "values are of": "this tensor"})
+    one = len(sent) == 1
+
+    def row(what: str, tensor: dict, values: dict | None, of: str) -> dict:  # values: the figures, None: not here
+        shown = {k: "" for k in ("min", "max", "nonfinite")} if values is None else \
+            {k: _value(values.get(k)) for k in ("min", "max", "nonfinite")}
+        return {"what": what, "shape": _shape(tensor.get("shape")) if tensor else "",
+                "dtype": tensor.get("dtype") or "" if tensor else "", "smallest": shown["min"],
+                "largest": shown["max"], "NaN or inf values": shown["nonfinite"], "values are of": of}
+
+    rows = [row(f"gradient received from {g.get('node', '')}", g, g,  # one set of figures per node: the sender's
+                "this gradient" if (g.get("sender_returned") or 1) == 1 else
+                f"all {g.get('sender_returned')} gradients {g.get('node', '')} returned")
+            for g in figures.get("grad_in") or []]
+    rows += [row(f"gradient returned to {g.get('parameter') or g.get('to', '')}", g, out if one else None,
+                 "this gradient" if one else f"all {len(sent)} it returned, together: the row after them")
+             for g in sent]
+    if not one and sent:
+        rows.append(row(f"all {len(sent)} gradients it returned", {}, out, "them together"))
+    rows += [row(f"saved tensor {v.get('name') or ''}".strip(), v, v, "this tensor") for v in figures.get("saved") or []]
     return pd.DataFrame(rows)
 
 
 def show_gradients(finding: dict) -> None:
     """The chosen finding's gradients in and out, and its saved tensors, under a caption naming its node; for one
     inside a compiled region, how its op is named (the eager replay)."""
-    replayed = finding.get("eager_replay")
-    if replayed:
-        st.info(escape_markdown(f"Inside a compiled region. The same step replayed eagerly starts at "
-                                f"{replayed.get('node')}" + (f" in {replayed['module']}" if replayed.get("module") else "")
-                                + (f" ({replayed['source']})" if replayed.get("source") else "") + "."))
-    elif "eager_replay" in finding:
-        st.info("Inside a compiled region. The same step replayed eagerly found no such node (compiled and eager "
-                "arithmetic can differ).")
-    elif finding.get("replay"):
+    if finding.get("replay"):  # where the eager replay starts it (a preset's step), or how to replay (a recording)
         st.info(escape_markdown(f"Inside a compiled region: {finding['replay']}."))
     frame = gradients_frame(finding)
     if frame is None or frame.empty:
