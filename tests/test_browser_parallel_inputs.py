@@ -5,7 +5,7 @@ tensor parallel, a pipeline), clicked at a laptop's size and photographed at a d
 
 import pytest
 
-from tests.conftest import LAPTOP, both_sizes, choose
+from tests.conftest import LAPTOP, both_sizes, choose, idle
 
 pytestmark = pytest.mark.browser
 
@@ -67,6 +67,9 @@ def test_the_captions_speak_of_the_strategy_on_screen(page, streamlit_url, tmp_p
     def open_layout(query: str, waits_for: str) -> str:
         page.goto(f"{streamlit_url}/parallel?{query}")
         page.get_by_text(waits_for).first.wait_for(timeout=180_000)
+        # the heading is drawn mid-run: what follows it (the padding's caption) only once the run has ended (a read
+        # taken at the heading once ended there and missed "FSDP2 pads each parameter")
+        idle(page, settle_ms=300)
         return page.locator('[data-testid="stMain"]').inner_text()
 
     shown = open_layout("strategy=ddp&world_size=2", "Rank 0 next to one device")
