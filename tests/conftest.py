@@ -134,6 +134,21 @@ def both_sizes(page, path, full_page: bool = False) -> None:
         page.wait_for_timeout(800)
 
 
+def each_size(page):
+    """Each of SIZES in turn, the laptop's first, on the page as it stands: one load looked at at both widths, as a
+    person resizing the window sees it (Streamlit lays its columns out again). Yields the size as "WxH"."""
+    for width, height in sorted(SIZES):
+        if page.viewport_size != {"width": width, "height": height}:
+            page.set_viewport_size({"width": width, "height": height})
+            page.wait_for_timeout(800)
+        yield f"{width}x{height}"
+
+
+def at_laptop(page) -> None:
+    """Back to a laptop's window before the next page is loaded."""
+    page.set_viewport_size({"width": LAPTOP[0], "height": LAPTOP[1]})
+
+
 NO_RUN = "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"  # Streamlit's "Running..." widget gone
 
 

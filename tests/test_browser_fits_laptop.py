@@ -5,7 +5,7 @@ import pytest
 
 from graphviz_core.export.render import render_standalone_html
 from graphviz_core.ui.browser_harness import graph_frame
-from tests.conftest import LAPTOP, SIZES, captured, idle
+from tests.conftest import LAPTOP, SIZES, at_laptop, captured, each_size, idle
 
 pytestmark = pytest.mark.browser
 
@@ -39,27 +39,17 @@ UNDER_LEGEND = """() => {
 }"""
 
 
-def _at_each_size(page):
-    """Each of SIZES in turn, the laptop's first, on the page as it stands (one load checked at both widths, as a
-    person resizing the window sees it); the size as "WxH"."""
-    for width, height in sorted(SIZES):
-        if page.viewport_size != {"width": width, "height": height}:
-            page.set_viewport_size({"width": width, "height": height})
-            page.wait_for_timeout(800)  # Streamlit lays its columns out again for the new width
-        yield f"{width}x{height}"
-
-
 @pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_every_page_title_starts_near_the_top(page, streamlit_url, tmp_path):
     # the text itself, not the heading's box (which has padding above the letters); once the page has settled
     text_top = ("() => { const h = document.querySelector('h1'); const r = document.createRange();"
                 " r.selectNodeContents(h); return r.getBoundingClientRect().top; }")
     for path, title in TITLES.items():
-        page.set_viewport_size(dict(zip(("width", "height"), LAPTOP)))
+        at_laptop(page)
         page.goto(f"{streamlit_url}{path}")
         heading = page.get_by_role("heading", name=title, level=1)
         heading.wait_for(timeout=60_000)
-        for size in _at_each_size(page):
+        for size in each_size(page):
             try:
                 page.wait_for_function(f"() => ({text_top})() <= {TITLE_TOP_PX}", timeout=10_000)
             except Exception:  # noqa: BLE001 - the assertion below says how far down it stayed
@@ -124,7 +114,7 @@ def test_no_result_table_runs_past_its_right_edge(page, streamlit_url, tmp_path)
     """Each page loaded once at a laptop's size and checked there, then at a desktop's once its columns are laid out
     again for the wider window."""
     for path, shown, tab in TABLE_PAGES:
-        page.set_viewport_size(dict(zip(("width", "height"), LAPTOP)))
+        at_laptop(page)
         page.goto(f"{streamlit_url}{path}")
         page.get_by_text(shown).first.wait_for(timeout=120_000)
         if tab:
@@ -138,7 +128,7 @@ def test_no_result_table_runs_past_its_right_edge(page, streamlit_url, tmp_path)
             if expander.is_visible():  # the lists inside expanders too ("Every node", the forward's collectives)
                 expander.click()
         page.wait_for_timeout(1500)
-        for size in _at_each_size(page):
+        for size in each_size(page):
             # one table at a time, scrolled into view first: a data frame below the fold draws its grid only once seen
             overflowing = []
             for i in range(tables.count()):

@@ -1,9 +1,10 @@
-"""The explorer's headline at laptop and desktop widths: every metric's label, value and note whole."""
+"""The explorer's headline at laptop and desktop widths: every metric's label, value and note whole (each page loaded
+at a laptop's size, then looked at again at a desktop's)."""
 
 import pytest
 
 from graphviz_core.ui.browser_harness import graph_frame
-from tests.conftest import SIZES, captured, idle
+from tests.conftest import LAPTOP, at_laptop, captured, each_size, idle
 
 pytestmark = pytest.mark.browser
 
@@ -15,7 +16,7 @@ CUT_OFF = """() => [...document.querySelectorAll('[data-testid="stMetric"] [data
 TABS = {"Memory": "Peak memory", "FLOPs and time": "Forward FLOPs"}  # tab -> a metric only that tab shows
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_every_headline_metric_is_shown_whole(page, streamlit_url, tmp_path):
     page.goto(streamlit_url)
     capture = captured("gpt2-tiny")
@@ -28,16 +29,19 @@ def test_every_headline_metric_is_shown_whole(page, streamlit_url, tmp_path):
     # the values the page must show whole: these are the capture's own figures, formatted as the page does
     assert any(f"{capture.summary.parameter_count:,}" in t for t in texts), texts
     assert any("Saved for backward" in t for t in texts), texts
-    page.screenshot(path=str(tmp_path / f"explorer-{page.size}.png"))
-    assert page.evaluate(CUT_OFF) == [], f"headline cut off at {page.size}"
+    for size in each_size(page):
+        page.screenshot(path=str(tmp_path / f"explorer-{size}.png"))
+        assert page.evaluate(CUT_OFF) == [], f"headline cut off at {size}"
     for tab, metric in TABS.items():  # each panel's own metrics, once its tab is drawn
+        at_laptop(page)
         page.get_by_role("tab", name=tab).click()
         page.locator('[data-testid="stMetricLabel"]', has_text=metric).wait_for(timeout=60_000)
         page.wait_for_timeout(500)
-        assert page.evaluate(CUT_OFF) == [], f"{tab} metrics cut off at {page.size}"
+        for size in each_size(page):
+            assert page.evaluate(CUT_OFF) == [], f"{tab} metrics cut off at {size}"
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_the_compare_pages_metrics_are_shown_whole(page, streamlit_url):
     # Five metrics in one row cut the notes off at 1440 px ("-442.4 kFLOP vs A 37.2 MFL…").
     page.goto(f"{streamlit_url}/compare")
@@ -47,7 +51,8 @@ def test_the_compare_pages_metrics_are_shown_whole(page, streamlit_url):
     page.wait_for_timeout(500)
     labels = page.locator('[data-testid="stMetricLabel"]').all_inner_texts()
     assert "Backward FLOPs (B)" in labels and "Forward + backward time (B)" in labels, labels
-    assert page.evaluate(CUT_OFF) == [], f"compare metrics cut off at {page.size}"
+    for size in each_size(page):
+        assert page.evaluate(CUT_OFF) == [], f"compare metrics cut off at {size}"
 
 
 # Every text box and select in the sidebar whose value is wider than the box (the dtype box read "bfloat1…")
@@ -55,7 +60,7 @@ CLIPPED_INPUTS = """() => [...document.querySelectorAll('[data-testid="stSidebar
     .filter(e => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1).map(e => e.value)"""
 
 
-@pytest.mark.parametrize("page", SIZES, indirect=True)
+@pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_the_sidebar_shows_every_chosen_value_whole(page, streamlit_url):
     # the longest choices of each box: bfloat16, the family's selective policy, the preset box's "custom" entry
     page.goto(f"{streamlit_url}/?preset=gpt2-tiny&dtype=bfloat16&checkpoint=selective")
@@ -63,7 +68,8 @@ def test_the_sidebar_shows_every_chosen_value_whole(page, streamlit_url):
     values = page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stSidebar\"] input')].map(e => e.value)")
     assert "bfloat16" in values and any(v.startswith("selective") for v in values), values
     assert "(custom: the fields below)" in values, values
-    assert page.evaluate(CLIPPED_INPUTS) == [], f"sidebar values cut off at {page.size}"
+    for size in each_size(page):
+        assert page.evaluate(CLIPPED_INPUTS) == [], f"sidebar values cut off at {size}"
 
 
 @pytest.mark.parametrize("page", [(1280, 800)], indirect=True)
