@@ -165,6 +165,15 @@ def idle(page, timeout_ms: int = 60_000, settle_ms: int = 0) -> None:
             return
 
 
+def table_rows(page, table, rows: int, timeout_ms: int = 30_000) -> list[list[str]]:
+    """The text of every cell of each body row of `table` (an st.table's locator), read in one go once it has `rows`
+    rows and the app has no run in progress. Read row by row, a read straddled Streamlit drawing the table again (a
+    fresh-clone run read row 0 with no cells while row 1 was whole)."""
+    table.locator("tbody tr").nth(rows - 1).wait_for(timeout=timeout_ms)
+    idle(page, settle_ms=300)
+    return table.evaluate("t => [...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.innerText))")
+
+
 def choose(page, box, option: str, tries: int = 4) -> None:
     """Pick `option` in the selectbox whose combobox is `box`, as a person does: once the app is idle, focus the box,
     open its list (ArrowDown: in a sidebar form a click alone sometimes left it closed) and click the option; open it

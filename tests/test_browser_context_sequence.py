@@ -5,7 +5,7 @@ photographed at a desktop's too (page errors fail)."""
 import pytest
 
 from graphviz_core.ui.format import format_bytes
-from tests.conftest import LAPTOP, both_sizes
+from tests.conftest import LAPTOP, both_sizes, table_rows
 
 pytestmark = pytest.mark.browser
 
@@ -32,8 +32,7 @@ def test_context_then_sequence_parallel_from_the_form(page, streamlit_url, tmp_p
     assert metrics.nth(0).inner_text() == metrics.nth(1).inner_text() == format_bytes(148_224)
     ring = panel.locator('[data-testid="stTable"]').filter(has_text="Sent by this rank (recorded)")
     # keys and values of 16 tokens: 2*2*16*32 float32 = 8 KiB; backward 8 KiB + 2 x 8 KiB of float32 gradients
-    ring.locator("tbody tr").nth(1).wait_for(timeout=30_000)  # drawn after the metrics (a CI run read no rows yet)
-    cells = [row.locator("td").all_inner_texts()[-2:] for row in ring.locator("tbody tr").all()]
+    cells = [row[-2:] for row in table_rows(page, ring, 2)]  # drawn after the metrics (a CI run read no rows yet)
     assert cells == [
         [format_bytes(8_192), format_bytes(8_192)], [format_bytes(24_576), format_bytes(24_576)]]
     both_sizes(page, tmp_path / "cp", full_page=True)

@@ -6,7 +6,7 @@ fail)."""
 import pytest
 
 from graphviz_core.ui.format import format_bytes
-from tests.conftest import LAPTOP, both_sizes
+from tests.conftest import LAPTOP, both_sizes, table_rows
 
 pytestmark = pytest.mark.browser
 
@@ -44,7 +44,7 @@ def test_pipeline_with_context_then_sequence_parallel_from_the_form(page, stream
     assert metrics.nth(0).inner_text() == metrics.nth(1).inner_text() == format_bytes(74_112)
     ring = panel.locator('[data-testid="stTable"]').filter(has_text="Sent by this rank (recorded)")
     # keys and values of 16 tokens of 1 sequence: 2*1*16*32 float32 = 4 KiB; backward 4 KiB + 2 x 4 KiB of gradients
-    cells = [row.locator("td").all_inner_texts()[-2:] for row in ring.locator("tbody tr").all()]
+    cells = [row[-2:] for row in table_rows(page, ring, 2)]
     assert cells == [[format_bytes(4_096), format_bytes(4_096)], [format_bytes(12_288), format_bytes(12_288)]]
     both_sizes(page, tmp_path / "pp-cp", full_page=True)
 
