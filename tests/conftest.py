@@ -120,28 +120,28 @@ SIZES = ((1280, 800), (1920, 1080))  # a laptop's and a desktop's window
 LAPTOP = SIZES[0]  # where a click-through runs (the narrower: a control cut off or out of reach shows here first)
 
 
+def _resize(page, width: int, height: int) -> None:
+    """The window at width x height, once Streamlit has laid its columns out again for it (nothing when it is)."""
+    if page.viewport_size != {"width": width, "height": height}:
+        page.set_viewport_size({"width": width, "height": height})
+        page.wait_for_timeout(800)
+
+
+def each_size(page, first: tuple[int, int] = LAPTOP):
+    """Each of SIZES in turn, `first` first, on the page as it stands: one load looked at at both widths, as a
+    person resizing the window sees it. Yields the size as "WxH"."""
+    for width, height in sorted(SIZES, key=lambda size: size != first):
+        _resize(page, width, height)
+        yield f"{width}x{height}"
+
+
 def both_sizes(page, path, full_page: bool = False) -> None:
     """Screenshots of the page as it stands at each of SIZES, `path` plus "-1280x800.png" and "-1920x1080.png", then
     back to the page's own size: a flow clicked through once, at a laptop's size, is looked at at both."""
     own = page.viewport_size
-    for width, height in sorted(SIZES, key=lambda size: size != (own["width"], own["height"])):
-        if (width, height) != (own["width"], own["height"]):
-            page.set_viewport_size({"width": width, "height": height})
-            page.wait_for_timeout(800)  # Streamlit lays its columns out again for the new width
-        page.screenshot(path=f"{path}-{width}x{height}.png", full_page=full_page)
-    if page.viewport_size != own:
-        page.set_viewport_size(own)
-        page.wait_for_timeout(800)
-
-
-def each_size(page):
-    """Each of SIZES in turn, the laptop's first, on the page as it stands: one load looked at at both widths, as a
-    person resizing the window sees it (Streamlit lays its columns out again). Yields the size as "WxH"."""
-    for width, height in sorted(SIZES):
-        if page.viewport_size != {"width": width, "height": height}:
-            page.set_viewport_size({"width": width, "height": height})
-            page.wait_for_timeout(800)
-        yield f"{width}x{height}"
+    for size in each_size(page, first=(own["width"], own["height"])):
+        page.screenshot(path=f"{path}-{size}.png", full_page=full_page)
+    _resize(page, own["width"], own["height"])
 
 
 def at_laptop(page) -> None:

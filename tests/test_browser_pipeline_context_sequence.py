@@ -89,7 +89,7 @@ def test_the_plan_tab_tries_context_parallel_with_pipeline_stages(page, streamli
     form.get_by_role("button", name="Plan the layouts").click()
     table = page.locator('[data-testid="stTable"]').filter(has_text="Tokens/s per GPU (estimate)")
     table.wait_for(timeout=300_000)
-    rows = table.evaluate("t => [...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.innerText))")
+    rows = table_rows(page, table, 3)
     assert sorted(row[1] for row in rows) == ["FSDP 2 x PP 2, full, microbatch 1", "PP 2 x CP 2, full, microbatch 1",
                                               "TP 2 + SP x PP 2, full, microbatch 1"], rows
     both_sizes(page, tmp_path / "plan-pp-cp", full_page=True)
