@@ -36,6 +36,14 @@ def _no_main_script() -> Iterator[None]:
         main.__dict__.update(saved)
 
 
+# What every rank imports, once, in the fork server the ranks are forked from (multiprocessing's "forkserver" start
+# method): a rank started fresh ("spawn") paid about 2.5 s of CPU importing torch, transformers and this package before
+# its first line; forked from a server that imported them once, it starts at once. The server is one per pytest process,
+# shared with the capture pool's workers (graphviz_core.capture.workers.PRELOAD, when that pool started it first).
+RANK_PRELOAD = ["tests.gloo", "graphviz_core.capture.engine", "graphviz_core.models.hf",
+                "transformers.models.auto.modeling_auto", "torch.distributed.fsdp", "torch.distributed.tensor.parallel"]
+
+
 def spawn_ranks(rank_fn: Callable, world: int, *args, timeout: float = 120):
     """Run `rank_fn(rank, world, port, *args, results)` in `world` real processes; what rank 0 puts on `results`.
     The queue is read before the processes are joined: rank 0 flushes it on exit.
@@ -46,10 +54,12 @@ def spawn_ranks(rank_fn: Callable, world: int, *args, timeout: float = 120):
     its timeout with no result (tests/test_parallel_lora.py's TP + SP run, once in a fresh-clone suite, never alone).
     A rank that raised is reported with its traceback; one that hangs is stopped."""
     store = dist.TCPStore("127.0.0.1", 0, world_size=world, is_master=True, wait_for_workers=False)
-    results = mp.get_context("spawn").Queue()
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(RANK_PRELOAD)  # kept by the fork server only if this starts it (else PRELOAD's)
+    results = context.Queue()
     with _no_main_script():
         ranks = mp.start_processes(rank_fn, args=(world, store.port, *args, results), nprocs=world,
-                                   start_method="spawn", join=False)
+                                   start_method="forkserver", join=False)
     deadline = time.monotonic() + timeout
     while True:
         try:
