@@ -31,6 +31,25 @@ def preload() -> None:
     for family in FAMILIES.values():  # each family's modules (transformers' modeling files among them)
         if family.presets:
             build_model(config_from_preset(family.presets[0].name, device="meta"))
+    warm()
+
+
+def warm() -> None:
+    """A CPU capture's one-time costs paid here once, not in every command's child: the process's warm-up capture (its
+    full collection and freeze included: 0.5 s a child) and each family's tiny twin at float32 (engine.warm_up,
+    _warm_family). Only with one torch thread (`make test` sets OMP_NUM_THREADS=1): a fork after OpenMP started
+    threads would leave the child's pool unusable."""
+    import torch
+
+    from graphviz_core.capture import engine
+    from graphviz_core.config import FAMILIES, config_from_preset
+
+    if torch.get_num_threads() != 1:
+        return
+    engine.warm_up("cpu")
+    for family in FAMILIES.values():
+        if family.presets:
+            engine._warm_family(config_from_preset(family.presets[0].name, device="cpu"), "cpu")
 
 
 def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:

@@ -28,12 +28,25 @@ def test_the_shipped_settings_are_safe_for_a_shared_server():
     assert config["server"]["maxUploadSize"] == 1
     assert config["browser"]["gatherUsageStats"] is False
     assert config["client"]["showErrorDetails"] == "none"
+    # No full collection after every script run (Streamlit's default is one per run: it walked every capture kept)
+    assert config["runner"]["postScriptGC"] is False
     makefile = (ROOT / "Makefile").read_text()
     serve = makefile[makefile.index("\nserve:") :]
     assert "--server.address $(HOST)" in serve and "HOST ?= 127.0.0.1" in makefile
     run = makefile[makefile.index("\nrun:") : makefile.index("\nserve:")]
     assert "--server.address 127.0.0.1" in run
     assert "-m graphviz_core.ui.serve" in run and "-m graphviz_core.ui.serve" in serve
+
+
+def test_streamlit_reads_the_post_run_collection_off_from_the_shipped_settings():
+    """The key is Streamlit's own (a misspelt one is ignored with a warning): parsed from .streamlit/config.toml in the
+    repository root, where `make run` and `make serve` start, the option reads False (Streamlit's default is True)."""
+    code = "from streamlit import config; print(config.get_option('runner.postScriptGC'))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr
+    elsewhere = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "docs", capture_output=True, text=True,
+                               timeout=120)
+    assert elsewhere.stdout.strip() == "True", elsewhere.stderr  # without the file: Streamlit's default
 
 
 def test_the_launcher_preloads_the_first_graphs_modules_then_the_panels_after_the_first_capture():
