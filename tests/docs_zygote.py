@@ -36,8 +36,8 @@ def preload() -> None:
 
 def warm() -> None:
     """A CPU capture's one-time costs paid here once, not in every command's child: the process's warm-up capture (its
-    full collection and freeze included: 0.5 s a child) and each family's tiny twin at float32 (engine.warm_up,
-    _warm_family). Only with one torch thread (`make test` sets OMP_NUM_THREADS=1): a fork after OpenMP started
+    full collection and freeze included) and each family's tiny twin at float32 (engine.warm_up, _warm_family): the
+    docs' commands, 91 s of CPU with them in every child, 87 s without. Only with one torch thread (`make test` sets OMP_NUM_THREADS=1): a fork after OpenMP started
     threads would leave the child's pool unusable."""
     import torch
 
