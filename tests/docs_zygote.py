@@ -21,35 +21,26 @@ HEADER = struct.Struct("!I")  # the request's length, then the request (JSON: ar
 
 
 def preload() -> None:
+    """Each family's modules (transformers' modeling files among them), then a CPU capture's one-time costs paid here
+    once instead of in every command's child: each family's tiny twin at float32 (engine._warm_family, whose first
+    capture runs the process's warm-up, its full collection and freeze included). The docs' commands: 91 s of CPU
+    with those costs in every child, 87 s without. The twins only with one torch thread (`make test` sets
+    OMP_NUM_THREADS=1): a fork after OpenMP started threads would leave the child's pool unusable."""
+    import torch
+
     import graphviz_core.cli  # noqa: F401
-    from graphviz_core.capture import engine  # noqa: F401
+    from graphviz_core.capture import engine
     from graphviz_core.config import FAMILIES, config_from_preset
     from graphviz_core.export import formats  # noqa: F401
     from graphviz_core.models.registry import build_model
     from graphviz_core.parallel import pipeline, planner  # noqa: F401
 
-    for family in FAMILIES.values():  # each family's modules (transformers' modeling files among them)
-        if family.presets:
-            build_model(config_from_preset(family.presets[0].name, device="meta"))
-    warm()
-
-
-def warm() -> None:
-    """A CPU capture's one-time costs paid here once, not in every command's child: the process's warm-up capture (its
-    full collection and freeze included) and each family's tiny twin at float32 (engine.warm_up, _warm_family): the
-    docs' commands, 91 s of CPU with them in every child, 87 s without. Only with one torch thread (`make test` sets OMP_NUM_THREADS=1): a fork after OpenMP started
-    threads would leave the child's pool unusable."""
-    import torch
-
-    from graphviz_core.capture import engine
-    from graphviz_core.config import FAMILIES, config_from_preset
-
-    if torch.get_num_threads() != 1:
-        return
-    engine.warm_up("cpu")
-    for family in FAMILIES.values():
-        if family.presets:
-            engine._warm_family(config_from_preset(family.presets[0].name, device="cpu"), "cpu")
+    presets = [family.presets[0].name for family in FAMILIES.values() if family.presets]
+    for name in presets:
+        build_model(config_from_preset(name, device="meta"))
+    if torch.get_num_threads() == 1:
+        for name in presets:
+            engine._warm_family(config_from_preset(name, device="cpu"), "cpu")
 
 
 def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
