@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -56,6 +58,42 @@ def tables(at) -> list:
 def _cpu_unless_asked(monkeypatch):
     # 'auto' means CPU in tests unless a test says otherwise (a GPU box runs the same numbers).
     monkeypatch.setenv("GRAPHVIZ_CORE_DEVICE", "cpu")
+
+
+# A capture whose timed thread shares the interpreter: gpt2-tiny at batch 8, sequence 64 (a 15-26 ms forward). At its
+# preset's sizes (a 2.2 ms forward) a full suite's run read a CPU share of 0.9999 beside a spinning thread: the machine's
+# other processes kept the spinner off the cores for the whole forward.
+SHARED_CAPTURE = {"name": "gpt2-tiny", "device": "cpu", "seed": 11, "batch": 8, "seq": 64}
+
+
+@contextlib.contextmanager
+def python_threads_spinning(count: int = 1, switch_interval_s: float = 1e-4):
+    """`count` threads running pure Python while the block runs, each already spinning when it starts, and the
+    interpreter lock handed over every `switch_interval_s` (Python's own 5 ms made a capture wait 6 s while each of its
+    hooks waited its turn). With one spinner, 40 captures of SHARED_CAPTURE beside three busy processes ran for
+    0.19-0.54 of their wall time, each in about 0.1 s."""
+    stop = threading.Event()
+    started = [threading.Event() for _ in range(count)]
+
+    def spin(started: threading.Event) -> None:
+        started.set()
+        while not stop.is_set():
+            sum(range(100))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(switch_interval_s)
+    spinners = [threading.Thread(target=spin, args=(event,), daemon=True) for event in started]
+    try:
+        for thread in spinners:
+            thread.start()
+        for event in started:
+            event.wait()
+        yield
+    finally:
+        stop.set()
+        for thread in spinners:
+            thread.join()
+        sys.setswitchinterval(interval)
 
 
 # ---- browser tests: a live Streamlit server and headless Chromium ------------------------------------

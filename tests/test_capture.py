@@ -7,7 +7,7 @@ import torch
 
 from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import config_from_preset
-from tests.conftest import captured
+from tests.conftest import SHARED_CAPTURE, captured, python_threads_spinning
 
 
 def ops_of(capture, **where):
@@ -396,8 +396,6 @@ def test_meta_at_bf16_differs_from_cpu_only_by_layer_norm_statistics():
 
 def test_time_shared_with_another_python_thread_is_flagged_and_a_quiet_share_is_not():
     import dataclasses
-    import sys
-    import threading
 
     from graphviz_core.capture.result import DISTURBED_BELOW, TimeSummary
 
@@ -406,32 +404,12 @@ def test_time_shared_with_another_python_thread_is_flagged_and_a_quiet_share_is_
     assert TimeSummary(0.5, 0.5, 0.15, 0.15).disturbed and "30%" in TimeSummary(0.5, 0.5, 0.15, 0.15).note()
     assert not TimeSummary(0.5, 0.5, 0.5, 0.45).disturbed and TimeSummary(0.5, 0.5, 0.5, 0.45).note() is None
     assert TimeSummary(None, None).cpu_share is None and not TimeSummary(None, None).disturbed
-    # A Python thread spinning beside the capture holds the interpreter lock about half the time (handed over every
-    # switch interval, 0.1 ms here), so the capturing thread runs well under DISTURBED_BELOW of its wall time. The
-    # spinner must be running, and the forward long enough to be seen: a full suite's run captured gpt2-tiny at its
-    # preset's sizes (2.2 ms of forward) while the machine's other processes kept the spinner off the cores, and read
-    # 0.9999. At batch 8, sequence 64 (a 15-26 ms forward), 40 captures beside three busy processes read 0.19-0.54,
-    # each in about 0.1 s (Python's own 5 ms interval: 0.1-0.4, and 6 s a capture while every hook waits its turn).
-    config = config_from_preset("gpt2-tiny", device="cpu", seed=11, batch=8, seq=64)
+    # A Python thread spinning beside the capture holds the interpreter lock about half the time, so the capturing
+    # thread runs well under DISTURBED_BELOW of its wall time (conftest.python_threads_spinning, SHARED_CAPTURE).
+    config = config_from_preset(**SHARED_CAPTURE)
     capture_backward(config)  # a process's first CPU capture warms up first: not beside the spinner
-    stop, spinning = threading.Event(), threading.Event()
-
-    def spin() -> None:
-        spinning.set()
-        while not stop.is_set():
-            pass
-
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-4)
-    spinner = threading.Thread(target=spin)
-    spinner.start()
-    spinning.wait()
-    try:
+    with python_threads_spinning():
         busy = capture_backward(config)
-    finally:
-        stop.set()
-        spinner.join()
-        sys.setswitchinterval(interval)
     assert busy.time.forward_cpu_s is not None and busy.time.cpu_share < DISTURBED_BELOW
     assert busy.time.disturbed
     meta = capture_backward(dataclasses.replace(config_from_preset("gpt2-tiny"), device="meta"))

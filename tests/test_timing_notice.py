@@ -49,27 +49,14 @@ def test_compare_does_not_present_a_disturbed_time_difference_as_the_configs():
 
 
 def test_a_capture_beside_busy_python_threads_is_flagged():
-    import threading
-
-    from graphviz_core.capture.engine import capture_backward, warm_up
+    from graphviz_core.capture.engine import capture_backward
     from graphviz_core.config import config_from_preset
+    from tests.conftest import SHARED_CAPTURE, python_threads_spinning
 
-    warm_up("cpu")
-    stop = threading.Event()
-
-    def spin() -> None:  # pure Python: holds the interpreter lock for its switch interval, again and again
-        while not stop.is_set():
-            sum(range(1000))
-
-    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(2)]
-    for thread in spinners:
-        thread.start()
-    try:
-        capture = capture_backward(config_from_preset("gpt2-tiny", seed=11))
-    finally:
-        stop.set()
-        for thread in spinners:
-            thread.join()
+    config = config_from_preset(**SHARED_CAPTURE)
+    capture_backward(config)  # the warm-up and the family's tiny twin, before the spinners
+    with python_threads_spinning(2):
+        capture = capture_backward(config)
     # three threads take turns on the interpreter lock: the capturing one runs for about a third of the wall time
     assert capture.time.disturbed, capture.time
     assert capture.time.note().startswith(f"Timing disturbed: the capturing thread ran for only {capture.time.cpu_share:.0%}")
