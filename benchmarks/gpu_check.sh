@@ -26,6 +26,9 @@ print("llama-tiny bf16 memory on cuda: peak", m.get("peak_bytes"), "training ste
 PY
 cli debug --preset gpt2-tiny --device cuda --format json > "$out/debug-gpt2-tiny-cuda.json" && echo "debug gpt2-tiny on cuda: ok" \
   && cat "$out/debug-gpt2-tiny-cuda.json" | head -c 400; echo
+# which attention kernel the GPU runs, the softmax kernels' own memory, and meta dry runs beside real captures
+# (graphviz_core.capture.meta_kernels mirrors them)
+timeout 180 $py benchmarks/gpu_sdpa_choice.py --dry-runs 2>&1 | grep -v -i warn | tee "$out/sdpa-choice.log"
 # what recording costs on the GPU (the CPU's figures: benchmarks/bench_record.py)
 timeout 240 $py benchmarks/gpu_record_bench.py --steps 21 --rounds 3 2>&1 | tee "$out/record-bench.log"
 # STEP_CHECKS=0 leaves out the four step checks below (Llama 3.1 8B's shape cut to 2 layers: minutes)

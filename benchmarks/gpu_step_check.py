@@ -99,6 +99,54 @@ def _attention_ops(config, model, optimizer, batch) -> dict[str, int]:
     return dict(sorted(census.seen.items()))
 
 
+def _op_high_water(config, model, optimizer, batch) -> list[dict]:
+    """One more step, op by op: the allocator's bytes before each aten op and its peak while the op ran (the peak
+    counter reset before each), so an op's own temporaries (which a fake-tensor simulation does not see) show as
+    the gap between the two."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    base = torch.cuda.memory_allocated()
+    rows: list[dict] = []
+
+    class HighWater(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            out = func(*args, **(kwargs or {}))
+            rows.append(
+                {
+                    "op": str(func.overloadpacket.__name__),
+                    "before": before - base,
+                    "peak": torch.cuda.max_memory_allocated() - base,
+                    "after": torch.cuda.memory_allocated() - base,
+                }
+            )
+            return out
+
+    with HighWater():
+        _step(config, model, optimizer, batch)
+    return rows
+
+
+def _print_high_water(rows: list[dict], around: int = 6) -> None:
+    """The ops around the step's highest in-op peak, with the bytes each held beyond its inputs and outputs."""
+    top = max(range(len(rows)), key=lambda i: rows[i]["peak"])
+    print(f"op-by-op high water: {len(rows)} ops; the peak in op {top} ({rows[top]['op']})")
+    for i in range(max(0, top - around), min(len(rows), top + around + 1)):
+        r = rows[i]
+        inside = r["peak"] - max(r["before"], r["after"])
+        print(
+            f"  {i:5d} {r['op']:42s} before {r['before'] / GIB:8.3f}  peak {r['peak'] / GIB:8.3f}  "
+            f"after {r['after'] / GIB:8.3f} GiB  held inside {inside / 2**20:9.1f} MiB"
+        )
+    widest = sorted(rows, key=lambda r: r["peak"] - max(r["before"], r["after"]), reverse=True)[:8]
+    print("  the ops holding most inside themselves:")
+    for r in widest:
+        print(
+            f"    {r['op']:42s} {(r['peak'] - max(r['before'], r['after'])) / 2**20:9.1f} MiB at {r['peak'] / GIB:.3f} GiB"
+        )
+
+
 def measured(config, warm: bool) -> dict:
     """The allocator's peaks for two real steps on the GPU, each from a peak reset just before it."""
     device = torch.device("cuda")
@@ -130,6 +178,7 @@ def measured(config, warm: bool) -> dict:
         out[f"step{step}_reserved"] = torch.cuda.max_memory_reserved()
     if warm:
         out["attention_ops"] = _attention_ops(config, model, optimizer, batch)
+        out["op_high_water"] = _op_high_water(config, model, optimizer, batch)
     del model, optimizer, batch
     gc.collect()
     torch.cuda.empty_cache()
@@ -181,6 +230,7 @@ def main() -> None:
         print(f"{label:38s} {guess / GIB:8.3f} GiB{tail}")
     if "warm" in figures:
         print("attention-related ops in one real step:", figures["warm"]["attention_ops"])
+        _print_high_water(figures["warm"]["op_high_water"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import re
 import sys
 import threading
@@ -54,9 +55,14 @@ def tables(at) -> list:
     return frames
 
 
+# 'auto' means CPU in tests unless a test says otherwise (a GPU box runs the same numbers): for the whole session
+# too, since module-scoped fixtures run before any test's own fixtures (on an H200 the pipeline fixtures simulated
+# CUDA's attention kernels, and their hand-derived activation bytes read 340,480 where this CPU's are 292,352).
+os.environ["GRAPHVIZ_CORE_DEVICE"] = "cpu"
+
+
 @pytest.fixture(autouse=True)
 def _cpu_unless_asked(monkeypatch):
-    # 'auto' means CPU in tests unless a test says otherwise (a GPU box runs the same numbers).
     monkeypatch.setenv("GRAPHVIZ_CORE_DEVICE", "cpu")
 
 

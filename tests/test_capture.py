@@ -488,3 +488,42 @@ def test_two_dry_runs_at_once_leave_torchs_attention_in_place():
     a.join(timeout=30)
     b.join(timeout=30)
     assert F.scaled_dot_product_attention is torchs
+
+
+@pytest.mark.parametrize("preset", ["llama-tiny", "gemma3-tiny"])
+def test_a_dry_run_for_a_gpu_draws_grouped_query_attention_as_the_gpu_runs_it(monkeypatch, preset):
+    """A float32 dry run where `auto` picks CUDA, of a model whose keys have fewer heads than its queries (llama-tiny
+    4/2, gemma3-tiny 4/1; transformers passes enable_gqa). On an H200 (torch 2.11) such attention ran the math path
+    (SafeSoftmaxBackward0, the b x heads x s x s weights kept: benchmarks/gpu_sdpa_choice.py), because the
+    memory-efficient kernel takes no grouped heads; the dry run named that kernel and llama-tiny's crashed in
+    backward ("returned an invalid gradient at index 1 - got [2, 4, 32, 16] but expected [2, 2, 32, 16]") while
+    gemma3-tiny's saved 3,264,360 B where the GPU saved 3,602,184. The math path is the same ops on every device,
+    so the expected graph is this CPU's under torch's math backend (on the H200 gemma3-tiny's saved 3,602,184 B,
+    equal to this CPU's math run)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import graphviz_core.capture.engine as engine
+
+    auto = engine.resolve_device
+    monkeypatch.setattr(engine, "resolve_device", lambda name: "cuda" if name == "auto" else auto(name))
+    dry = capture_backward(config_from_preset(preset, device="meta"))
+    with sdpa_kernel([SDPBackend.MATH]):
+        math = capture_backward(config_from_preset(preset, device="cpu"))
+    layers = config_from_preset(preset).layers
+    assert dry.summary.by_op["SafeSoftmaxBackward0"] == math.summary.by_op["SafeSoftmaxBackward0"] >= layers
+    assert not any("Efficient" in op or "ForCpu" in op for op in dry.summary.by_op)
+    assert dry.memory.saved_bytes == math.memory.saved_bytes
+
+
+def test_a_dry_run_for_a_gpu_keeps_the_fused_kernel_where_heads_are_not_grouped(monkeypatch):
+    """gpt2-tiny's heads are not grouped: float32 attention on CUDA is the memory-efficient kernel (as on the H200),
+    and bfloat16 a fused half-precision kernel (flash named; cuDNN's on an H200, see cuda_attention_kernel)."""
+    import graphviz_core.capture.engine as engine
+
+    auto = engine.resolve_device
+    monkeypatch.setattr(engine, "resolve_device", lambda name: "cuda" if name == "auto" else auto(name))
+    layers = config_from_preset("gpt2-tiny").layers
+    f32 = capture_backward(config_from_preset("gpt2-tiny", device="meta"))
+    half = capture_backward(config_from_preset("gpt2-tiny", device="meta", dtype="bfloat16"))
+    assert f32.summary.by_op["ScaledDotProductEfficientAttentionBackward0"] == layers
+    assert half.summary.by_op["ScaledDotProductFlashAttentionBackward0"] == layers

@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from graphviz_core.analysis.allocator import Trace
+from graphviz_core.capture.meta_kernels import cuda_temporary_bytes
 
 DEFAULT_STREAM = "default"
 _FSDP_STREAMS = ("all_gather_copy_in_stream", "all_gather_stream", "reduce_scatter_stream", "all_reduce_stream")
@@ -132,6 +133,12 @@ class AllocationRecorder(TorchDispatchMode):
 
         if any(t is DTensor for t in types):
             return NotImplemented  # let DTensor run its local ops, which come back here
+        # A simulated GPU kernel's own workspace (meta_kernels.cuda_temporary_bytes): allocated as it starts, freed
+        # once its output exists. A real step's kernels allocate theirs through the allocator, unseen here.
+        held = cuda_temporary_bytes(func, args) if self._fake_mode is not None else 0
+        if held:
+            workspace, self._next_key = self._next_key, self._next_key + 1
+            self._events.append(("alloc", workspace, held, self._stream()))
         out = func(*args, **(kwargs or {}))
         if func is torch.ops._c10d_functional.wait_tensor.default:
             return out  # waits on its input in place; a fake kernel may hand back a new tensor (see MemTracker)
@@ -139,6 +146,8 @@ class AllocationRecorder(TorchDispatchMode):
             for storage in _storages(out, self._device_type):
                 if id(storage) not in self._key_of:
                     self._allocate(storage)
+        if held:
+            self._events.append(("free", workspace))
         return out
 
     # ---- events -----------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.utils.weak import WeakIdKeyDictionary
 
 from graphviz_core.capture.flop_formulas import op_info
-from graphviz_core.capture.meta_kernels import GROUPED_MM, grouped_mm_on_meta
+from graphviz_core.capture.meta_kernels import GROUPED_MM, cuda_attention, cuda_temporary_bytes, grouped_mm_on_meta
 from graphviz_core.parallel.settings import FSDP_STRATEGIES, ParallelConfig
 from graphviz_core.parallel.world import check_stopped, running_of
 
@@ -145,19 +145,27 @@ class PhasePeaks(torch.utils._python_dispatch.TorchDispatchMode):
             out = func(*args, **(kwargs or {}))
         if _propagating.active:  # DTensor working out an op's global shape, not this rank's work
             return out
+        # A kernel's own workspace (the GPU's softmax kernels: meta_kernels.cuda_temporary_bytes) is live while it
+        # runs, its inputs and output beside it: the moment after the op, plus that, is the op's high-water mark.
+        held = cuda_temporary_bytes(func, args)
         formula, _ = op_info(func)
         if formula is not None:
             flops = int(formula(*args, out_val=out, **(kwargs or {})))
             self.flops += flops
             self.flops_by_phase[self.phase] = self.flops_by_phase.get(self.phase, 0) + flops
+        if held:
+            self.observe(held)
         self.observe()
         return out
 
-    def observe(self) -> None:
+    def observe(self, held: int = 0) -> None:
+        """Sample the running totals; `held` bytes of an op's workspace counted as temporaries beside them."""
         snapshot = self.tracker._curr_mem_snap  # the tracker's running per-device totals (read only)
         if not snapshot:
             return
         parts = next(iter(snapshot.values()))
+        if held:
+            parts = {**parts, "Temp": parts.get("Temp", 0) + held, "Total": parts["Total"] + held}
         total = parts["Total"] - buffers_of(parts)  # module buffers are reported beside the peaks, not in them
         self.samples.append((self.phase, total))
         if total > self.peaks.get(self.phase, (-1, {}))[0]:
@@ -204,6 +212,23 @@ def memory_tracker(model: nn.Module, optimizer, parallel: ParallelConfig, holder
     # (LoRA's base weights, --freeze) refuses a hook; it gets no gradient to count either, so it is skipped.
     tracker._param_to_grad_hook_handles = _FrozenSkipped()
     return tracker
+
+
+def gpu_attention(parallel: ParallelConfig):
+    """Where `auto` picks CUDA, attention and the softmax kernels as a CUDA GPU runs them for the step
+    (meta_kernels.cuda_attention), as a meta dry run mirrors them there; elsewhere this machine's kernels, so that
+    the one-device figures equal a capture's here. Not under context parallel, whose ring takes the fused kernels'
+    calls (torch's context_parallel)."""
+    import contextlib
+
+    return cuda_attention() if parallel.cp == 1 and mirrors_cuda() else contextlib.nullcontext()
+
+
+def mirrors_cuda() -> bool:
+    """Whether the simulation takes its kernels as CUDA's: where `auto` picks CUDA (GRAPHVIZ_CORE_DEVICE included)."""
+    from graphviz_core.capture.device import resolve_device
+
+    return resolve_device("auto") == "cuda"
 
 
 def track_batch(tracker, *batch: torch.Tensor) -> None:

@@ -37,7 +37,7 @@ from graphviz_core.models.teaching import TORCH_DTYPES
 from graphviz_core.parallel.blocks import attribute, replace_attribute
 from graphviz_core.parallel.collectives import CollectiveRecorder
 from graphviz_core.parallel.fsdp import resharded_after_forward
-from graphviz_core.parallel.memory import PhasePeaks, memory_tracker, parts_of
+from graphviz_core.parallel.memory import PhasePeaks, gpu_attention, memory_tracker, parts_of
 from graphviz_core.parallel.report import (
     Expectation,
     PerRank,
@@ -397,14 +397,18 @@ def _schedule(parallel: ParallelConfig, stages: list, loss_fn):
     along the stages to agree on static or inferred shapes) would read zeros; every stage is given its shapes
     (input_args / output_args), which is what the vote settles on when all stages have them."""
     from torch.distributed.pipelining import schedules
-    from torch.distributed.pipelining.stage import InferenceMode
+    from torch.distributed.pipelining import stage as pipelining_stage
 
     base = getattr(schedules, SCHEDULE_CLASSES[parallel.schedule])
+    inference_mode = getattr(pipelining_stage, "InferenceMode", None)
+    if inference_mode is None:  # a torch without the vote (2.11 on the H200 had neither): the given shapes serve
+        Static = base
+    else:
 
-    class Static(base):
-        def _warmup_p2p(self, stages, has_backward, p2p_done):
-            for stage in stages:
-                stage._inference_mode = InferenceMode.STATIC
+        class Static(base):
+            def _warmup_p2p(self, stages, has_backward, p2p_done):
+                for stage in stages:
+                    stage._inference_mode = inference_mode.STATIC
 
     if parallel.schedule == "interleaved-1f1b":
         return Static(stages, parallel.microbatches, loss_fn=loss_fn)
@@ -473,7 +477,8 @@ def _run_rank(config: ModelConfig, parallel: ParallelConfig, meshes: dict, rank:
         peaks = _PipelinePeaks(tracker, [layer for module in modules for layer in module.layers])
         log = _ActionLog(stages, peaks, recorder)
         step, positions = _sequence_split(parallel, meshes, tokens)  # entered at once: closed by the `with` below
-        with step, recorder, tracker, _gathers_filed(tracker, holder), peaks, no_cyclic_gc(collect_first=True):
+        with step, recorder, tracker, _gathers_filed(tracker, holder), peaks, gpu_attention(parallel), \
+                no_cyclic_gc(collect_first=True):
             if positions is not None:  # sliced here, tracked: the buffer counts with the step's inputs, as the tokens
                 for module in modules:  # do when the schedule splits them, not as a microbatch's activations
                     module.positions = positions[: config.batch // parallel.microbatches]
@@ -586,8 +591,8 @@ class _PipelinePeaks(PhasePeaks):
         self.held_at_peak: dict[int, int] = {}
         self.most = -1
 
-    def observe(self) -> None:
-        super().observe()
+    def observe(self, held: int = 0) -> None:
+        super().observe(held)
         if self.samples and self.samples[-1][1] > self.most:
             self.most = self.samples[-1][1]
             self.held_at_peak = dict(self.held)

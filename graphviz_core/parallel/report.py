@@ -176,6 +176,24 @@ def step_notes(optimizer: str, autocast: str, updated: bool = True) -> tuple[str
     return tuple(notes)
 
 
+def attention_notes(config: ModelConfig | None, parallel: ParallelConfig) -> tuple[str, ...]:
+    """Which attention kernel a float32 step with grouped key/value heads ran, where a CUDA GPU and this machine differ
+    (graphviz_core.capture.meta_kernels.cuda_attention); none under context parallel (the ring's kernel either way)."""
+    from graphviz_core.parallel.memory import mirrors_cuda
+
+    if config is None or parallel.cp > 1 or config.attention != "sdpa":
+        return ()
+    if not (0 < config.kv_heads < config.heads and config.dtype == "float32" and config.autocast == "none"):
+        return ()
+    if mirrors_cuda():
+        return ("Attention ran as a CUDA GPU runs it: float32 attention with grouped key/value heads takes torch's math "
+                "path (its memory-efficient kernel takes no grouped heads), which keeps each layer's attention weights, "
+                "and the GPU's softmax kernels' own memory is counted.",)
+    return ("Attention ran this machine's fused kernel, as the single-device capture does here; a CUDA GPU runs float32 "
+            "attention with grouped key/value heads on torch's math path and keeps each layer's attention weights "
+            "too: batch x this rank's query heads x sequence x sequence x 4 B a layer more.",)
+
+
 # Said in the figures' notes when the optimizer's update reads a value, which fake tensors do not have.
 UPDATE_STOPPED = ("{name}'s update reads a value (Adafactor: the parameter's norm, .item()), which the simulation's "
                   "fake tensors do not have: its state is the one torch.optim built (_init_group, the shapes and dtypes "
@@ -316,5 +334,5 @@ def per_rank_of(
         forward_end_activation_bytes=forward_end_activation_bytes,
         optimizer=optimizer,
         autocast=autocast,
-        notes=step_notes(optimizer, autocast, updated),
+        notes=step_notes(optimizer, autocast, updated) + attention_notes(config, parallel),
     )

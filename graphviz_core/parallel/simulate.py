@@ -33,7 +33,7 @@ from graphviz_core.parallel.blocks import repeated_layers
 from graphviz_core.parallel.collectives import CollectiveRecorder
 from graphviz_core.parallel.context import context_parallel_step
 from graphviz_core.parallel.fsdp import apply_data_parallel, resharded_after_forward
-from graphviz_core.parallel.memory import PhasePeaks, memory_tracker, parts_of, track_batch
+from graphviz_core.parallel.memory import PhasePeaks, gpu_attention, memory_tracker, parts_of, track_batch
 from graphviz_core.parallel.report import Expectation, PerRank, nodes_by_category, per_rank_of
 from graphviz_core.parallel.settings import ParallelConfig, check_parallel
 from graphviz_core.parallel.tensor import apply_tensor_parallel, tp_split_bytes
@@ -215,7 +215,7 @@ def measure_step(
         # GC paused, collected first: the trackers see a tensor freed when its storage's weak reference dies; by
         # reference counting alone that happens at the same op on every run, where a GC pass landing mid-step
         # would move frees (and the optimizer step's peak) between runs (torchtitan's estimator does the same).
-        with step, recorder, tracker, allocations, peaks, no_cyclic_gc(collect_first=True):
+        with step, recorder, tracker, allocations, peaks, gpu_attention(parallel), no_cyclic_gc(collect_first=True):
             peaks.observe()
             with autocast_region(workload.autocast):
                 out = forward(model, inputs)
