@@ -218,6 +218,31 @@ def table_rows(page, table, rows: int, timeout_ms: int = 30_000) -> list[list[st
     return table.evaluate("t => [...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.innerText))")
 
 
+def submit(page, button, shows, tries: int = 3, timeout_ms: int = 20_000) -> None:
+    """Press a form's submit `button` once the app is idle and wait for `shows` (a locator: what the press brings);
+    press again if it did not come. Two fresh-clone runs each lost one press of the Plan tab's "Plan the layouts":
+    neither its refusal nor its plan ever showed. The tab draws its form in the rerun its click starts, and a press
+    landing while that rerun still draws went nowhere."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(tries):
+        idle(page, settle_ms=300)
+        button.click()
+        try:
+            shows.first.wait_for(timeout=timeout_ms)
+            return
+        except PlaywrightTimeout:
+            if attempt == tries - 1:
+                raise
+
+
+def open_tab(page, name: str) -> None:
+    """Click the tab `name` and wait until the rerun that draws it has ended (the open tab is a query parameter: only
+    it is drawn)."""
+    page.get_by_role("tab", name=name).click()
+    idle(page, settle_ms=300)
+
+
 def choose(page, box, option: str, tries: int = 4) -> None:
     """Pick `option` in the selectbox whose combobox is `box`, as a person does: once the app is idle, focus the box,
     open its list (ArrowDown: in a sidebar form a click alone sometimes left it closed) and click the option; open it

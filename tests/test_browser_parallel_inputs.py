@@ -5,7 +5,7 @@ tensor parallel, a pipeline), clicked at a laptop's size and photographed at a d
 
 import pytest
 
-from tests.conftest import LAPTOP, both_sizes, choose, idle
+from tests.conftest import LAPTOP, both_sizes, choose, idle, open_tab, submit
 
 pytestmark = pytest.mark.browser
 
@@ -94,7 +94,7 @@ def test_the_captions_speak_of_the_strategy_on_screen(page, streamlit_url, tmp_p
 
     shown = open_layout("preset=llama-tiny", "Rank 0 next to one device")
     assert "symmetric" in shown and "FSDP2 pads each parameter" in shown
-    page.get_by_role("tab", name="Plan").click()
+    open_tab(page, "Plan")
     form = page.locator('[data-testid="stForm"]').filter(has_text="GPUs in all")
     label = form.get_by_text("Context parallel with pipeline stages too", exact=True)
     assert not label.evaluate(CUT), "the checkbox's label is cut off"
@@ -109,7 +109,8 @@ def test_the_captions_speak_of_the_strategy_on_screen(page, streamlit_url, tmp_p
         box = form.get_by_role("spinbutton", name=field)
         before = box.input_value()
         box.fill(typed)
-        form.get_by_role("button", name="Plan the layouts").click()
+        alert = page.locator('[data-testid="stMain"] [data-testid="stAlert"]').filter(has_text=sentence)
+        submit(page, form.get_by_role("button", name="Plan the layouts"), alert)
         assert sentence in _alert(page, sentence)
         assert page.locator('[data-testid="stProgress"]').count() == 0  # nothing planned
         box.fill(before)

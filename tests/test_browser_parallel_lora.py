@@ -6,7 +6,7 @@ import pytest
 from playwright.sync_api import expect
 
 from graphviz_core.ui.format import format_bytes
-from tests.conftest import LAPTOP, both_sizes, choose
+from tests.conftest import LAPTOP, both_sizes, choose, open_tab
 
 pytestmark = pytest.mark.browser
 
@@ -42,7 +42,7 @@ def test_lora_over_fsdp_from_the_sidebar(page, streamlit_url, tmp_path):
     both_sizes(page, tmp_path / "parallel-lora-collectives", full_page=True)
 
     # The Plan tab plans the LoRA model: 2 GPUs in a node of 2, global batch 4 (FSDP 2, TP 2 and PP 2 layouts).
-    page.get_by_role("tab", name="Plan").click()
+    open_tab(page, "Plan")
     form = page.locator('[data-testid="stForm"]').filter(has_text="GPUs in all")
     form.get_by_role("spinbutton", name="GPUs in all").fill("2")
     form.get_by_role("spinbutton", name="Global batch (sequences per optimizer step)").fill("4")

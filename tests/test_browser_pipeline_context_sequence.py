@@ -6,7 +6,7 @@ fail)."""
 import pytest
 
 from graphviz_core.ui.format import format_bytes
-from tests.conftest import LAPTOP, both_sizes, table_rows
+from tests.conftest import LAPTOP, both_sizes, open_tab, table_rows
 
 pytestmark = pytest.mark.browser
 
@@ -73,7 +73,7 @@ def _drop(form, box: str, option: str) -> None:
 def test_the_plan_tab_tries_context_parallel_with_pipeline_stages(page, streamlit_url, tmp_path):
     page.goto(f"{streamlit_url}/parallel?preset=llama-tiny")
     page.get_by_text("Rank 0 next to one device").wait_for(timeout=180_000)
-    page.get_by_role("tab", name="Plan").click()
+    open_tab(page, "Plan")
     form = page.locator('[data-testid="stForm"]').filter(has_text="GPUs in all")
     # 4 GPUs in a node of 4, global batch 8, full checkpointing, 2 pipeline stages, context parallel 1 or 2 together
     # with the pipeline: FSDP 2 x PP 2, TP 2 + SP x PP 2 and PP 2 x CP 2 (each 4 microbatches of 1 per pipeline step).

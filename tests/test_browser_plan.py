@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.conftest import LAPTOP, both_sizes
+from tests.conftest import LAPTOP, both_sizes, open_tab, submit
 
 pytestmark = pytest.mark.browser
 
@@ -22,12 +22,11 @@ SAMPLE = """() => { window.__progress = [];
 def test_the_plan_tab_ranks_the_layouts_with_progress_and_a_chart(page, streamlit_url, tmp_path):
     page.goto(f"{streamlit_url}/parallel?preset=llama-tiny")
     page.get_by_text("Rank 0 next to one device").wait_for(timeout=180_000)
-    page.get_by_role("tab", name="Plan").click()
+    open_tab(page, "Plan")
     form = page.locator('[data-testid="stForm"]').filter(has_text="GPUs in all")
     form.get_by_role("textbox", name="Memory per GPU").fill("lots")  # bad input: a sentence, no plan
-    form.get_by_role("button", name="Plan the layouts").click()
-    page.locator('[data-testid="stAlert"]').filter(has_text="a memory size is a positive number and a unit").wait_for(
-        timeout=60_000)
+    submit(page, form.get_by_role("button", name="Plan the layouts"),
+           page.locator('[data-testid="stAlert"]').filter(has_text="a memory size is a positive number and a unit"))
     # 2 GPUs, nodes of 2, global batch 4, none and full checkpointing, 1 or 2 pipeline stages: FSDP 2, TP 2, PP 2
     # (a pipeline of 2 runs 4 microbatches of 1: 4 sequences per step) x 2 policies = 6 layouts. GPUs of 1.6 MiB:
     # llama-tiny's pipeline layouts fit, FSDP 2 and TP 2 with full checkpointing do not (their peaks are 1.7 and 1.9
@@ -69,10 +68,9 @@ def test_a_plan_shows_its_progress_with_a_cancel_button_that_stops_it(page, stre
     Cancel stops it and says so with a button to run it again; the page keeps serving (page errors fail)."""
     page.goto(f"{streamlit_url}/parallel?preset=llama-tiny")
     page.get_by_text("Rank 0 next to one device").wait_for(timeout=180_000)
-    page.get_by_role("tab", name="Plan").click()
+    open_tab(page, "Plan")
     form = page.locator('[data-testid="stForm"]').filter(has_text="GPUs in all")
-    form.get_by_role("button", name="Plan the layouts").click()
-    page.get_by_text("The plan of llama on 8 GPUs…").wait_for(timeout=60_000)
+    submit(page, form.get_by_role("button", name="Plan the layouts"), page.get_by_text("The plan of llama on 8 GPUs…"))
     page.locator('[data-testid="stProgress"]').filter(has_text=re.compile(r"Simulated \d+ of \d+ layouts")).wait_for(
         timeout=120_000)
     page.get_by_role("button", name="Cancel").scroll_into_view_if_needed()
