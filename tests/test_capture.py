@@ -433,24 +433,26 @@ def test_a_cancel_inside_the_forward_leaves_no_hook_error(recwarn):
     assert not [w for w in recwarn if "always_call" in str(w.message)], [str(w.message) for w in recwarn]
 
 
-@pytest.mark.parametrize("holder", ["a dry run", "context parallel"])
+@pytest.mark.parametrize("holder", ["a dry run", "context parallel", "a GPU's attention"])
 def test_a_dry_run_behind_another_in_this_process_says_what_it_waits_for(holder):
-    """A dry run and context parallel's ring both replace F.scaled_dot_product_attention while they run, so in one
-    process they take turns; before the worker processes were up the compare page showed B 'Waiting for its turn…
-    3 s' with nothing queued. A dry run behind another, or behind a context-parallel step, says what it waits for."""
+    """A dry run, context parallel's ring and a simulation taking a GPU's attention (where `auto` picks CUDA) all
+    replace F.scaled_dot_product_attention while they run, so in one process they take turns; before the worker
+    processes were up the compare page showed B 'Waiting for its turn… 3 s' with nothing queued. A dry run behind
+    another, or behind such a simulation's step, says what it waits for."""
     import threading
 
-    from graphviz_core.capture.meta_kernels import SDPA_SWAP_LOCK
+    from graphviz_core.capture.meta_kernels import SDPA_SWAP_LOCK, cuda_attention
     from graphviz_core.parallel.context import cpu_ring_attention
 
     phases = []
-    with SDPA_SWAP_LOCK if holder == "a dry run" else cpu_ring_attention():
+    holders = {"a dry run": SDPA_SWAP_LOCK, "context parallel": cpu_ring_attention(), "a GPU's attention": cuda_attention()}
+    with holders[holder]:
         worker = threading.Thread(target=lambda: capture_backward(config_from_preset("mlp", device="meta"),
                                                                   progress=phases.append))
         worker.start()
         worker.join(timeout=0.5)
         assert worker.is_alive() and phases == [
-            "waiting for the dry run or context-parallel simulation before it (in one process they take turns)"]
+            "waiting for the dry run or parallel simulation before it (in one process they take turns)"]
     worker.join(timeout=60)
     assert phases[-1] == "annotating the graph"
 

@@ -134,7 +134,7 @@ def _capture(config: ModelConfig, progress: Progress | None, ticket: Ticket | No
     if device == "meta":
         meta_kernels = fused_attention_on_meta(resolve_device("auto") == "cuda")
         if SDPA_SWAP_LOCK.locked():  # the page's line said "waiting for its turn", as if queued behind real runs
-            say("waiting for the dry run or context-parallel simulation before it (in one process they take turns)")
+            say("waiting for the dry run or parallel simulation before it (in one process they take turns)")
     compiled = _compiled_regions(config, device, say, ticket, source) if config.compile else None
     where = _source_gpu(source) if device == "cuda" and source is not None else device  # "cuda": admission places it
     with admit(config, where, ticket) as admitted, _exclusive(compiled):  # waits its turn; reserves the bytes
