@@ -13,25 +13,10 @@ attention nodes each shows and the saved bytes.
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-
-
-class Kernels(TorchDispatchMode):
-    """The attention, softmax and batched-matmul ops that ran."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen: Counter = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket.__name__)
-        if any(part in name for part in ("attention", "softmax", "bmm", "repeat_interleave")):
-            self.seen[name] += 1
-        return func(*args, **(kwargs or {}))
+from gpu_step_check import HighWater, OpCensus, held_inside  # benchmarks/ is on the path
 
 
 def choice(device: str, dtype, heads: int, kv_heads: int, head_dim: int, mask: str, seq: int = 256) -> dict:
@@ -44,10 +29,10 @@ def choice(device: str, dtype, heads: int, kv_heads: int, head_dim: int, mask: s
         kwargs["is_causal"] = True
     elif mask == "boolean":
         kwargs["attn_mask"] = torch.ones(seq, seq, device=device, dtype=torch.bool).tril()
-    with Kernels() as kernels:
+    with OpCensus() as census:
         out = F.scaled_dot_product_attention(q, k, v, **kwargs)
         out.sum().backward()
-    return dict(sorted(kernels.seen.items()))
+    return census.counts()
 
 
 DRY_RUNS = (
@@ -90,19 +75,15 @@ def _held_inside(op: str, x: torch.Tensor) -> float:
     """The bytes one softmax op held beyond its inputs and output, in multiples of the input's bytes."""
     aten = torch.ops.aten
     y = aten._softmax(x, -1, False)
+    calls = {
+        "_softmax": lambda: aten._softmax(x, -1, False),
+        "_safe_softmax": lambda: aten._safe_softmax(x, -1),
+        "_softmax_backward_data": lambda: aten._softmax_backward_data(x, y, -1, x.dtype),
+    }
     torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    if op == "_softmax":
-        out = aten._softmax(x, -1, False)
-    elif op == "_safe_softmax":
-        out = aten._safe_softmax(x, -1)
-    else:
-        out = aten._softmax_backward_data(x, y, -1, x.dtype)
-    torch.cuda.synchronize()
-    inside = torch.cuda.max_memory_allocated() - max(before, torch.cuda.memory_allocated())
-    del out, y
-    return inside / x.nbytes
+    with HighWater() as water:
+        calls[op]()
+    return held_inside(water.rows[-1]) / x.nbytes
 
 
 def softmax_temporaries() -> None:
@@ -125,25 +106,13 @@ def attention_temporaries(seq: int = 4096, heads: int = 32, kv_heads: int = 8, h
     q = torch.randn(1, heads, seq, head_dim, device="cuda", requires_grad=True)
     k = torch.randn(1, kv_heads, seq, head_dim, device="cuda", requires_grad=True)
     v = torch.randn(1, kv_heads, seq, head_dim, device="cuda", requires_grad=True)
-    rows = []
-
-    class HighWater(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            before = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            out = func(*args, **(kwargs or {}))
-            inside = torch.cuda.max_memory_allocated() - max(before, torch.cuda.memory_allocated())
-            layout = [(tuple(a.shape), a.is_contiguous()) for a in args if isinstance(a, torch.Tensor)]
-            rows.append((str(func.overloadpacket.__name__), inside, layout))
-            return out
-
-    with HighWater():
+    with HighWater() as water:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         out.sum().backward()
     print(f"float32 SDPA, heads {heads}/{kv_heads}, seq {seq}: ops that held bytes inside themselves")
-    for name, inside, layout in rows:
-        if inside:
-            print(f"    {name:32s} {inside / 2**20:9.1f} MiB   inputs (shape, contiguous): {layout}")
+    for row in water.rows:
+        if held_inside(row):
+            print(f"    {row['op']:32s} {held_inside(row) / 2**20:9.1f} MiB")
 
 
 def main() -> None:

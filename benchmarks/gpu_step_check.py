@@ -26,8 +26,10 @@ import gc
 import json
 import os
 import time
+from collections import Counter
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphviz_core.analysis.allocator import replay
 from graphviz_core.config import resolve_config
@@ -77,55 +79,66 @@ def _step(config, model, optimizer, batch) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
+class OpCensus(TorchDispatchMode):
+    """How often each op whose name holds one of `parts` ran (ATTENTION_OPS: attention, softmax, batched matmul)."""
+
+    def __init__(self, parts: tuple[str, ...] = ATTENTION_OPS):
+        super().__init__()
+        self.parts = parts
+        self.seen: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket.__name__)
+        if any(part in name for part in self.parts):
+            self.seen[name] += 1
+        return func(*args, **(kwargs or {}))
+
+    def counts(self) -> dict[str, int]:
+        return dict(sorted(self.seen.items()))
+
+
+class HighWater(TorchDispatchMode):
+    """Op by op on the GPU: the allocator's bytes before each aten op, its peak while the op ran (the peak counter reset
+    before each) and after, less the bytes allocated on entering; an op's own temporaries (which a fake-tensor
+    simulation does not see) are `held_inside`."""
+
+    def __init__(self):
+        super().__init__()
+        self.base = torch.cuda.memory_allocated()
+        self.rows: list[dict] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = func(*args, **(kwargs or {}))
+        self.rows.append(
+            {
+                "op": str(func.overloadpacket.__name__),
+                "before": before - self.base,
+                "peak": torch.cuda.max_memory_allocated() - self.base,
+                "after": torch.cuda.memory_allocated() - self.base,
+            }
+        )
+        return out
+
+
+def held_inside(row: dict) -> int:
+    """The bytes one op held beyond its inputs and output (a HighWater row)."""
+    return row["peak"] - max(row["before"], row["after"])
+
+
 def _attention_ops(config, model, optimizer, batch) -> dict[str, int]:
     """How often each attention-, softmax- or batched-matmul op ran in one more step."""
-    from collections import Counter
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Census(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = str(func.overloadpacket.__name__)
-            if any(part in name for part in ATTENTION_OPS):
-                self.seen[name] += 1
-            return func(*args, **(kwargs or {}))
-
-    with Census() as census:
+    with OpCensus() as census:
         _step(config, model, optimizer, batch)
-    return dict(sorted(census.seen.items()))
+    return census.counts()
 
 
 def _op_high_water(config, model, optimizer, batch) -> list[dict]:
-    """One more step, op by op: the allocator's bytes before each aten op and its peak while the op ran (the peak
-    counter reset before each), so an op's own temporaries (which a fake-tensor simulation does not see) show as
-    the gap between the two."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    base = torch.cuda.memory_allocated()
-    rows: list[dict] = []
-
-    class HighWater(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            before = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            out = func(*args, **(kwargs or {}))
-            rows.append(
-                {
-                    "op": str(func.overloadpacket.__name__),
-                    "before": before - base,
-                    "peak": torch.cuda.max_memory_allocated() - base,
-                    "after": torch.cuda.memory_allocated() - base,
-                }
-            )
-            return out
-
-    with HighWater():
+    """One more step, op by op (HighWater's rows)."""
+    with HighWater() as water:
         _step(config, model, optimizer, batch)
-    return rows
+    return water.rows
 
 
 def _print_high_water(rows: list[dict], around: int = 6) -> None:
@@ -134,17 +147,13 @@ def _print_high_water(rows: list[dict], around: int = 6) -> None:
     print(f"op-by-op high water: {len(rows)} ops; the peak in op {top} ({rows[top]['op']})")
     for i in range(max(0, top - around), min(len(rows), top + around + 1)):
         r = rows[i]
-        inside = r["peak"] - max(r["before"], r["after"])
         print(
             f"  {i:5d} {r['op']:42s} before {r['before'] / GIB:8.3f}  peak {r['peak'] / GIB:8.3f}  "
-            f"after {r['after'] / GIB:8.3f} GiB  held inside {inside / 2**20:9.1f} MiB"
+            f"after {r['after'] / GIB:8.3f} GiB  held inside {held_inside(r) / 2**20:9.1f} MiB"
         )
-    widest = sorted(rows, key=lambda r: r["peak"] - max(r["before"], r["after"]), reverse=True)[:8]
     print("  the ops holding most inside themselves:")
-    for r in widest:
-        print(
-            f"    {r['op']:42s} {(r['peak'] - max(r['before'], r['after'])) / 2**20:9.1f} MiB at {r['peak'] / GIB:.3f} GiB"
-        )
+    for r in sorted(rows, key=held_inside, reverse=True)[:8]:
+        print(f"    {r['op']:42s} {held_inside(r) / 2**20:9.1f} MiB at {r['peak'] / GIB:.3f} GiB")
 
 
 def measured(config, warm: bool) -> dict:

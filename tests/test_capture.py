@@ -445,8 +445,9 @@ def test_a_dry_run_behind_another_in_this_process_says_what_it_waits_for(holder)
     from graphviz_core.parallel.context import cpu_ring_attention
 
     phases = []
-    holders = {"a dry run": SDPA_SWAP_LOCK, "context parallel": cpu_ring_attention(), "a GPU's attention": cuda_attention()}
-    with holders[holder]:
+    holders = {"a dry run": lambda: SDPA_SWAP_LOCK, "context parallel": cpu_ring_attention,
+               "a GPU's attention": cuda_attention}
+    with holders[holder]():
         worker = threading.Thread(target=lambda: capture_backward(config_from_preset("mlp", device="meta"),
                                                                   progress=phases.append))
         worker.start()
@@ -492,8 +493,18 @@ def test_two_dry_runs_at_once_leave_torchs_attention_in_place():
     assert F.scaled_dot_product_attention is torchs
 
 
+@pytest.fixture
+def auto_picks_cuda(monkeypatch):
+    """`auto` resolves to CUDA in the capture engine (a meta dry run then mirrors CUDA's kernels); other names as
+    they are."""
+    import graphviz_core.capture.engine as engine
+
+    auto = engine.resolve_device
+    monkeypatch.setattr(engine, "resolve_device", lambda name: "cuda" if name == "auto" else auto(name))
+
+
 @pytest.mark.parametrize("preset", ["llama-tiny", "gemma3-tiny"])
-def test_a_dry_run_for_a_gpu_draws_grouped_query_attention_as_the_gpu_runs_it(monkeypatch, preset):
+def test_a_dry_run_for_a_gpu_draws_grouped_query_attention_as_the_gpu_runs_it(auto_picks_cuda, preset):
     """A float32 dry run where `auto` picks CUDA, of a model whose keys have fewer heads than its queries (llama-tiny
     4/2, gemma3-tiny 4/1; transformers passes enable_gqa). On an H200 (torch 2.11) such attention ran the math path
     (SafeSoftmaxBackward0, the b x heads x s x s weights kept: benchmarks/gpu_sdpa_choice.py), because the
@@ -504,10 +515,6 @@ def test_a_dry_run_for_a_gpu_draws_grouped_query_attention_as_the_gpu_runs_it(mo
     equal to this CPU's math run)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    import graphviz_core.capture.engine as engine
-
-    auto = engine.resolve_device
-    monkeypatch.setattr(engine, "resolve_device", lambda name: "cuda" if name == "auto" else auto(name))
     dry = capture_backward(config_from_preset(preset, device="meta"))
     with sdpa_kernel([SDPBackend.MATH]):
         math = capture_backward(config_from_preset(preset, device="cpu"))
@@ -517,13 +524,9 @@ def test_a_dry_run_for_a_gpu_draws_grouped_query_attention_as_the_gpu_runs_it(mo
     assert dry.memory.saved_bytes == math.memory.saved_bytes
 
 
-def test_a_dry_run_for_a_gpu_keeps_the_fused_kernel_where_heads_are_not_grouped(monkeypatch):
+def test_a_dry_run_for_a_gpu_keeps_the_fused_kernel_where_heads_are_not_grouped(auto_picks_cuda):
     """gpt2-tiny's heads are not grouped: float32 attention on CUDA is the memory-efficient kernel (as on the H200),
     and bfloat16 a fused half-precision kernel (flash named; cuDNN's on an H200, see cuda_attention_kernel)."""
-    import graphviz_core.capture.engine as engine
-
-    auto = engine.resolve_device
-    monkeypatch.setattr(engine, "resolve_device", lambda name: "cuda" if name == "auto" else auto(name))
     layers = config_from_preset("gpt2-tiny").layers
     f32 = capture_backward(config_from_preset("gpt2-tiny", device="meta"))
     half = capture_backward(config_from_preset("gpt2-tiny", device="meta", dtype="bfloat16"))

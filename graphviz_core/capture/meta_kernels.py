@@ -67,12 +67,9 @@ def cuda_attention_kernel(q: torch.Tensor, k: torch.Tensor, attn_mask, enable_gq
     telling them apart would start CUDA in this process: the two keep the same tensors for backward to a few bytes
     (llama-tiny in bfloat16: 481,588 B in the dry run, 481,572 B on the H200).
     """
-    grouped = enable_gqa and k.shape[-3] != q.shape[-3]
-    if q.dtype in HALF:
-        if attn_mask is None:
-            return "flash"
-        return "math" if grouped else "efficient"
-    return "math" if grouped else "efficient"
+    if q.dtype in HALF and attn_mask is None:
+        return "flash"
+    return "math" if enable_gqa and k.shape[-3] != q.shape[-3] else "efficient"
 
 
 @contextlib.contextmanager
@@ -171,7 +168,8 @@ def _routed_sdpa(*args, **kwargs):
 
 
 def _distributed(args: tuple) -> bool:
-    """Whether any of SDPA's tensors is a DTensor (context parallel's ring takes those: left to it)."""
+    """Whether any of SDPA's tensors is a DTensor: left to torch's own SDPA, whose sharding rules cover the fused
+    kernels (the math path's op has none)."""
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(a, DTensor) for a in args)
