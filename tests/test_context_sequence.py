@@ -5,6 +5,7 @@ gradients."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -249,3 +250,46 @@ def test_a_step_whose_attention_skipped_the_ring_is_an_error_not_figures():
     with simulation_lock(), fake_world(ParallelConfig("fsdp", 2, cp=2)) as meshes:
         with pytest.raises(RuntimeError, match="did not run as torch's ring"), sequence_sharded(meshes["cp"], [tokens]):
             assert tokens.shape == (2, 16)  # this rank's two chunks of 8 tokens
+
+
+def test_a_step_that_raises_inside_the_ring_leaves_no_ring_behind(monkeypatch):
+    """torch 2.11's context_parallel undoes its changes after its `yield`, outside any `finally`: on an H200 box with
+    torch 2.11, the ring-check test above left torch's wrapper in F.scaled_dot_product_attention, and every later
+    capture in that process failed in DTensor ("does not have a sharding strategy registered"). Here torch's own
+    context_parallel is entered the way 2.11's is written (clean-up skipped when the body raises), and the step that
+    raises still leaves F.scaled_dot_product_attention, DTensor's handlers and the swap lock as they were."""
+    import torch.distributed.tensor.experimental as experimental
+    import torch.nn.functional as F
+    from torch.distributed.tensor import DTensor
+
+    from graphviz_core.capture.meta_kernels import SDPA_SWAP_LOCK
+    from graphviz_core.parallel.context import sequence_sharded
+    from graphviz_core.parallel.world import fake_world, simulation_lock
+
+    real = experimental.context_parallel
+    held = []  # 2.13's context, kept from the collector: closing it would run the `finally` 2.11 does not have
+
+    @contextlib.contextmanager
+    def as_in_torch_2_11(*args, **kwargs):
+        held.append(real(*args, **kwargs))
+        held[-1].__enter__()
+        yield
+        held.pop().__exit__(None, None, None)  # reached only when the body did not raise
+
+    monkeypatch.setattr(experimental, "context_parallel", as_in_torch_2_11)
+    sdpa, handlers = F.scaled_dot_product_attention, DTensor._op_dispatcher._custom_op_handlers
+    tokens = torch.arange(32).expand(2, 32).contiguous()
+    with simulation_lock(), fake_world(ParallelConfig("fsdp", 2, cp=2)) as meshes:
+        with pytest.raises(RuntimeError, match="did not run as torch's ring"), sequence_sharded(meshes["cp"], [tokens]):
+            assert F.scaled_dot_product_attention is not sdpa  # the ring's wrapper, while inside
+    try:
+        assert F.scaled_dot_product_attention is sdpa
+        assert DTensor._op_dispatcher._custom_op_handlers == handlers
+        assert not SDPA_SWAP_LOCK.locked()
+    finally:
+        held.clear()  # (the context torch's 2.13 clean-up then undoes again: changes nothing once undone)
+        F.scaled_dot_product_attention = sdpa  # (before the fix: so the tests after this one are not failed by it)
+    # a plain capture with attention afterwards runs as before
+    from graphviz_core.capture.engine import capture_backward
+
+    assert capture_backward(LLAMA).summary.nodes > 0

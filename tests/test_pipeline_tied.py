@@ -3,6 +3,9 @@ with tied on): the first stage holds the weight as its embedding, the last a cop
 and one all-reduce between those two ranks sums their gradients. GPT-2's later stages run its blocks on the hidden
 states they receive, without GPT2Model adding the position embedding to them a second time."""
 
+import inspect
+
+import pytest
 import torch
 
 from graphviz_core.config import config_from_preset
@@ -72,3 +75,37 @@ def test_tied_llama_runs_under_pipelines_with_the_same_sum():
     result = simulate_layout(config, ParallelConfig("none", 2, pp=2, microbatches=2), single_device=False)
     summed = [c for c in result.collectives if c.group == "embedding"]
     assert [(c.kind, c.buffer_bytes) for c in summed] == [("all_reduce", 4 * 512 * 64)]  # V x h, float32
+
+
+def _old_keywords(real, cache_name: str, embeds_name: str, cache_position: bool):
+    """transformers' create_causal_mask as an earlier 5.x release names its keywords (5.17: `past_key_values`; the
+    first 5.x releases also `input_embeds` and a required `cache_position`), handing on to this install's function:
+    a call with the newest names fails as it does on those releases (TypeError)."""
+
+    def create_causal_mask(config, attention_mask, position_ids=None, **named):
+        assert set(named) == {embeds_name, cache_name} | ({"cache_position"} if cache_position else set()), named
+        return real(config=config, inputs_embeds=named[embeds_name], attention_mask=attention_mask, cache=None,
+                    position_ids=position_ids)
+
+    names = ["config", embeds_name, "attention_mask", cache_name, *(["cache_position"] if cache_position else [])]
+    create_causal_mask.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in names]
+        + [inspect.Parameter("position_ids", inspect.Parameter.KEYWORD_ONLY, default=None)])
+    return create_causal_mask
+
+
+@pytest.mark.parametrize(("cache_name", "embeds_name", "cache_position"),
+                         [("past_key_values", "inputs_embeds", False), ("past_key_values", "input_embeds", True)])
+def test_gpt2_hf_later_stages_build_their_mask_under_earlier_transformers_keywords(monkeypatch, cache_name,
+                                                                                    embeds_name, cache_position):
+    """pyproject allows transformers 5.0 to 5.x: 5.17's create_causal_mask takes `past_key_values` where 5.24's takes
+    `cache` (a GPU box with 5.17 failed both stage tests above with "unexpected keyword argument 'cache'"). The later
+    stage asks for the keywords its install takes, and still gives the whole model's logits."""
+    from transformers import masking_utils
+
+    real = masking_utils.create_causal_mask
+    if "cache" not in inspect.signature(real).parameters:
+        pytest.skip("this install's create_causal_mask is an earlier one already: the tests above cover it")
+    monkeypatch.setattr(masking_utils, "create_causal_mask", _old_keywords(real, cache_name, embeds_name,
+                                                                            cache_position))
+    test_gpt2_hf_stages_in_turn_compute_the_models_own_logits()

@@ -10,7 +10,7 @@ Only meta runs go elsewhere. CPU and CUDA captures measure time and reserve memo
 admission point; two at once on a shared machine would time each other.
 
 Two ways to start the other process:
-- `fork`, where this process runs no other Python thread (the CLI) and has not started CUDA: the child starts at once with everything already
+- `fork`, where this process runs no other Python thread (the CLI) and the machine has no GPU: the child starts at once with everything already
   imported, and is used for one capture;
 - a pool of worker processes started by a `forkserver` otherwise (forking a server whose other threads may hold
   locks is unsafe). The fork server imports torch and every family's `transformers` modules once (about 4 s here, in
@@ -339,10 +339,13 @@ def _started(configs: list[ModelConfig]) -> tuple[dict[int, Callable[[], Capture
     through capture_anywhere on a thread of its own (admission's queue, the run time limit, a stop that reaches the
     worker); otherwise none (they run here when asked for)."""
     elsewhere = [i for i, config in enumerate(configs) if runs_elsewhere(config)]
-    if elsewhere and threading.active_count() == 1 and torch.cuda.is_initialized():
-        # A forked child cannot use CUDA once this process has (a meta capture that mirrors CUDA's kernels starts it:
-        # "Cannot re-initialize CUDA in forked subprocess", seen on an H200 with `memory --device cuda
-        # --checkpoints`), and a fork server started for one command outlives it: they run here.
+    if elsewhere and threading.active_count() == 1 and torch.cuda.is_available():
+        # Not forked on a machine with a GPU: a forked child cannot use CUDA once this process has (a meta capture
+        # that mirrors CUDA's kernels starts it: "Cannot re-initialize CUDA in forked subprocess", seen on an H200
+        # with `memory --device cuda --checkpoints`), nor run a backward at all once this process has run one (even
+        # on the CPU, autograd then keeps a thread per GPU: "Unable to handle autograd's threading in combination
+        # with fork-based multiprocessing", `memory --checkpoints` after another capture on the H200). A fork server
+        # started for one command would outlive it: they run here.
         return {}, lambda: None
     if elsewhere and threading.active_count() == 1:
         children = ProcessPoolExecutor(max_workers=min(len(elsewhere), pool_size()),

@@ -22,16 +22,37 @@ def after_the_embeddings(model: nn.Module, hidden: torch.Tensor, positions: torc
     (`inputs_embeds + wpe(position_ids)`): Megatron-LM's GPT keeps word and position embeddings in one embedding
     module on the first stage, and so does this split. The causal mask is the one GPT2Model makes."""
     import torch
-    from transformers.masking_utils import create_causal_mask
 
     body = model.transformer
     if positions is None:
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-    mask = create_causal_mask(config=body.config, inputs_embeds=hidden, attention_mask=None, cache=None,
-                              position_ids=positions)
+    mask = causal_mask(body.config, hidden, positions)
     for block in body.h:
-        hidden = block(hidden, None, mask, None, use_cache=False, position_ids=positions)
+        # by keyword: the second and third places changed within 5.x (5.0: past_key_values, cache_position); and
+        # 5.0's block gives a tuple whose first item is the hidden states
+        hidden = block(hidden, attention_mask=mask, use_cache=False, position_ids=positions)
+        if isinstance(hidden, tuple):
+            hidden = hidden[0]
     return model.lm_head(body.ln_f(hidden))
+
+
+def causal_mask(config, hidden: torch.Tensor, positions: torch.Tensor):
+    """transformers' `create_causal_mask` for a stage's hidden states, without a cache. Its keywords changed within
+    5.x (5.24: `inputs_embeds`, `cache`; 5.17: `past_key_values`, and earlier `input_embeds` and a required
+    `cache_position`): the names this install's function takes are used."""
+    import inspect
+
+    from transformers.masking_utils import create_causal_mask
+
+    takes = inspect.signature(create_causal_mask).parameters
+    given = {"config": config, "attention_mask": None, "position_ids": positions}
+    given["inputs_embeds" if "inputs_embeds" in takes else "input_embeds"] = hidden
+    for cache in ("cache", "past_key_values"):
+        if cache in takes:
+            given[cache] = None
+    if "cache_position" in takes:
+        given["cache_position"] = positions[0]
+    return create_causal_mask(**given)
 
 
 class GPT2HF(TransformersFamily):

@@ -210,6 +210,10 @@ def build(family, config: ModelConfig) -> nn.Module:
     hf = family.hf_config(config, tf)
     _no_packed_sequences_on_meta()
     model = getattr(tf, family.auto_class).from_config(hf, dtype=TORCH_DTYPES[config.dtype])
+    # the weights the config ties (a head tied to the token embedding) shared again: transformers 5.0 leaves them two
+    # tensors when built under a meta default device (`with torch.device("meta")`, as pipeline stages are); 5.17 on
+    # ties them there too, and tying tied weights changes nothing
+    model.tie_weights()
     if family.rotary:
         _route_rotary_through_modules(model)
     if config.checkpoint == "full":

@@ -139,6 +139,7 @@ def sequence_sharded(cp_mesh, buffers: list[torch.Tensor]) -> Iterator[None]:
     before = getattr(_RING_RUNS, "count", 0)
     with (
         cpu_ring_attention(),
+        _undone_after_an_error(),
         context_parallel(cp_mesh, buffers=buffers, buffer_seq_dims=[1] * len(buffers), no_restore_buffers=set(buffers)),
     ):
         patched = F.scaled_dot_product_attention
@@ -148,6 +149,25 @@ def sequence_sharded(cp_mesh, buffers: list[torch.Tensor]) -> Iterator[None]:
                 "context parallel: the step's attention did not run as torch's ring, so its figures are not context "
                 f"parallel's (F.scaled_dot_product_attention: {_name(patched)} on entry, {_name(F.scaled_dot_product_attention)} "
                 f"now, in thread {threading.current_thread().name})")
+
+
+@contextlib.contextmanager
+def _undone_after_an_error() -> Iterator[None]:
+    """What torch's context_parallel changes, undone however its body ends. torch 2.11's context_parallel undoes its
+    changes after its `yield`, outside any `finally` (2.13's in one): a step that raised inside it (a cancel, the run
+    time limit, the ring check below) left its wrapper in F.scaled_dot_product_attention and its handlers in DTensor's
+    dispatcher for the rest of the process, and every later capture with attention then failed ("Operator
+    aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy registered", seen on
+    an H200 box with torch 2.11 after this module's ring-check test). Undone here with torch's own clean-up."""
+    from torch.distributed.tensor.experimental._context_parallel import _attention as cp_attention
+
+    sdpa = F.scaled_dot_product_attention
+    try:
+        yield
+    finally:
+        if F.scaled_dot_product_attention is not sdpa:
+            cp_attention._disable_context_parallel_dispatcher_impl()
+            F.scaled_dot_product_attention = sdpa
 
 
 def _name(function) -> str:
