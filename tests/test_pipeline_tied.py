@@ -80,7 +80,7 @@ def test_tied_llama_runs_under_pipelines_with_the_same_sum():
 def _old_keywords(real, cache_name: str, embeds_name: str, cache_position: bool):
     """transformers' create_causal_mask as an earlier 5.x release names its keywords (5.17: `past_key_values`; the
     first 5.x releases also `input_embeds` and a required `cache_position`), handing on to this install's function:
-    a call with the newest names fails as it does on those releases (TypeError)."""
+    a call with the newest names fails, as it does on those releases (there a TypeError, here the assertion)."""
 
     def create_causal_mask(config, attention_mask, position_ids=None, **named):
         assert set(named) == {embeds_name, cache_name} | ({"cache_position"} if cache_position else set()), named
@@ -101,7 +101,8 @@ def test_gpt2_hf_later_stages_build_their_mask_under_earlier_transformers_keywor
     """pyproject allows transformers 5.0 to 5.x: 5.17's create_causal_mask takes `past_key_values` where 5.24's takes
     `cache` (a GPU box with 5.17 failed both stage tests above with "unexpected keyword argument 'cache'"). The later
     stage asks for the keywords its install takes, and still gives the whole model's logits."""
-    from transformers import masking_utils
+    import transformers.models.gpt2.modeling_gpt2  # noqa: F401 - imported before the patch: it binds the function
+    from transformers import masking_utils  # at import, and GPT2Model's own forward must keep the real one
 
     real = masking_utils.create_causal_mask
     if "cache" not in inspect.signature(real).parameters:

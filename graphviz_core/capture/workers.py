@@ -333,14 +333,21 @@ def _wait(future: Future, ticket: Ticket | None, slot: int = -1) -> Capture:
                     raise
 
 
+def _has_accelerator() -> bool:
+    """A GPU or other accelerator torch can use here (CUDA, MPS, XPU); asks without starting it. autograd keeps a
+    thread per device of any such type once a backward has run. torch.accelerator from torch 2.6; CUDA alone before."""
+    accelerator = getattr(torch, "accelerator", None)
+    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+
+
 def _started(configs: list[ModelConfig]) -> tuple[dict[int, Callable[[], Capture]], Callable[[], None]]:
     """The meta dry runs among `configs`, started now elsewhere: {index: what returns its Capture}, and what to call
     once done. Forked children where no other Python thread runs (the CLI); in a server once its pool is up, each
     through capture_anywhere on a thread of its own (admission's queue, the run time limit, a stop that reaches the
     worker); otherwise none (they run here when asked for)."""
     elsewhere = [i for i, config in enumerate(configs) if runs_elsewhere(config)]
-    if elsewhere and threading.active_count() == 1 and torch.cuda.is_available():
-        # Not forked on a machine with a GPU: a forked child cannot use CUDA once this process has (a meta capture
+    if elsewhere and threading.active_count() == 1 and _has_accelerator():
+        # Not forked on a machine with a GPU (or another accelerator: Apple's MPS, Intel's XPU): a forked child cannot use CUDA once this process has (a meta capture
         # that mirrors CUDA's kernels starts it: "Cannot re-initialize CUDA in forked subprocess", seen on an H200
         # with `memory --device cuda --checkpoints`), nor run a backward at all once this process has run one (even
         # on the CPU, autograd then keeps a thread per GPU: "Unable to handle autograd's threading in combination
