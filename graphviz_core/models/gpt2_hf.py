@@ -104,6 +104,10 @@ class GPT2HF(TransformersFamily):
             n_head=config.heads,
             n_inner=config.intermediate or 4 * config.hidden,
             vocab_size=config.vocab,
+            # GPT-2's end-of-text token (its beginning and end of sequence) is the last of its vocabulary: 50,256 of
+            # 50,257. GPT2Config keeps 50,256 for any vocabulary, and transformers warns for a smaller one.
+            bos_token_id=config.vocab - 1,
+            eos_token_id=config.vocab - 1,
             n_positions=config.positions,
             resid_pdrop=0.0,
             embd_pdrop=0.0,
