@@ -38,6 +38,10 @@ RELU_FAMILY = (torch.nn.ReLU, torch.nn.ReLU6)
 FUNCTIONAL_RELUS = {torch.nn.functional.relu, torch.relu, torch.nn.functional.relu6, torch.Tensor.relu}
 MAX_DETACHED = 256  # detach calls kept between two backwards
 _ACCESSORS = ("__get__", "__set__", "__delete__")  # a tensor's attribute read (p.grad), not an op of the forward
+# ops whose output is memory nobody wrote yet (whatever bytes were there: a NaN's among them now and then), not a value
+# computed: a layer built inside the recording fills its torch.empty weights in place afterwards
+_UNWRITTEN = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided",
+                        "resize_"})
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -84,7 +88,8 @@ class _ForwardCheck(TorchFunctionMode):
         if torch.compiler.is_compiling():  # dynamo tracing a region: no check, and no graph break (the eager replay,
             return out                     # record(eager=True), checks the region's ops one by one)
         watch = self.watch
-        if not torch.is_grad_enabled() or watch.depth or getattr(func, "__name__", "") in _ACCESSORS:
+        name = getattr(func, "__name__", "")
+        if not torch.is_grad_enabled() or watch.depth or name in _ACCESSORS or name in _UNWRITTEN:
             return out
         if func in FUNCTIONAL_RELUS and not (watch.stack and isinstance(watch.stack[-1], RELU_FAMILY)):
             watch.functional_relu(out)
