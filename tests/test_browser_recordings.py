@@ -146,6 +146,9 @@ def test_a_detached_adapter_opens_at_the_node_its_cut_output_entered(page, serve
     assert [graph.nodes[c]["module"] for c in graph.successors(node)] == ["base"]
     assert "the finding's node AddBackward0 selected" in page.locator('[data-testid="stMain"]').inner_text()
     assert found["adapter.weight"]["reason"].startswith("cut by detach")
+    # the finding opened says its whole reason (the findings table above cuts a long one at its column's width)
+    said = page.locator('[data-testid="stAlert"]').filter(has_text="no-gradient at step").inner_text()
+    assert "parameter adapter.weight" in said and found["adapter.weight"]["reason"].rstrip(".") in said, said
     assert page.locator('[data-testid="stException"]').count() == 0
     page.locator("iframe").last.scroll_into_view_if_needed()
     both_sizes(page, os.path.join(SHOTS or str(tmp_path), "recordings-cut"))

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import graphviz_core
-from graphviz_core.analysis.gradient_flow import analyse, noise_scale
+from graphviz_core.analysis.gradient_flow import analyse, finding_node, noise_scale
 from graphviz_core.graph.recording import open_recording
 
 LAYERS, FAULT_LAYER, STEPS, FAULT_STEP = 12, 7, 38, 37  # the case; no example in the docs uses it
@@ -214,6 +214,13 @@ def test_forward_check_names_the_softmax_of_a_fully_masked_row(tmp_path):
     # one row of 5 keys in each of the 2 sequences is NaN; the matmul and Linear after it only carry it on
     assert forward[0]["figures"]["nan"] == 2 * 5
     assert [f["reason"] for f in findings if f["kind"] == "nonfinite-loss"] == ["the loss is nan"]
+    # placed at the node the softmax made in the step's graph (the page opens it there): SoftmaxBackward0, whose
+    # forward source line is the softmax's
+    recording = open_recording(tmp_path / "run")
+    graph = recording.step_graph(0, 0, forward[0]["backward"])
+    node = finding_node(graph, forward[0])
+    assert node == forward[0]["node_id"] and graph.nodes[node]["op"] == "SoftmaxBackward0"
+    assert forward[0]["backward"] == 0
 
 
 class _Adapted(torch.nn.Module):

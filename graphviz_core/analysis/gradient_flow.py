@@ -147,7 +147,7 @@ def _checked_step(line: dict, where: str) -> dict:
             and isinstance(losses, list) and all(text(v) for v in losses)
             and isinstance(forward, dict) and all(
                 isinstance(v, dict) and all(text(v.get(k)) for k in ("op", "module", "source"))
-                and all(count(v.get(k, 0)) for k in ("nan", "inf"))
+                and all(count(v.get(k, 0)) for k in ("nan", "inf")) and cut(v.get("at"))
                 and all(isinstance(v.get(k) or [], list) and all(_shape_ok(x) for x in v.get(k) or [])
                         for k in ("inputs", "outputs")) for v in forward.values())
             and isinstance(keys, list) and all(isinstance(k, str) for k in keys)
@@ -309,7 +309,9 @@ def _forward_findings(rank, step, line: dict, loss_bad: bool) -> list[dict]:
         found = producers.get(kind)
         if not isinstance(found, dict) or (kind == "inf" and not loss_bad):
             continue  # an inf in the forward (a -inf mask) is a finding only when the loss is not finite
+        at = found.get("at")  # the node the op made in the step's graph (capture.nonfinite), where a backward ran
         out.append({"kind": "nonfinite-forward", "step": step.step, "rank": rank, "node": found.get("op"),
+                    **({"node_id": f"{at['op']}:{at['row']}", "backward": at["backward"]} if at else {}),
                     "module": found.get("module") or "", "source": found.get("source"),
                     "reason": f"the first op whose output holds {'a NaN' if kind == 'nan' else 'an inf'} while no "
                               f"input did",

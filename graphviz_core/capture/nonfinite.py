@@ -115,6 +115,10 @@ class _ForwardCheck(TorchFunctionMode):
                     "source": where or _user_frame(), "nan": nan, "inf": inf,
                     "outputs": [list(t.shape) for t in outputs], "inputs": [list(t.shape) for t in inputs],
                 }
+                # the autograd node the op made (its backward), placed in the walked graph when a backward runs
+                made = next((t.grad_fn for t in outputs if t.grad_fn is not None), None)
+                if made is not None:
+                    watch.producer_nodes[kind] = made
         return out
 
 
@@ -148,6 +152,7 @@ class DebugWatch:
         self.relu_calls: dict[str, int] = {}  # functional ReLU calls per module in the current forward
         self.sources: dict[int, tuple] = {}
         self.producers: dict[str, dict] = {}
+        self.producer_nodes: dict[str, object] = {}  # kind -> the autograd node the producing op made
         self.losses: list = []
         self.shape_keys: list[str] = []  # per walked backward of the step: the key of its `link_shapes` line
         self.saved_of: list[dict] = []  # per walked backward: {row: its saved tensors' figures} (record_hooks)
@@ -286,6 +291,11 @@ class DebugWatch:
                         if id(node) in below and self.calls[m]["detached"] is None:
                             self.calls[m]["detached"] = _name(d)
                             self.calls[m]["after"] = at
+            for kind, made in list(self.producer_nodes.items()):  # the forward's NaN or inf op, as a node here
+                row = next((i for i, n in enumerate(probe.nodes) if n is made), None)
+                if row is not None and kind in self.producers:
+                    self.producers[kind]["at"] = {"backward": self.backwards, "row": row, "op": _name(made)}
+                    del self.producer_nodes[kind]
             for entry in self.calls.values():  # where each cut output would have entered the graph
                 if entry["after"] is not None and entry["cut"] is None and (entry["detached"] or not entry["grad"]):
                     entry["cut"] = _cut_at(probe.nodes, entry["after"], self.backwards)

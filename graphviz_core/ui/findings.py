@@ -80,8 +80,15 @@ def gradients_frame(finding: dict) -> pd.DataFrame | None:
 
 
 def show_gradients(finding: dict) -> None:
-    """The chosen finding's gradients in and out, and its saved tensors, under a caption naming its node; for one
-    inside a compiled region, how its op is named (the eager replay)."""
+    """The chosen finding in one sentence (kind, step, where, its whole reason), its gradients in and out and its
+    saved tensors under a caption naming its node; for one inside a compiled region, how its op is named (the eager
+    replay)."""
+    where = ", ".join(part for part in (
+        finding.get("parameter") and f"parameter {finding['parameter']}", finding.get("module") and
+        f"module {finding['module']}", finding.get("source") and f"made at {finding['source']}") if part)
+    reason = str(finding.get("reason") or "").rstrip(".")
+    st.info(escape_markdown(f"{finding['kind']} at step {finding.get('step', '?')}" + (f" ({where})" if where else "")
+                            + (f": {reason}." if reason else ".")))  # whole, where the table above cuts long reasons
     if finding.get("replay"):  # where the eager replay starts it (a preset's step), or how to replay (a recording)
         st.info(escape_markdown(f"Inside a compiled region: {finding['replay']}."))
     frame = gradients_frame(finding)
