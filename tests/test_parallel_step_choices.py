@@ -139,3 +139,28 @@ def test_torch_compile_is_refused_with_a_sentence_not_shown_as_an_eager_step(cap
     assert capsys.readouterr().err.strip() == (
         "graphviz-core: the ranks are simulated running the step eagerly (torch.compile is not simulated over the fake "
         "process group); turn torch.compile off to see what each rank holds.")
+
+
+def test_the_timeline_keeps_every_phase_however_short():
+    """The memory timeline is thinned to about 300 points, each window's maximum kept. Windows across the whole step
+    once left Adafactor's optimizer phase (a few ops on gpt2-tiny's FSDP rank) one point: the page drew no optimizer
+    segment beside a 277 KiB optimizer peak. Windows now stay inside one phase, each phase keeps at least 20 points (or
+    all it has), and every peak survives."""
+    from graphviz_core.parallel.memory import downsample
+
+    # 3,000 forward and 3,000 backward samples, then 7 of the optimizer's; the step's peak inside the backward
+    samples = [("forward", i) for i in range(3000)] + [("backward", 6000 - i) for i in range(3000)] + [
+        ("optimizer", 100 + i) for i in range(7)]
+    thin = downsample(samples)
+    phases = [p for p, _ in thin]
+    assert phases.count("optimizer") == 7 and thin[-7:] == tuple(samples[-7:])
+    assert phases == sorted(phases, key=["forward", "backward", "optimizer"].index)  # each phase in one piece
+    assert max(b for _, b in thin) == 6000
+    assert max(b for p, b in thin if p == "forward") == 2999  # each phase's own peak kept
+    assert 290 <= len(thin) <= 310
+
+    result = simulate_parallel(resolve_config("gpt2-tiny", optimizer="adafactor"), ParallelConfig("fsdp", 8),
+                               single_device=False)
+    drawn = [p for p, _ in result.timeline]
+    assert drawn.count("optimizer") >= 2  # a segment, not a point
+    assert max(b for _, b in result.timeline) == result.peak_bytes

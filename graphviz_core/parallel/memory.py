@@ -20,6 +20,7 @@ from graphviz_core.parallel.world import check_stopped, running_of
 PHASES = ("forward", "backward", "optimizer")
 
 
+MIN_PHASE_POINTS = 20  # a phase drawn with fewer reads as a tick
 TIMELINE_POINTS = 300  # enough for a chart; a 70B step issues ~10^5 ops
 
 
@@ -278,12 +279,23 @@ def phase_memories(peaks: PhasePeaks) -> tuple[PhaseMemory, ...]:
 
 
 def downsample(samples: list[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    """At most about TIMELINE_POINTS samples, each window's maximum kept (peaks survive the thinning), and every phase
+    kept apart: a window never spans two phases, and each phase keeps at least MIN_PHASE_POINTS of its own (or all it
+    has). Windows across the whole step once left Adafactor's short optimizer phase one point of 300, drawn as no
+    optimizer segment at all beside a 277 KiB optimizer peak."""
     if len(samples) <= TIMELINE_POINTS:
         return tuple(samples)
-    step = len(samples) / TIMELINE_POINTS
-    # Keep each window's maximum so that peaks survive the thinning.
+    runs: list[list[tuple[str, int]]] = []
+    for sample in samples:
+        if runs and runs[-1][0][0] == sample[0]:
+            runs[-1].append(sample)
+        else:
+            runs.append([sample])
     out = []
-    for i in range(TIMELINE_POINTS):
-        window = samples[int(i * step) : int((i + 1) * step)] or samples[-1:]
-        out.append(max(window, key=lambda s: s[1]))
+    for run in runs:
+        points = max(min(len(run), MIN_PHASE_POINTS), round(TIMELINE_POINTS * len(run) / len(samples)))
+        step = len(run) / points
+        for i in range(points):
+            window = run[int(i * step) : int((i + 1) * step)] or run[-1:]
+            out.append(max(window, key=lambda s: s[1]))
     return tuple(out)

@@ -346,7 +346,7 @@ def show_per_rank(result: PerRank) -> None:
                     "": name,
                     "Rank 0 (as torch laid it out)": format_bytes(measured),
                     "Closed form": format_bytes(closed) if closed is not None else "—",
-                    "Difference (padding)": format_bytes(measured - closed) if closed is not None else "—",
+                    "Rank 0 minus closed form": format_bytes(measured - closed) if closed is not None else "—",
                     "One device": format_bytes(single) if alone else "—",  # SGD's state on one device: 0 B
                 }
                 for name, measured, closed, single in rows
