@@ -109,6 +109,12 @@ def test_a_finding_opens_at_its_node_with_the_path_from_the_loss(page, server, t
     node = shown["selected"][0]
     assert graph.nodes[node]["op"] == "SqrtBackward0" and "SqrtBackward0" in shown["details"]
     assert "nodes from the loss down to it ringed in pink" in main.inner_text()
+    # the NaN's spread below the square root keeps a mark of its own beside the path: dashed, purple off the path
+    broken = [n for n, d in graph.nodes(data=True) if d.get("nonfinite")]
+    dashed = deadline_frame.evaluate("() => window.network.body.data.nodes.get().filter(n => n.shapeProperties && "
+                                     "n.shapeProperties.borderDashes && n.borderWidth === 5).map(n => n.id)")
+    assert broken and sorted(dashed) == sorted(broken)
+    assert f"the {len(broken):,} nodes with a NaN or inf gradient dashed" in main.inner_text()
     # its gradients in and out, and the tensor it saved: the hidden layer's 6 examples x 16 units, float32; its saved
     # result is sqrt(0) = 0 everywhere (0 NaN or inf); what it returned holds 6 x 16 NaN (0 / (2 * 0))
     table_box = page.locator('[data-testid="stTable"]').filter(has_text="gradient received from")

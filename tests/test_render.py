@@ -6,7 +6,7 @@ import re
 import networkx as nx
 import pytest
 
-from graphviz_core.export.render import VIS_SCRIPT, node_details, render_html, render_standalone_html
+from graphviz_core.export.render import VIS_SCRIPT, build_network, node_details, render_html, render_standalone_html
 from tests.conftest import captured
 
 
@@ -327,3 +327,20 @@ def test_graphs_side_by_side_share_one_colour_scale():
     assert fills(a)["n1"] != fills(b)["n0"]
     ends = [format_metric("grad_norm", 1.0), format_metric("grad_norm", 5.0)]
     assert colour_scale(a, "grad_norm", shared)["ticks"][::2] == ends == colour_scale(b, "grad_norm", shared)["ticks"][::2]
+
+
+def test_a_marked_set_is_drawn_dashed_beside_the_highlighted_one():
+    """A recording's finding opened at its node rings the path from the loss in pink; the nodes whose gradient held
+    a NaN keep a mark of their own (a dashed border, purple off the path, pink on it). With one mark for both, the
+    NaN nodes off the path lost their ring and finite nodes on the path got the NaN's colour (a walkthrough)."""
+    from graphviz_core.export.render import HIGHLIGHT_COLOUR, MARK_COLOUR
+
+    g = nx.DiGraph()
+    for name in ("loss", "a", "b", "c"):
+        g.add_node(name, op=name, category="elementwise", module="")
+    g.add_edges_from([("loss", "a"), ("a", "b"), ("loss", "c")])
+    nodes = {n["id"]: n for n in build_network(g, highlight={"loss", "a"}, marked={"a", "c"}).nodes}
+    assert nodes["loss"]["color"]["border"] == HIGHLIGHT_COLOUR and "shapeProperties" not in nodes["loss"]
+    assert nodes["a"]["color"]["border"] == HIGHLIGHT_COLOUR and nodes["a"]["shapeProperties"]["borderDashes"]
+    assert nodes["c"]["color"]["border"] == MARK_COLOUR and nodes["c"]["shapeProperties"]["borderDashes"]
+    assert nodes["b"]["color"]["border"] == "#333333" and nodes["b"]["borderWidth"] == 1

@@ -176,6 +176,8 @@ def compiled_details(opened: dict | None) -> list[list[str]]:
     return rows
 
 
+HIGHLIGHT_COLOUR = "#e6007e"  # a highlighted node's border: search matches, a finding's path from the loss
+MARK_COLOUR = "#7b2cbf"  # a marked node's dashed border (build_network's second set)
 NO_VALUE_COLOUR = "#e0e0e0"  # a node without the metric (time and gradient norm on `meta`): grey, not "lowest"
 DARK_TEXT, LIGHT_TEXT = "#000000", "#ffffff"  # black or white: one of them always reaches 4.58:1
 HEAT_STOPS = ((255, 255, 255), (253, 174, 97), (165, 0, 38))  # white -> orange -> dark red
@@ -307,9 +309,12 @@ def build_network(
     layout: Layout | None = None,
     level_of_detail: bool = True,
     colour_range: tuple[float, float] | None = None,
+    marked: set[str] | frozenset = frozenset(),
 ) -> Network:
     """The pyvis Network for `graph`: server-side positions, physics off, one entry per node and edge; `colour_range`
-    fixes the colour scale's ends (metric_range over graphs drawn side by side)."""
+    fixes the colour scale's ends (metric_range over graphs drawn side by side). `highlight`'s nodes get a thick pink
+    border; `marked`'s a dashed one (MARK_COLOUR; pink and dashed where a node is in both): a second set beside the
+    first, e.g. a recording's nodes whose gradient held a NaN beside the path from the loss to a finding."""
     widths = node_widths(graph)
     layout = layout or layered_layout(graph, widths=widths)
     column = _columns(layout)
@@ -342,7 +347,12 @@ def build_network(
             options["size"] = DOT_MIN + (DOT_MAX - DOT_MIN) * (size_scale[node] or 0.0)
         if node in highlight:
             options["borderWidth"] = 5
-            options["color"]["border"] = "#e6007e"
+            options["color"]["border"] = HIGHLIGHT_COLOUR
+        if node in marked:
+            options["borderWidth"] = 5
+            options["shapeProperties"] = {"borderDashes": [6, 3]}
+            if node not in highlight:
+                options["color"]["border"] = MARK_COLOUR
         net.add_node(node, **options)
     depth = {node: d for d, layer in enumerate(layout.layers) for node in layer}
     for u, v, edge in graph.edges(data=True):
@@ -386,6 +396,7 @@ def render_html(
     legend_labels: dict[str, str] | None = None,
     highlight_is_search: bool = True,
     level_of_detail: bool = True,
+    marked: set[str] | frozenset = frozenset(),
     vis_src: str | None = None,
     selected: str | None = None,
     node_links: bool = False,
@@ -401,6 +412,7 @@ def render_html(
     `hint` replaces the line on how to read a model's graph, and `legend_labels` names categories in the
     legend (by default the category names): the toy-expression page's graph has variables, not parameters.
     `highlight_is_search=False`: the highlighted nodes are not search matches (no "Next match", no zoom to them).
+    `marked`: a second set of nodes, drawn with a dashed border (build_network).
     `level_of_detail` draws less where it could not be read anyway (see LABEL_DRAW_THRESHOLD); off, every label, edge
     and arrowhead is drawn at every zoom (benchmarks/bench_fps.py compares the two).
     `vis_src`: a same-origin URL of vis-network's script (VIS_SCRIPT) to load instead of inlining its 470 KB, for
@@ -420,7 +432,7 @@ def render_html(
     widths = node_widths(graph)
     layout = layout or layered_layout(graph, aspect=aspect, widths=widths)
     net = build_network(graph, colour_by=colour_by, size_by=size_by, highlight=highlight, layout=layout,
-                        level_of_detail=level_of_detail, colour_range=colour_range)
+                        level_of_detail=level_of_detail, colour_range=colour_range, marked=marked)
     # search matches in backward order (nearest the loss first): the page opens on the first
     matches = [node for layer in layout.layers for node in layer if node in highlight] if highlight_is_search else []
     nodes, edges = net.nodes, net.edges

@@ -123,8 +123,8 @@ def placed(findings: list[dict], graph_of) -> list[tuple[dict, str]]:
 def show_recorded_graph(graph: nx.DiGraph, focus: str | None, colour: str, *, title: str, subtitle: str,
                         at: str = "", colour_range: tuple[float, float] | None = None) -> None:
     """A recorded graph on the page: every node coloured by `colour`, its details with the recorded max |value| and
-    count of NaN and inf values, and either `focus` (a finding's node) selected with the path from the loss ringed,
-    or every node whose gradient held a NaN or inf ringed."""
+    count of NaN and inf values, and either `focus` (a finding's node) selected with the path from the loss ringed and
+    every node whose gradient held a NaN or inf dashed, or those nodes ringed."""
     broken = set()
     for node, data in graph.nodes(data=True):
         if data.get("nonfinite"):
@@ -137,15 +137,18 @@ def show_recorded_graph(graph: nx.DiGraph, focus: str | None, colour: str, *, ti
     note = f"{graph.number_of_nodes():,} nodes; colour: {METRICS[colour]}{at}, white = least, dark red = most"
     if colour_range is not None:
         note += " of both steps (one scale for the two)"
-    ringed, selected = broken, None
+    ringed, marked, selected = broken, set(), None
     if focus is not None and focus in graph:
         path = path_from_loss(graph, focus)
-        ringed, selected = set(path), focus
+        ringed, marked, selected = set(path), broken, focus
         note += (f"; the finding's node {graph.nodes[focus].get('op', focus)} selected, and the {len(path):,} nodes "
                  f"from the loss down to it ringed in pink")
+        if broken:  # the NaN's spread stays in sight beside the path, in a mark of its own
+            note += f"; the {len(broken):,} nodes with a NaN or inf gradient dashed (purple, pink where on the path)"
     elif broken:
         note += f"; {len(broken):,} nodes with a NaN or inf gradient ringed in pink (grey: no finite value)"
     st.caption(escape_markdown(note))
     st.iframe(render_html(graph, title=title, subtitle=subtitle, colour_by=colour, highlight=frozenset(ringed),
-                          highlight_is_search=False, vis_src=vis_src(), selected=selected, colour_range=colour_range),
+                          marked=frozenset(marked), highlight_is_search=False, vis_src=vis_src(), selected=selected,
+                          colour_range=colour_range),
               height=790)
