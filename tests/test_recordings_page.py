@@ -200,3 +200,22 @@ def test_another_recording_opens_at_its_own_first_and_last_steps(served, monkeyp
     boxes = {s.label: s.value for s in at.selectbox}
     assert not at.exception and (boxes["Step A"], boxes["Step B"]) == (0, last)
     assert at.select_slider[0].value == 0  # the step graph's slider starts at the first step again, not at 2
+
+
+def test_a_layer_that_got_no_gradient_keeps_its_row_in_the_charts(tmp_path):
+    """The detached adapter's layer has no figure in the recording (the recorder writes one only for a gradient), so
+    the per-layer charts and the two-steps table left it out, where the page says NaN, inf and zero have colours
+    of their own (a walkthrough). Its row now says "no gradient" at every step, beside the base layer's norms."""
+    from graphviz_core.analysis.gradient_flow import no_gradient_layers
+    from tests.recorded_loops import mlp_detached_adapter
+
+    mlp_detached_adapter(tmp_path / "run", steps=2)
+    recording = open_recording(tmp_path / "run")
+    steps = recording.steps()
+    missing = no_gradient_layers(recording)
+    assert missing == {0: {"adapter"}, 1: {"adapter"}}  # adapter.weight and adapter.bias, both steps
+    for figure in ("grad_norm", "update_ratio"):
+        table = layer_table(steps, figure, missing)
+        adapter = table[table["layer"] == "adapter"]
+        assert list(adapter["step"]) == [0, 1] and set(adapter["shown"]) == {"no gradient"}
+        assert "base" in set(table["layer"]) and "adapter" not in set(layer_table(steps, figure)["layer"])

@@ -376,6 +376,17 @@ def parameter_layer(name: str) -> str:
     return layer_of(module) if module else "(model)"
 
 
+def no_gradient_layers(recording: Recording, rank: int = 0) -> dict[int, set[str]]:
+    """{step: the layers with a trainable parameter that got no gradient that step} from the debug log (the recorder
+    writes no figure for such a parameter; empty for a recording made without the per-node figures)."""
+    out: dict[int, set[str]] = {}
+    for step, line in read_debug(recording, rank).steps.items():
+        for entry in line.get("no_gradient") or []:
+            if isinstance(entry, dict) and isinstance(entry.get("parameter"), str) and entry["parameter"]:
+                out.setdefault(step, set()).add(parameter_layer(entry["parameter"]))
+    return out
+
+
 def _root_sum_squares(values: list) -> float | None:
     """sqrt of the sum of squares; None if a value is missing; NaN and inf kept (they are findings, not noise)."""
     if not values or any(v is None for v in values):

@@ -26,7 +26,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from graphviz_core.analysis.gradient_flow import analyse, layer_figures
+from graphviz_core.analysis.gradient_flow import analyse, layer_figures, no_gradient_layers
 from graphviz_core.export.render import METRICS, metric_range
 from graphviz_core.graph.recording import MANIFEST, Recording, RecordingError, open_recording
 from graphviz_core.ui.charts import show_chart
@@ -46,7 +46,8 @@ MAX_UPLOAD_BYTES = 200 * 2**20
 MAX_UNPACKED_BYTES = 1024 * 2**20
 MAX_ENTRIES = 20_000  # files and folders walked in one recording (gpt2-small's 100 steps: ~10)
 MAX_LISTED = 500
-SPECIAL = {"NaN": "#e6007e", "+inf": "#000000", "zero": "#b0b0b0"}  # the heatmaps' colours outside the log scale
+# the heatmaps' colours outside the log scale; "no gradient": a layer whose trainable parameters got none that step
+SPECIAL = {"NaN": "#e6007e", "+inf": "#000000", "zero": "#b0b0b0", "no gradient": "#ff7f0e"}
 GRAPH_METRICS = ("grad_norm", "time_s")
 HEATMAP_MARGIN_PX = 130  # the step axis, its title and the legend of colours off the scale, below the rows
 
@@ -243,16 +244,25 @@ def kind_of(value: float | None) -> str | None:
     return "zero" if value == 0 else "finite"
 
 
-def layer_table(steps: list, figure: str) -> pd.DataFrame:
-    """One row per (step, layer) of gradient_flow.layer_figures' `figure`, with where it goes in the heatmap."""
-    rows, order = [], {}
+def layer_table(steps: list, figure: str, missing: dict[int, set[str]] | None = None) -> pd.DataFrame:
+    """One row per (step, layer) of gradient_flow.layer_figures' `figure`, with where it goes in the heatmap; and
+    one "no gradient" row for each layer of `missing` (gradient_flow.no_gradient_layers) without a figure that step
+    (a detached or unused layer has none, and would otherwise be left out of the charts)."""
+    rows, order, seen = [], {}, set()
     for step, layer, value in layer_figures(steps, figure):
         order.setdefault(layer, len(order))
+        seen.add((step, layer))
         kind = kind_of(value)
         if kind is not None:
             rows.append({"step": step, "layer": layer, "kind": kind, "order": order[layer],
                          "value": value if kind == "finite" else None,
                          "shown": f"{value:.4g}" if kind == "finite" else kind})
+    for step in steps:
+        for layer in sorted((missing or {}).get(step.step, ())):
+            if (step.step, layer) not in seen:
+                order.setdefault(layer, len(order))
+                rows.append({"step": step.step, "layer": layer, "kind": "no gradient", "order": order[layer],
+                             "value": None, "shown": "no gradient"})
     return pd.DataFrame(rows, columns=["step", "layer", "kind", "order", "value", "shown"])
 
 
@@ -338,20 +348,27 @@ def _show(recording: Recording) -> None:
             "line)."))
     st.subheader("Gradient norm per layer")
     st.caption("The L2 norm of each layer's whole gradient as the optimizer stepped with it (unscaled under a "
-               "GradScaler). NaN, +inf and zero are drawn in their own colours.")
-    _show_heatmap(heatmap(layer_table(steps, "grad_norm"), "gradient norm"))
+               "GradScaler). NaN, +inf, zero and no gradient at all (a layer detached or never run) are drawn in "
+               "their own colours.")
+    missing = _no_gradient(str(recording.path), _signature(recording.path), rank)
+    _show_heatmap(heatmap(layer_table(steps, "grad_norm", missing), "gradient norm"))
     st.subheader("Update / weight ratio per layer")
     st.caption("How far each optimizer step moved a layer's weights: the norm of the change over the norm of the "
                "weights before it. Empty where a step had no update (closed by hand) or the weights were all zero.")
-    _show_heatmap(heatmap(layer_table(steps, "update_ratio"), "update / weight"))
+    _show_heatmap(heatmap(layer_table(steps, "update_ratio", missing), "update / weight"))
     _show_findings(recording, rank)
     _step_graph(recording, steps, rank)
-    _two_steps(recording, steps, rank)
+    _two_steps(recording, steps, rank, missing)
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _findings(path: str, signature: tuple) -> list[dict]:
     return analyse(_opened(path, signature))["findings"]
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _no_gradient(path: str, signature: tuple, rank: int) -> dict[int, set[str]]:
+    return no_gradient_layers(_opened(path, signature), rank)
 
 
 def _graph_of(recording: Recording, finding: dict, rank: int):
@@ -420,7 +437,7 @@ def _step_graph(recording: Recording, steps: list, rank: int) -> None:
                         subtitle=f"recorded rank {rank}", at=f" at step {step}")
 
 
-def _two_steps(recording: Recording, steps: list, rank: int) -> None:
+def _two_steps(recording: Recording, steps: list, rank: int, missing: dict[int, set[str]]) -> None:
     if len(steps) < 2:
         return
     st.subheader("Two steps side by side")
@@ -432,7 +449,7 @@ def _two_steps(recording: Recording, steps: list, rank: int) -> None:
     for label, number in (("A", a), ("B", b)):
         chosen = [s for s in steps if s.step == number]
         for figure, title in (("grad_norm", "gradient norm"), ("update_ratio", "update / weight")):
-            for _, r in layer_table(chosen, figure).iterrows():
+            for _, r in layer_table(chosen, figure, missing).iterrows():
                 table.setdefault(r["layer"], {})[f"{title}, step {number} ({label})"] = r["shown"]
     frame = pd.DataFrame.from_dict(table, orient="index").fillna("n/a")
     frame.index.name = "layer"
