@@ -63,6 +63,9 @@ def test_the_per_rank_chart_reads_in_gib_once_a_rank_holds_gibibytes():
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     timeline = next(s for s in specs if s.get("mark", {}).get("type", s.get("mark")) == "line")
     assert timeline["encoding"]["y"]["title"] == "GiB live on rank 0"  # it read "MiB live on rank 0", up to ~2,000
+    # its tooltip rounds to 3 decimals with thousands separators (it showed "MiB live on rank 0 1.09087371826")
+    tip = {t["field"]: t for t in timeline["encoding"]["tooltip"]}
+    assert tip["GiB"]["format"] == ",.3f" and tip["GiB"]["title"] == "GiB live on rank 0" and "phase" in tip
 
 
 def test_pipeline_fields_add_a_tab_of_stages():

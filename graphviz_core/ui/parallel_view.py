@@ -400,6 +400,8 @@ def _show_phases(result: PerRank) -> None:
                 x=alt.X("step:Q", title="ops, in order (sampled)"),
                 y=alt.Y(f"{unit}:Q", title=f"{unit} live on rank 0"),
                 color=alt.Color("phase:N", sort=["forward", "backward", "optimizer"]),
+                tooltip=[alt.Tooltip("phase:N"), alt.Tooltip(f"{unit}:Q", title=f"{unit} live on rank 0",
+                                                             format=",.3f")],
             )
             .properties(height=220),
         )
