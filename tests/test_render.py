@@ -114,7 +114,7 @@ def test_a_metric_that_was_not_measured_is_grey_and_said_so():
     graph = capture_backward(config_from_preset("gpt2-tiny", device="meta")).graph  # meta runs no kernels: no time
     html = render_html(graph, colour_by="time_s")
     assert 'id="scale-min"' not in html
-    assert f"no value: {graph.number_of_nodes()} nodes (none measured on this device)" in html
+    assert f"no finite value: {graph.number_of_nodes()} nodes (none measured on this device)" in html
     assert {n["color"]["background"] for n in graph_data(html)["nodes"]} == {"#e0e0e0"}
 
 
@@ -344,3 +344,14 @@ def test_a_marked_set_is_drawn_dashed_beside_the_highlighted_one():
     assert nodes["a"]["color"]["border"] == HIGHLIGHT_COLOUR and nodes["a"]["shapeProperties"]["borderDashes"]
     assert nodes["c"]["color"]["border"] == MARK_COLOUR and nodes["c"]["shapeProperties"]["borderDashes"]
     assert nodes["b"]["color"]["border"] == "#333333" and nodes["b"]["borderWidth"] == 1
+
+
+def test_a_nan_metric_is_counted_as_no_finite_value():
+    """A recorded step whose gradient held NaN: those nodes are drawn grey, off the colour scale, and the legend counts
+    them as having no finite value (it said "no value", as if nothing had been measured)."""
+    g = nx.DiGraph()
+    for name, norm in (("loss", 1.0), ("a", float("nan")), ("b", 0.5)):
+        g.add_node(name, op=name, category="elementwise", module="", saved_bytes=0, flops=0, time_s=None, grad_norm=norm)
+    g.add_edges_from([("loss", "a"), ("a", "b")])
+    html = render_html(g, colour_by="grad_norm")
+    assert "no finite value: 1 node<" in html.replace("</div>", "<")

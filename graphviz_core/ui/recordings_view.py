@@ -272,7 +272,7 @@ def heatmap(table: pd.DataFrame, title: str) -> alt.LayerChart:
     height = max(120, min(18 * len(layers), 720))
     base = alt.Chart(table).encode(
         x=alt.X("step:O", title="optimizer step", axis=alt.Axis(labelAngle=0)),
-        y=alt.Y("layer:N", sort=layers, title=None),
+        y=alt.Y("layer:N", sort=layers, title="layer"),
         tooltip=[alt.Tooltip("layer:N"), alt.Tooltip("step:O"), alt.Tooltip("shown:N", title=title)])
     finite = base.transform_filter(alt.datum.kind == "finite").mark_rect().encode(
         color=alt.Color("value:Q", scale=alt.Scale(type="log", scheme="viridis"), title=[title, "(log scale)"]))
