@@ -28,13 +28,21 @@ def team_url():
         yield url
 
 
-def _run_config(page, **fields):
+def _fill_config(page, **fields):
     labels = {"layers": "Layers", "batch": "Batch", "seq": "Sequence length", "seed": "Random seed"}
     sidebar = page.locator('[data-testid="stSidebar"]')
     for name, value in fields.items():
         box = sidebar.get_by_label(labels[name], exact=True)
         box.fill(str(value))
-    sidebar.get_by_role("button", name="Run backward pass").click()
+
+
+def _press_run(page):
+    page.locator('[data-testid="stSidebar"]').get_by_role("button", name="Run backward pass").click()
+
+
+def _run_config(page, **fields):
+    _fill_config(page, **fields)
+    _press_run(page)
 
 
 def _waiting_box(page):
@@ -48,9 +56,13 @@ def test_a_second_person_sees_the_queue_cancels_and_a_running_capture_stops_at_c
     for p in (page, second_page):
         p.goto(team_url)
         graph_frame(p, tiny)
+    # person B's form filled first, so that B asks while A's capture surely runs: in one fresh-clone run B never saw
+    # "1 ahead of you" in 30 s (passed alone, twice); the likeliest reading is that B's four fields, filled after A
+    # started, took long enough beside the other worker's tests for A's ~6 s capture to end, and B then ran at once
+    _fill_config(second_page, **SLOW, seed=2)
     _run_config(page, **SLOW)  # person A: a slow capture starts running
     page.get_by_role("button", name="Cancel").wait_for(timeout=30_000)
-    _run_config(second_page, **SLOW, seed=2)  # person B: another slow one; both do not fit the budget together
+    _press_run(second_page)  # person B: another slow one; both do not fit the budget together
     _waiting_box(second_page).get_by_text("1 ahead of you").wait_for(timeout=30_000)
     second_page.screenshot(path=tmp_path / "queue-waiting.png")
     second_page.get_by_role("button", name="Cancel").click()  # B gives up while waiting
