@@ -62,8 +62,14 @@ def test_a_second_person_sees_the_queue_cancels_and_a_running_capture_stops_at_c
     _fill_config(second_page, **SLOW, seed=2)
     _run_config(page, **SLOW)  # person A: a slow capture starts running
     page.get_by_role("button", name="Cancel").wait_for(timeout=30_000)
+    seed = second_page.locator('[data-testid="stSidebar"]').get_by_label("Random seed", exact=True)
+    assert seed.input_value() == "2"  # B asks for another config than A's (the same one would join A's capture)
     _press_run(second_page)  # person B: another slow one; both do not fit the budget together
-    _waiting_box(second_page).get_by_text("1 ahead of you").wait_for(timeout=30_000)
+    try:  # (90 s: a server drawing two pages beside A's capture on a loaded machine can take long to draw B's line)
+        _waiting_box(second_page).get_by_text("1 ahead of you").wait_for(timeout=90_000)
+    except Exception:  # what B's page shows instead, and A's
+        said = [p.locator('[data-testid="stMain"]').inner_text()[:600] for p in (second_page, page)]
+        raise AssertionError(f"B never waited behind A; B's page: {said[0]!r}; A's page: {said[1]!r}") from None
     second_page.screenshot(path=tmp_path / "queue-waiting.png")
     second_page.get_by_role("button", name="Cancel").click()  # B gives up while waiting
     second_page.get_by_text("Capture cancelled.").wait_for(timeout=15_000)
