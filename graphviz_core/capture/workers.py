@@ -347,8 +347,8 @@ def _started(configs: list[ModelConfig]) -> tuple[dict[int, Callable[[], Capture
     worker); otherwise none (they run here when asked for)."""
     elsewhere = [i for i, config in enumerate(configs) if runs_elsewhere(config)]
     if elsewhere and threading.active_count() == 1 and _has_accelerator():
-        # Not forked on a machine with a GPU (or another accelerator: Apple's MPS, Intel's XPU): a forked child cannot use CUDA once this process has (a meta capture
-        # that mirrors CUDA's kernels starts it: "Cannot re-initialize CUDA in forked subprocess", seen on an H200
+        # Not forked on a machine with a GPU (or another accelerator: Apple's MPS, Intel's XPU): a forked child cannot
+        # use CUDA once this process has (a meta capture that mirrors CUDA's kernels starts it: "Cannot re-initialize CUDA in forked subprocess", seen on an H200
         # with `memory --device cuda --checkpoints`), nor run a backward at all once this process has run one (even
         # on the CPU, autograd then keeps a thread per GPU: "Unable to handle autograd's threading in combination
         # with fork-based multiprocessing", `memory --checkpoints` after another capture on the H200). A fork server

@@ -4,6 +4,7 @@ totals after every op (per-phase and per-layer peaks, a timeline) and counts eac
 
 from __future__ import annotations
 
+import itertools
 import threading
 from dataclasses import dataclass
 
@@ -285,12 +286,7 @@ def downsample(samples: list[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
     optimizer segment at all beside a 277 KiB optimizer peak."""
     if len(samples) <= TIMELINE_POINTS:
         return tuple(samples)
-    runs: list[list[tuple[str, int]]] = []
-    for sample in samples:
-        if runs and runs[-1][0][0] == sample[0]:
-            runs[-1].append(sample)
-        else:
-            runs.append([sample])
+    runs = [list(run) for _, run in itertools.groupby(samples, key=lambda s: s[0])]  # each phase's samples in order
     out = []
     for run in runs:
         points = max(min(len(run), MIN_PHASE_POINTS), round(TIMELINE_POINTS * len(run) / len(samples)))
