@@ -3,7 +3,7 @@
 import pytest
 
 from graphviz_core.export.render import render_html
-from tests.conftest import SIZES, captured
+from tests.conftest import SIZES, captured, first_drawn
 
 pytestmark = pytest.mark.browser
 
@@ -14,7 +14,7 @@ def open_graph(page, tmp_path, html: str, width: int = 1280, height: int = 800):
     path = tmp_path / "graph.html"
     path.write_text(html)
     page.goto(path.as_uri())
-    page.wait_for_function("window.__firstDrawMs !== undefined", timeout=60_000)
+    first_drawn(page, 60_000)
 
 
 def whole_on_screen(page, selector: str, width: int, height: int) -> bool:
