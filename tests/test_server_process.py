@@ -177,12 +177,20 @@ def _start_workers(browser, url: str, proc) -> set[int]:
     return _descendants(proc.pid)
 
 
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return ""
+
+
 def _starting_workers(proc) -> set[int]:
-    """The server's processes once its fork server is up and before any worker is (the fork server imports torch and
-    every family's modules first: seconds): multiprocessing's resource tracker and the fork server."""
+    """The server's processes once its fork server runs its own program and before any worker is up (the fork server
+    imports torch and every family's modules first: seconds): multiprocessing's resource tracker and the fork server.
+    Counting two descendants was not enough: a child forked a moment before it runs the fork server's program still
+    reads as the server (one fresh-clone run found two processes, neither holding the fork server's socket)."""
     deadline = time.monotonic() + 120
-    while len(_descendants(proc.pid)) < 2:
-        assert time.monotonic() < deadline, _descendants(proc.pid)
+    while not any("multiprocessing.forkserver" in _cmdline(pid) for pid in _descendants(proc.pid)):
+        assert time.monotonic() < deadline, {pid: _cmdline(pid)[:120] for pid in _descendants(proc.pid)}
         time.sleep(0.05)
     found = _descendants(proc.pid)
     assert len(found) == 2, f"workers already up: {found}"  # else this is the idle case again
@@ -213,8 +221,7 @@ def _fork_server_folder(pids: set[int], proc=None, wait_s: float = 15) -> Path:
     seen = {}
     for pid in pids:
         with contextlib.suppress(OSError):
-            seen[pid] = (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:160].decode(errors="replace"),
-                         sorted(os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()))
+            seen[pid] = (_cmdline(pid)[:160], sorted(os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()))
     log = proc.log.read_text(errors="replace")[-2000:] if proc is not None else ""
     raise AssertionError(f"no fork server socket among {pids} in {wait_s} s: {seen}; the server's log: {log}")
 
