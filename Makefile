@@ -53,11 +53,11 @@ serve: $(STAMP) $(VIS_STATIC)
 # the servers and CLI runs they start): two workers on two cores already fill the machine, and torch's threads then
 # wait on each other (1,000 recorded steps of a tiny GPT-2 with two other busy processes: 44.3 s with torch's default
 # threads, 20.5 s with one; 11.7 s on a quiet machine).
-# PYTHONDONTWRITEBYTECODE emptied for the run (where the environment sets it, as this machine's shell does): the set-up compiles no bytecode
-# (--no-compile above), and the suite starts over a hundred Python processes (CLI runs, servers, fork servers), each of
-# which would otherwise compile every module it imports from source, torch's and streamlit's among them (importing
-# torch, transformers and streamlit: 2.1 s from bytecode, 4.3 s from source). The first process to import a module
-# writes its bytecode into .venv and the checkout; every later one reads it.
+# PYTHONDONTWRITEBYTECODE emptied for the run, where the environment sets it (this machine's shell does): the set-up
+# compiles no bytecode (--no-compile above), and the suite starts over a hundred Python processes (CLI runs, servers,
+# fork servers), each of which would otherwise compile every module it imports from source, torch's and streamlit's
+# among them (importing torch, transformers and streamlit: 2.1 s from bytecode, 4.3 s from source). The first process
+# to import a module writes its bytecode into .venv and the checkout; every later one reads it.
 TEST_WORKERS ?= 2
 TEST_THREADS ?= 1
 test: $(STAMP) $(VIS_STATIC) chromium graphviz
