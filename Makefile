@@ -63,7 +63,7 @@ TEST_THREADS ?= 1
 test: $(STAMP) $(VIS_STATIC) chromium graphviz
 	$(VENV)/bin/ruff check graphviz_core pages app.py tests benchmarks
 	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=$(TEST_THREADS) MKL_NUM_THREADS=$(TEST_THREADS) \
-		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
+		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check graphviz_core pages app.py tests benchmarks

@@ -341,34 +341,10 @@ def explorer_tab(tab: str, timeout: int = 120, **params: str):
 # ---- running in parallel: `make test` runs two pytest-xdist workers, one test file each at a time (--dist loadfile) --
 
 
-# The longest files (20-70 s each in a fresh-clone run), started early so that none of them is what one worker still
-# runs after the other has finished.
-LONG_FILES = ("test_server_process.py", "test_browser_recordings.py", "test_planner_grid.py", "test_browser_fits_laptop.py",
-              "test_planner.py", "test_browser_server.py", "test_browser_pipeline_context_sequence.py",
-              "test_gradient_flow.py", "test_browser_parallel_inputs.py", "test_debug_rules.py", "test_parallel_matrix.py",
-              "test_pipeline.py", "test_serving.py", "test_browser_parallel_lora.py")
-
-
 def pytest_collection_modifyitems(config, items):
-    """The order in which `make test`'s workers take the files (`--dist loadfile --no-loadscope-reorder`: a worker takes
-    the next file whenever it finishes one). The README and docs commands first (one file, minutes, its blocks sharing
-    files under /tmp), so that one worker starts on them at once; then files that keep the processor busy (captures,
-    simulations) spread evenly among the browser files, which wait a good part of their time (a page drawing, a window
-    resized, a server stopping); in each kind the longest files first. xdist's own order, most tests first, left the
-    browser files to the last half of the run, where both workers often waited at once: 12% of the two cores idle."""
-    files: dict = {}
-    for item in items:
-        files.setdefault(item.path, []).append(item)
-    docs = [path for path in files if path.name == "test_docs_commands.py"]
-    waiting = [path for path in files if path not in docs and any(i.get_closest_marker("browser") for i in files[path])]
-    busy = [path for path in files if path not in docs and path not in waiting]
-
-    def spread(paths: list) -> list:  # each file with its place along the run, 0 to 1, longest first
-        paths = sorted(paths, key=lambda p: p.name not in LONG_FILES)  # stable
-        return [((i + 0.5) / len(paths), path) for i, path in enumerate(paths)]
-
-    order = docs + [path for _, path in sorted(spread(busy) + spread(waiting), key=lambda pair: pair[0])]
-    items[:] = [item for path in order for item in files[path]]
+    """The README and docs commands (one file, minutes, its blocks sharing files under /tmp) first, so that under
+    `-n 2 --dist loadfile` one worker starts on them at once while the other takes every other file in turn."""
+    items.sort(key=lambda item: item.path.name != "test_docs_commands.py")  # stable: the rest keep their order
 
 
 def first_drawn(page, timeout_ms: int = 30_000) -> None:

@@ -209,3 +209,32 @@ def test_workers_do_not_run_the_main_script_again(monkeypatch, tmp_path):
         pool.shut_down()
     assert sys.modules["__main__"] is main  # what a script run installed is left in place
     assert not list(ran.iterdir()), sorted(path.name for path in ran.iterdir())
+
+
+def test_the_pool_starts_every_worker_even_when_the_first_answers_at_once(monkeypatch):
+    """ProcessPoolExecutor starts another worker for a call only when no worker is idle. The pool's first calls (one
+    per worker) once returned at once: under load the first worker had answered before the second call was submitted,
+    sat idle, and the pool ran one worker instead of two (a fresh-clone run found the fork server and one worker, 120 s
+    after the first dry run). Here the second call is submitted 3 s after the first, which always gave one worker
+    before: each first call is now held until every worker has answered."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    class SlowSecondCall(ProcessPoolExecutor):
+        calls = 0
+
+        def submit(self, *args, **kwargs):
+            SlowSecondCall.calls += 1
+            if SlowSecondCall.calls == 2:
+                time.sleep(3)  # the first worker has started and answered (the fork server imported first)
+            return super().submit(*args, **kwargs)
+
+    monkeypatch.setattr(processes, "ProcessPoolExecutor", SlowSecondCall)
+    monkeypatch.setenv(processes.PROCESSES_ENV, "2")
+    pool = processes._Pool()
+    try:
+        pool.ready()  # starts it in the background
+        assert pool.wait_ready(POOL_START_S), "the worker processes did not answer"
+        executor = pool.ready()
+        assert SlowSecondCall.calls == 2 and len(executor._processes) == 2, executor._processes
+    finally:
+        pool.shut_down()

@@ -85,20 +85,35 @@ def runs_elsewhere(config: ModelConfig) -> bool:
 
 
 _STOP = None  # in a worker process: the array of stop flags the server shares with its workers
+_CHECKED_IN = None  # in a worker process: how many of its pool's workers have answered the pool's first call
 SERVER_GONE_POLL_S = 1.0  # how often a worker looks whether the server that started it is still there
+CHECK_IN_WAIT_S = 120.0  # how long a worker holds its first call for the others (the fork server may import first)
 
 
-def _worker_start(flags, server_pid: int) -> None:
+def _worker_start(flags, server_pid: int, checked_in=None) -> None:
     """A worker's initializer: keep the server's stop flags, leave Ctrl-C to the server (which stops its workers
     itself; a KeyboardInterrupt here printed a traceback per worker), and exit once the server is gone.
 
     A worker outliving its server (killed with SIGKILL, or out of memory) would wait forever: it holds the write end
     of its own task queue, so it never reads an end of file there, and the fork server stays up while one of its
     children does. Both then held their memory (torch, transformers) and the fork server's socket indefinitely."""
-    global _STOP
-    _STOP = flags
+    global _STOP, _CHECKED_IN
+    _STOP, _CHECKED_IN = flags, checked_in
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with, args=(server_pid,), name="server-watch", daemon=True).start()
+
+
+def _check_in(workers: int) -> int:
+    """The pool's first call, one per worker: counted, then held until all `workers` have answered (or the server
+    stops them, or CHECK_IN_WAIT_S passes). ProcessPoolExecutor starts another worker for a call only when none is
+    idle, and a worker that answered at once was idle by the next call: the pool then ran one worker where it was
+    asked for two (a fresh-clone test run found one worker beside the fork server, 120 s after the first dry run)."""
+    with _CHECKED_IN.get_lock():
+        _CHECKED_IN.value += 1
+    deadline = time.monotonic() + CHECK_IN_WAIT_S
+    while _CHECKED_IN.value < workers and time.monotonic() < deadline and not any(_STOP):
+        time.sleep(0.02)
+    return os.getpid()
 
 
 def _exit_with(server_pid: int) -> None:
@@ -177,8 +192,9 @@ class _Pool:
                 context.set_forkserver_preload(PRELOAD)
                 if self._stop is None:
                     self._stop = context.RawArray("b", STOP_SLOTS)
-                self._executor = ProcessPoolExecutor(max_workers=pool_size(), mp_context=context,
-                                                     initializer=_worker_start, initargs=(self._stop, os.getpid()))
+                self._executor = ProcessPoolExecutor(
+                    max_workers=pool_size(), mp_context=context, initializer=_worker_start,
+                    initargs=(self._stop, os.getpid(), context.Value("i", 0)))
                 threading.Thread(target=self._start, args=(self._executor,), name="meta-pool", daemon=True).start()
             return self._executor if self._ready.is_set() else None
 
@@ -213,13 +229,14 @@ class _Pool:
         return self._ready.is_set()
 
     def _start(self, executor: ProcessPoolExecutor) -> None:
-        try:  # one call per worker starts them all (each submit spawns one while there are fewer than the maximum)
+        try:  # one call per worker starts them all: each is held until every worker has answered (_check_in), so
+            # that no worker is idle when the next call is submitted and each submit spawns one more
             futures = []
             for _ in range(pool_size()):
                 with self._lock:
                     if self._executor is not executor:  # shut down meanwhile: launch no more
                         return
-                futures.append(executor.submit(os.getpid))
+                futures.append(executor.submit(_check_in, pool_size()))
             self._spawned.set()
             for future in futures:
                 future.result()
