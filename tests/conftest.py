@@ -346,14 +346,3 @@ def pytest_collection_modifyitems(config, items):
     `-n 2 --dist loadfile` one worker starts on them at once while the other takes every other file in turn."""
     items.sort(key=lambda item: item.path.name != "test_docs_commands.py")  # stable: the rest keep their order
 
-
-def first_drawn(page, timeout_ms: int = 30_000) -> None:
-    """Wait until the graph page has drawn once (its `window.__firstDrawMs`). Polled from here: Playwright's
-    wait_for_function re-evaluates a string predicate with eval inside the page, which the page's Content Security
-    Policy (no 'unsafe-eval') refuses whenever the first try was too early (a fresh-clone failure, 'EvalError')."""
-    import time
-
-    deadline = time.monotonic() + timeout_ms / 1000
-    while page.evaluate("window.__firstDrawMs === undefined"):
-        assert time.monotonic() < deadline, f"the graph was not drawn within {timeout_ms} ms"
-        page.wait_for_timeout(100)

@@ -4,9 +4,10 @@ from urllib.parse import urlparse
 
 import pytest
 
+from graphviz_core.export.formats import wait_until_drawn
 from graphviz_core.export.render import render_html, render_standalone_html
 from graphviz_core.ui.browser_harness import graph_frame
-from tests.conftest import captured, first_drawn
+from tests.conftest import captured
 
 pytestmark = pytest.mark.browser
 
@@ -97,7 +98,7 @@ def test_hostile_labels_show_as_text_and_run_no_script(page, tmp_path):
     path = tmp_path / "evil.html"
     path.write_text(render_html(graph, title=evil, subtitle=evil))
     page.goto(path.as_uri())
-    first_drawn(page)
+    wait_until_drawn(page, 30_000)
     page.evaluate(f"window.showDetails({node!r})")
     assert page.evaluate("window.__xss") is None
     assert page.locator("#details").inner_text().count(evil) == 2  # op and module, as literal text
@@ -119,7 +120,7 @@ def test_a_48_layer_gpt2_renders_every_node(page, tmp_path):
     path = tmp_path / "deep.html"
     path.write_text(render_html(capture.graph))
     page.goto(path.as_uri())
-    first_drawn(page, 60_000)
+    wait_until_drawn(page, 60_000)
     assert page.evaluate("window.network.body.data.nodes.length") == capture.summary.nodes
 
 
@@ -167,5 +168,5 @@ def test_hovering_a_node_shows_its_tooltip_and_leaving_hides_it_without_errors(p
     path = tmp_path / "standalone.html"
     path.write_text(render_standalone_html(capture))
     page.goto(path.as_uri())
-    first_drawn(page)
+    wait_until_drawn(page, 30_000)
     assert "category: loss" in hover_and_leave(page, page.main_frame, node)

@@ -3,9 +3,10 @@
 
 import pytest
 
+from graphviz_core.export.formats import wait_until_drawn
 from graphviz_core.export.render import render_standalone_html
 from graphviz_core.ui.browser_harness import graph_frame
-from tests.conftest import LAPTOP, SIZES, at_laptop, captured, each_size, first_drawn, idle
+from tests.conftest import LAPTOP, SIZES, at_laptop, captured, each_size, idle
 
 pytestmark = pytest.mark.browser
 
@@ -81,7 +82,7 @@ def test_an_exported_page_opens_with_no_node_cut_or_under_the_legend(page, tmp_p
     path = tmp_path / f"{preset}.html"
     path.write_text(render_standalone_html(captured(preset)))
     page.goto(path.as_uri())
-    first_drawn(page, 60_000)
+    wait_until_drawn(page, 60_000)
     page.screenshot(path=str(tmp_path / f"{preset}-{page.size}.png"))
     assert page.evaluate(CUT_NODES) == [], f"nodes cut at the pane's edge at {page.size}"
     assert page.evaluate(UNDER_LEGEND) == [], f"nodes under the legend column at {page.size}"
@@ -169,7 +170,7 @@ def test_a_png_of_the_view_with_shape_ops_hidden_reads_top_to_bottom_whole(page,
     page.set_viewport_size({"width": PNG_SIZE[0], "height": height})
     (tmp_path / "view.html").write_text(html)
     page.goto((tmp_path / "view.html").as_uri())
-    first_drawn(page, 60_000)
+    wait_until_drawn(page, 60_000)
     page.evaluate("() => window.network.fit({animation: false})")
     page.screenshot(path=str(tmp_path / "fitted.png"))
     assert page.evaluate("window.network.getScale()") >= MIN_FIT_SCALE

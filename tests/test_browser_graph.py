@@ -2,8 +2,9 @@
 
 import pytest
 
+from graphviz_core.export.formats import wait_until_drawn
 from graphviz_core.export.render import render_html
-from tests.conftest import SIZES, captured, first_drawn
+from tests.conftest import SIZES, captured
 
 pytestmark = pytest.mark.browser
 
@@ -14,7 +15,7 @@ def open_graph(page, tmp_path, html: str, width: int = 1280, height: int = 800):
     path = tmp_path / "graph.html"
     path.write_text(html)
     page.goto(path.as_uri())
-    first_drawn(page, 60_000)
+    wait_until_drawn(page, 60_000)
 
 
 def whole_on_screen(page, selector: str, width: int, height: int) -> bool:

@@ -382,7 +382,7 @@ def no_gradient_layers(recording: Recording, rank: int = 0) -> dict[int, set[str
     out: dict[int, set[str]] = {}
     for step, line in read_debug(recording, rank).steps.items():
         for entry in line.get("no_gradient") or []:
-            if isinstance(entry, dict) and isinstance(entry.get("parameter"), str) and entry["parameter"]:
+            if entry.get("parameter"):  # read_debug checked each entry: a dict, its parameter a name or None
                 out.setdefault(step, set()).add(parameter_layer(entry["parameter"]))
     return out
 

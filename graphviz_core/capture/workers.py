@@ -90,7 +90,7 @@ SERVER_GONE_POLL_S = 1.0  # how often a worker looks whether the server that sta
 CHECK_IN_WAIT_S = 120.0  # how long a worker holds its first call for the others (the fork server may import first)
 
 
-def _worker_start(flags, server_pid: int, checked_in=None) -> None:
+def _worker_start(flags, server_pid: int, checked_in) -> None:
     """A worker's initializer: keep the server's stop flags, leave Ctrl-C to the server (which stops its workers
     itself; a KeyboardInterrupt here printed a traceback per worker), and exit once the server is gone.
 
@@ -365,11 +365,11 @@ def _started(configs: list[ModelConfig]) -> tuple[dict[int, Callable[[], Capture
     elsewhere = [i for i, config in enumerate(configs) if runs_elsewhere(config)]
     if elsewhere and threading.active_count() == 1 and _has_accelerator():
         # Not forked on a machine with a GPU (or another accelerator: Apple's MPS, Intel's XPU): a forked child cannot
-        # use CUDA once this process has (a meta capture that mirrors CUDA's kernels starts it: "Cannot re-initialize CUDA in forked subprocess", seen on an H200
-        # with `memory --device cuda --checkpoints`), nor run a backward at all once this process has run one (even
-        # on the CPU, autograd then keeps a thread per GPU: "Unable to handle autograd's threading in combination
-        # with fork-based multiprocessing", `memory --checkpoints` after another capture on the H200). A fork server
-        # started for one command would outlive it: they run here.
+        # use CUDA once this process has (a meta capture that mirrors CUDA's kernels starts it: "Cannot re-initialize
+        # CUDA in forked subprocess", seen on an H200 with `memory --device cuda --checkpoints`), nor run a backward at
+        # all once this process has run one (even on the CPU, autograd then keeps a thread per GPU: "Unable to handle
+        # autograd's threading in combination with fork-based multiprocessing", `memory --checkpoints` after another
+        # capture on the H200). A fork server started for one command would outlive it: they run here.
         return {}, lambda: None
     if elsewhere and threading.active_count() == 1:
         children = ProcessPoolExecutor(max_workers=min(len(elsewhere), pool_size()),

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Mapping
 
 import networkx as nx
@@ -272,6 +273,18 @@ def to_png(page_html: str, *, width: int = PNG_SIZE[0], height: int = PNG_SIZE[1
         return pool.submit(_photograph, page_html, width, height, scale).result()
 
 
+def wait_until_drawn(page, timeout_ms: int) -> None:
+    """Wait until a graph page (render.render_html's) has drawn once: its `window.__firstDrawMs` is set. Asked from
+    here every 100 ms: Playwright's wait_for_function asks again with eval inside the page, which the page's
+    Content-Security-Policy (no 'unsafe-eval') refuses whenever its first look came before the draw (seen as an
+    EvalError in a browser test)."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while page.evaluate("window.__firstDrawMs === undefined"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the graph was not drawn within {timeout_ms / 1000:g} s")
+        page.wait_for_timeout(100)
+
+
 def _photograph(page_html: str, width: int, height: int, scale: int) -> bytes:
     from playwright.sync_api import sync_playwright
 
@@ -280,7 +293,7 @@ def _photograph(page_html: str, width: int, height: int, scale: int) -> bytes:
         try:
             page = browser.new_page(viewport={"width": width, "height": height}, device_scale_factor=scale)
             page.set_content(page_html, wait_until="load")
-            page.wait_for_function("window.__firstDrawMs !== undefined", timeout=120_000)
+            wait_until_drawn(page, 120_000)
             page.evaluate(
                 """minScale => {
                   const wrap = document.getElementById("wrap");
