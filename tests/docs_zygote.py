@@ -5,17 +5,28 @@ and returns its exit status. The commands run as written; what each saves is the
 importing before its first line of work (about 100 documented commands).
 
 Run as `python tests/docs_zygote.py SOCKET`; prints "ready" once it listens. `shim(SOCKET)` is the text of the
-executable that stands in for .venv/bin/graphviz-core."""
+executable that stands in for .venv/bin/graphviz-core.
+
+The other tests that run the CLI as a program (`python -m graphviz_core ...`: its exit status, its stderr, its files)
+call `run_cli`, which does the same through one warm process per pytest worker, started at the first call: the child
+starts as `python -m graphviz_core` would, its directory first on sys.path and then PYTHONPATH's entries. A test that
+signals the program itself (Ctrl-C) still starts a process of its own: the signal would reach the stand-in."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import struct
+import subprocess
 import sys
+import tempfile
+import traceback
+from pathlib import Path
 
 HEADER = struct.Struct("!I")  # the request's length, then the request (JSON: argv, cwd, env)
 
@@ -63,12 +74,17 @@ def _child(request: dict, fds: list[int]) -> int:
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = request["argv"]
+    if request.get("as_module"):  # `python -m graphviz_core`: its directory, then PYTHONPATH, ahead of the rest
+        sys.path[0:1] = [request["cwd"], *[p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]]
     from graphviz_core.cli import main
 
     try:
         code = main(sys.argv[1:])
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:  # as the interpreter ends a program on an uncaught exception: its traceback, exit 1
+        traceback.print_exc()
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     return int(code or 0)
@@ -83,7 +99,8 @@ def serve(path: str) -> None:
     selector.register(server, selectors.EVENT_READ)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
-    while True:
+    parent = os.getppid()
+    while os.getppid() == parent:  # ends with the process that started it, however that one ended
         for _ in selector.select(timeout=0.05):
             conn, _ = server.accept()
             request, fds = _read_request(conn)
@@ -105,18 +122,18 @@ def serve(path: str) -> None:
                 break
             code = os.waitstatus_to_exitcode(status)
             conn = waiting.pop(pid)
-            conn.sendall(str(code if code >= 0 else 128 - code).encode())
+            conn.sendall(str(code).encode())  # a signal that ended it as waitstatus_to_exitcode gives it: -9
             conn.close()
 
 
-def shim(path: str) -> str:
-    """The stand-in for .venv/bin/graphviz-core: hand argv, the directory, the environment and fds 0-2 to the warm
-    process, then exit with the command's status."""
+def shim(path: str, as_module: bool = False) -> str:
+    """The stand-in for .venv/bin/graphviz-core (or, `as_module`, for `python -m graphviz_core`): hand argv, the
+    directory, the environment and fds 0-2 to the warm process, then exit with the command's status."""
     return f"""#!{sys._base_executable} -S
 import json, os, socket, struct, sys
 conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 conn.connect({path!r})
-body = json.dumps({{"argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
+body = json.dumps({{"argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ), "as_module": {as_module!r}}}).encode()
 socket.send_fds(conn, [struct.pack("!I", len(body)) + body], [0, 1, 2])
 status = b""
 while True:
@@ -124,8 +141,48 @@ while True:
     if not got:
         break
     status += got
-sys.exit(int(status or 70))
+code = int(status or 70)
+if code < 0:  # ended by a signal: end this process by the same one, as the caller would have seen the program end
+    import signal
+    if -code not in (signal.SIGKILL, signal.SIGSTOP):  # the two whose handling cannot change
+        signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
 """
+
+
+_WARM: dict[str, str] = {}
+
+
+def _warm_shim() -> str:
+    """The stand-in for `python -m graphviz_core` served by this process's warm process, started at the first call
+    and stopped when this process exits."""
+    if "shim" not in _WARM:
+        place = Path(tempfile.mkdtemp(prefix="graphviz-core-cli-"))
+        sock = str(place / "zygote.sock")
+        root = Path(__file__).resolve().parent.parent
+        warm = subprocess.Popen([sys.executable, __file__, sock], cwd=root, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+
+        def stop() -> None:
+            warm.terminate()
+            warm.wait(timeout=30)
+            shutil.rmtree(place, ignore_errors=True)
+
+        atexit.register(stop)
+        if warm.stdout.readline().strip() != "ready":
+            raise RuntimeError("the warm graphviz-core did not start")
+        stand_in = place / "graphviz-core"
+        stand_in.write_text(shim(sock, as_module=True))
+        stand_in.chmod(0o755)
+        _WARM["shim"] = str(stand_in)
+    return _WARM["shim"]
+
+
+def run_cli(args, **kwargs) -> subprocess.CompletedProcess:
+    """`python -m graphviz_core *args` as subprocess.run(..., **kwargs) runs it: its own process (forked from the warm
+    one), stdin, stdout, stderr, directory, environment and exit status."""
+    return subprocess.run([_warm_shim(), *args], **kwargs)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import torch
 import graphviz_core
 from graphviz_core.analysis.gradient_flow import analyse
 from graphviz_core.graph.recording import open_recording
+from tests import docs_zygote
 
 
 class _Model(torch.nn.Module):
@@ -131,9 +132,6 @@ def _shown(finding) -> str:
 def test_record_eager_flag_runs_the_scripts_compiled_model_eagerly(tmp_path):
     """`graphviz-core record --eager` on an unchanged script that compiles its model: without the flag the recorded
     graph holds the compiled region's node, with it every op is its own node and dynamo compiled no graph."""
-    import subprocess
-    import sys
-
     script = tmp_path / "train.py"
     script.write_text("import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Sequential(torch.nn.Linear(4, 8), "
                       "torch.nn.Tanh(), torch.nn.Linear(8, 1))\nrun = torch.compile(model, backend='aot_eager')\n"
@@ -142,8 +140,8 @@ def test_record_eager_flag_runs_the_scripts_compiled_model_eagerly(tmp_path):
                       "from torch._dynamo.utils import counters\nprint('graphs', counters['stats']['unique_graphs'])\n")
     for flag, region, graphs in (([], True, "graphs 1"), (["--eager"], False, "graphs 0")):
         folder = tmp_path / f"run{len(flag)}"
-        done = subprocess.run([sys.executable, "-m", "graphviz_core", "record", *flag, "-o", str(folder), str(script)],
-                              capture_output=True, text=True, timeout=300)
+        done = docs_zygote.run_cli(["record", *flag, "-o", str(folder), str(script)],
+                                   capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert graphs in done.stdout, done.stdout
         recording = open_recording(folder)

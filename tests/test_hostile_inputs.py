@@ -8,7 +8,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from graphviz_core.parallel import planner
 from graphviz_core.parallel.planner import Cluster, Layout, Plan, Planned, layouts_of, rate_problem
 from graphviz_core.parallel.settings import ParallelConfig, check_parallel
 from graphviz_core.units import format_seconds
+from tests import docs_zygote
 
 ROOT = Path(__file__).resolve().parent.parent
 HUGE = str(2**63)
@@ -46,8 +46,7 @@ def refused(args: list[str], capsys) -> str:
 def command(args: list[str], timeout: float = 240, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """`python -m graphviz_core ARGS` as a user runs it: its own process (one thread, so `plan` forks workers)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "graphviz_core", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return docs_zygote.run_cli(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 # ---- 1. plan --jobs: bounded by the cores and the runs, the absurd refused ---------------------------------------

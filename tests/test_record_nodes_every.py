@@ -2,8 +2,6 @@
 on every step (docs/recording.md: on a GPU the per-node work costs most)."""
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -11,6 +9,7 @@ import torch
 import graphviz_core
 from graphviz_core.analysis.gradient_flow import analyse
 from graphviz_core.graph.recording import open_recording
+from tests import docs_zygote
 
 
 def _loop(folder, nodes_every, fault_at=None, steps=7):
@@ -60,8 +59,8 @@ def test_the_cli_flag_and_its_refusals(tmp_path):
                       "for _ in range(4):\n    m(torch.randn(2, 3)).sum().backward(); o.step(); o.zero_grad()\n")
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "graphviz_core", "record", *args], capture_output=True, text=True,
-                              timeout=300)
+        return docs_zygote.run_cli(["record", *args], capture_output=True, text=True,
+                                   timeout=300)
 
     done = cli("--nodes-every", "2", "-o", str(tmp_path / "run"), str(script))
     assert done.returncode == 0, done.stderr

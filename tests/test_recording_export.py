@@ -5,8 +5,6 @@ from the CLI's `recording PATH --format ...`, bad input one sentence and exit 2.
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ import torch
 import graphviz_core
 from graphviz_core.export.recording_export import run_order, to_chrome_trace, to_tensorboard
 from graphviz_core.graph.recording import open_recording
+from tests import docs_zygote
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,8 +115,8 @@ def test_run_order_puts_each_node_after_its_senders():
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "graphviz_core", *args], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return docs_zygote.run_cli(args, capture_output=True, text=True, timeout=300,
+                               cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def test_cli_formats_and_refusals(amp_run, tmp_path):

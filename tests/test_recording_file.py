@@ -6,7 +6,6 @@ import json
 import os
 import pickle
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from graphviz_core.graph.recording import RecordingError, arrow_schemas, open_recording
+from tests import docs_zygote
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,8 +35,8 @@ TRAIN = textwrap.dedent("""
 
 
 def cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "graphviz_core", *args], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    return docs_zygote.run_cli(args, capture_output=True, text=True, timeout=300,
+                               cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
 @pytest.fixture(scope="module")
