@@ -11,6 +11,9 @@ HOST ?= 127.0.0.1
 
 .PHONY: run serve test lint bench chromium graphviz screenshot docs-images
 
+# torch with pip, which finds this machine's CPU build on disk (pip's configuration; uv does not look there), then the
+# rest with uv: the same releases as pip resolves, in 3.8 s from an empty cache against pip's 10.9 s (one run each;
+# pip asks the package index for each package in turn). pip does it where uv fails. Neither compiles bytecode.
 # --no-compile: pip would compile every module of every package to bytecode, torch's thousands included, most never
 # imported (torch's install here: 16.7 s with, 4.6 s without; the whole set-up 46 s and 25 s). Python compiles the
 # modules imported, once, on first import (about half a second more for the first import of torch, transformers and
@@ -24,8 +27,8 @@ BASE_PYTHON ?= $(shell /usr/bin/python3.11 -c "import ensurepip, venv" >/dev/nul
 $(STAMP): pyproject.toml
 	$(BASE_PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
-	$(PY) -m pip install -q --no-compile -e ".[test]"
+	$(PY) -m pip install -q --no-compile "$(TORCH_SPEC)" uv
+	$(VENV)/bin/uv pip install -q --python $(PY) -e ".[test]" || $(PY) -m pip install -q --no-compile -e ".[test]"
 	touch $(STAMP)
 
 # Debian's Chromium for the browser tests (Playwright cannot download browsers here) and Graphviz for SVG.
