@@ -151,6 +151,18 @@ sys.exit(code)
 """
 
 
+def start(sock: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A warm process listening on `sock`, in the repository with `env` (this process's by default), once it says
+    "ready"; stop it with `warm.terminate()`."""
+    root = Path(__file__).resolve().parent.parent
+    warm = subprocess.Popen([str(root / ".venv" / "bin" / "python"), __file__, sock], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    if warm.stdout.readline().strip() != "ready":
+        warm.kill()
+        raise RuntimeError("the warm graphviz-core did not start")
+    return warm
+
+
 _WARM: dict[str, str] = {}
 
 
@@ -159,10 +171,7 @@ def _warm_shim() -> str:
     and stopped when this process exits."""
     if "shim" not in _WARM:
         place = Path(tempfile.mkdtemp(prefix="graphviz-core-cli-"))
-        sock = str(place / "zygote.sock")
-        root = Path(__file__).resolve().parent.parent
-        warm = subprocess.Popen([sys.executable, __file__, sock], cwd=root, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True)
+        warm = start(str(place / "zygote.sock"))
 
         def stop() -> None:
             warm.terminate()
@@ -170,19 +179,18 @@ def _warm_shim() -> str:
             shutil.rmtree(place, ignore_errors=True)
 
         atexit.register(stop)
-        if warm.stdout.readline().strip() != "ready":
-            raise RuntimeError("the warm graphviz-core did not start")
         stand_in = place / "graphviz-core"
-        stand_in.write_text(shim(sock, as_module=True))
+        stand_in.write_text(shim(str(place / "zygote.sock"), as_module=True))
         stand_in.chmod(0o755)
         _WARM["shim"] = str(stand_in)
     return _WARM["shim"]
 
 
 def run_cli(args, **kwargs) -> subprocess.CompletedProcess:
-    """`python -m graphviz_core *args` as subprocess.run(..., **kwargs) runs it: its own process (forked from the warm
-    one), stdin, stdout, stderr, directory, environment and exit status."""
-    return subprocess.run([_warm_shim(), *args], **kwargs)
+    """`python -m graphviz_core *args` as subprocess.run(..., **kwargs) runs it, its output captured as text unless
+    asked otherwise: its own process (forked from the warm one), stdin, stdout, stderr, directory, environment and
+    exit status."""
+    return subprocess.run([_warm_shim(), *args], **{"capture_output": True, "text": True, **kwargs})
 
 
 if __name__ == "__main__":

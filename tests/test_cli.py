@@ -11,8 +11,7 @@ from tests import docs_zygote
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return docs_zygote.run_cli(args, capture_output=True, text=True, timeout=300,
-                               env={"GRAPHVIZ_CORE_DEVICE": "cpu", "PATH": "/usr/bin:/bin"})
+    return docs_zygote.run_cli(args, timeout=300, env={"GRAPHVIZ_CORE_DEVICE": "cpu", "PATH": "/usr/bin:/bin"})
 
 
 def test_bad_config_exits_2_with_one_line_and_no_traceback():

@@ -140,8 +140,7 @@ def test_record_eager_flag_runs_the_scripts_compiled_model_eagerly(tmp_path):
                       "from torch._dynamo.utils import counters\nprint('graphs', counters['stats']['unique_graphs'])\n")
     for flag, region, graphs in (([], True, "graphs 1"), (["--eager"], False, "graphs 0")):
         folder = tmp_path / f"run{len(flag)}"
-        done = docs_zygote.run_cli(["record", *flag, "-o", str(folder), str(script)],
-                                   capture_output=True, text=True, timeout=300)
+        done = docs_zygote.run_cli(["record", *flag, "-o", str(folder), str(script)], timeout=300)
         assert done.returncode == 0, done.stderr
         assert graphs in done.stdout, done.stdout
         recording = open_recording(folder)

@@ -164,15 +164,12 @@ def root(tmp_path_factory):
     if os.environ.get("GRAPHVIZ_DOCS_ZYGOTE") == "0":
         yield ROOT, {}
         return
-    from tests.docs_zygote import shim
+    from tests.docs_zygote import shim, start
 
     place = tmp_path_factory.mktemp("docs-root")
     sock = str(place / "zygote.sock")
-    env = _environment()
-    warm = subprocess.Popen([str(ROOT / ".venv" / "bin" / "python"), str(ROOT / "tests" / "docs_zygote.py"), sock],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    warm = start(sock, _environment())
     try:
-        assert warm.stdout.readline().strip() == "ready", "the warm graphviz-core did not start"
         _linked(ROOT, place / "repo", {".venv": {"bin": {"graphviz-core": shim(sock)}}})
         yield place / "repo", {"GRAPHVIZ_DOCS_ZYGOTE": sock}
     finally:

@@ -356,8 +356,7 @@ def test_float16_overflows_are_the_scalers(tmp_path):
 
 
 def _cli(*args):
-    return docs_zygote.run_cli(["debug", *args], capture_output=True, text=True,
-                               timeout=300)
+    return docs_zygote.run_cli(["debug", *args], timeout=300)
 
 
 def _cli_here(capsys, *args):
@@ -381,7 +380,7 @@ def test_cli_prints_findings_and_refuses_bad_input(tmp_path, capsys):
     done = _cli(str(tmp_path / "run"), "--format", "json")  # a real process: the contract's exit status and stdout
     assert done.returncode == 0, done.stderr
     assert [f["node"] for f in json.loads(done.stdout)["findings"]] == ["SqrtBackward0"]
-    listing = docs_zygote.run_cli(["--help"], capture_output=True, text=True)
+    listing = docs_zygote.run_cli(["--help"])
     assert "gradient-flow findings of a recording" in listing.stdout
     here = functools.partial(_cli_here, capsys)  # the rest in this process: the same main, without 3 s of imports
     assert "Gradient-flow findings: where a NaN" in here("--help").stdout  # the subcommand's own help
@@ -409,12 +408,11 @@ def test_record_check_forward_flag_keeps_source_lines(tmp_path):
                       "    model(torch.randn(3, 4)).pow(2).mean().backward()\n    opt.step()\n    opt.zero_grad()\n")
     for flag, checked in (([], []), (["--check-forward"], [0])):
         folder = tmp_path / f"run{len(flag)}"
-        done = docs_zygote.run_cli(["record", *flag, "-o", str(folder), str(script)],
-                                   capture_output=True, text=True, timeout=300)
+        done = docs_zygote.run_cli(["record", *flag, "-o", str(folder), str(script)], timeout=300)
         assert done.returncode == 0, done.stderr
         assert analyse(open_recording(folder))["forward_checked"] == checked
-    refused = docs_zygote.run_cli(["record", "--check-forward", "--parameters-only",
-                                  "-o", str(tmp_path / "x"), str(script)], capture_output=True, text=True, timeout=300)
+    refused = docs_zygote.run_cli(["record", "--check-forward", "--parameters-only", "-o", str(tmp_path / "x"),
+                                   str(script)], timeout=300)
     assert refused.returncode == 2 and "check_forward needs the per-node figures" in refused.stderr
 
 

@@ -46,7 +46,7 @@ def refused(args: list[str], capsys) -> str:
 def command(args: list[str], timeout: float = 240, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """`python -m graphviz_core ARGS` as a user runs it: its own process (one thread, so `plan` forks workers)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return docs_zygote.run_cli(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    return docs_zygote.run_cli(args, cwd=cwd, timeout=timeout, env=env)
 
 
 # ---- 1. plan --jobs: bounded by the cores and the runs, the absurd refused ---------------------------------------

@@ -59,8 +59,7 @@ def test_the_cli_flag_and_its_refusals(tmp_path):
                       "for _ in range(4):\n    m(torch.randn(2, 3)).sum().backward(); o.step(); o.zero_grad()\n")
 
     def cli(*args):
-        return docs_zygote.run_cli(["record", *args], capture_output=True, text=True,
-                                   timeout=300)
+        return docs_zygote.run_cli(["record", *args], timeout=300)
 
     done = cli("--nodes-every", "2", "-o", str(tmp_path / "run"), str(script))
     assert done.returncode == 0, done.stderr

@@ -115,8 +115,7 @@ def test_run_order_puts_each_node_after_its_senders():
 
 
 def cli(*args):
-    return docs_zygote.run_cli(args, capture_output=True, text=True, timeout=300,
-                               cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return docs_zygote.run_cli(args, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def test_cli_formats_and_refusals(amp_run, tmp_path):

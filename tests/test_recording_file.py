@@ -35,8 +35,7 @@ TRAIN = textwrap.dedent("""
 
 
 def cli(*args, env=None):
-    return docs_zygote.run_cli(args, capture_output=True, text=True, timeout=300,
-                               cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    return docs_zygote.run_cli(args, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
 @pytest.fixture(scope="module")
