@@ -11,13 +11,14 @@ HOST ?= 127.0.0.1
 
 .PHONY: run serve test lint bench chromium graphviz screenshot docs-images
 
-# torch with pip, which finds this machine's CPU build on disk (pip's configuration; uv does not look there), then the
-# rest with uv: the same releases as pip resolves, in 3.8 s from an empty cache against pip's 10.9 s (one run each;
-# pip asks the package index for each package in turn). pip does it where uv fails. Neither compiles bytecode.
+# torch with pip from this machine's disk (pip's configuration names the folder; uv does not look there), asking no
+# package index (2.8 s; 4-10 s when pip also asks the index, whose answers vary), or from the index where it is not on
+# disk (a GPU box: TORCH_SPEC=torch); then the rest with uv, torch's own requirements among them: the same releases as
+# pip resolves, in 3 s from an empty cache where pip took 11 s asking the index for each package in turn. pip does it
+# where uv fails. No `pip install --upgrade pip`: the venv's own pip installs wheels and editable projects (1.4 s).
 # --no-compile: pip would compile every module of every package to bytecode, torch's thousands included, most never
-# imported (torch's install here: 16.7 s with, 4.6 s without; the whole set-up 46 s and 25 s). Python compiles the
-# modules imported, once, on first import (about half a second more for the first import of torch, transformers and
-# streamlit together).
+# imported (torch's install here: 16.7 s with, 4.6 s without). Python compiles the modules imported, once, on first
+# import (about half a second more for the first import of torch, transformers and streamlit together).
 # The interpreter .venv is made from: Debian's own Python 3.11 where it is installed with venv (as on the machines the
 # suite is timed on), else the first python3 on PATH; BASE_PYTHON=... chooses. Debian's is linked statically, where
 # pyenv's 3.11.7 (first on PATH there) calls its core through libpython3.11.so, and it runs this project's Python
@@ -26,8 +27,9 @@ BASE_PYTHON ?= $(shell /usr/bin/python3.11 -c "import ensurepip, venv" >/dev/nul
 
 $(STAMP): pyproject.toml
 	$(BASE_PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile "$(TORCH_SPEC)" uv
+	$(PY) -m pip install -q --no-compile --no-deps --no-index "$(TORCH_SPEC)" 2>/dev/null \
+		|| $(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --no-compile uv
 	$(VENV)/bin/uv pip install -q --python $(PY) -e ".[test]" || $(PY) -m pip install -q --no-compile -e ".[test]"
 	touch $(STAMP)
 
@@ -41,10 +43,11 @@ graphviz:
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # vis-network's script, served once to browsers from static/ (graphviz_core/ui/vis_script.py), copied here at set-up
-# so a server started by make never writes it; again whenever pyvis's copy is newer.
+# so a server started by make never writes it; again whenever pyvis's copy is newer. vis_asset imports neither pyvis nor
+# Streamlit nor torch: 0.1 s, where importing them took 4 s of the set-up.
 VIS_STATIC := static/vis-network.min.js
 $(VIS_STATIC): $(STAMP)
-	$(PY) -c "from graphviz_core.ui.vis_script import publish; raise SystemExit(publish() is None)"
+	$(PY) -m graphviz_core.export.vis_asset
 
 run: $(STAMP) $(VIS_STATIC)
 	$(PY) -m graphviz_core.ui.serve --server.address 127.0.0.1 --server.port $(PORT)
@@ -58,8 +61,9 @@ serve: $(STAMP) $(VIS_STATIC)
 		--server.enableCORS true --server.maxUploadSize 1
 
 # Two pytest-xdist workers, each taking one test file at a time (the docs' commands share files under /tmp; a file's
-# tests share its fixtures); TEST_WORKERS=0 runs everything in one process. One torch thread per process (workers,
-# the servers and CLI runs they start): two workers on two cores already fill the machine, and torch's threads then
+# tests share its fixtures), handed out longest first by a recorded run's times (tests/durations.py) so that the two
+# end together; TEST_WORKERS=0 runs everything in one process. One torch thread per process (workers, the servers and
+# CLI runs they start): two workers on two cores already fill the machine, and torch's threads then
 # wait on each other (1,000 recorded steps of a tiny GPT-2 with two other busy processes: 44.3 s with torch's default
 # threads, 20.5 s with one; 11.7 s on a quiet machine).
 # PYTHONDONTWRITEBYTECODE emptied for the run, where the environment sets it (this machine's shell does): the set-up
@@ -72,7 +76,7 @@ TEST_THREADS ?= 1
 test: $(STAMP) $(VIS_STATIC) chromium graphviz
 	$(VENV)/bin/ruff check graphviz_core pages app.py tests benchmarks
 	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=$(TEST_THREADS) MKL_NUM_THREADS=$(TEST_THREADS) \
-		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check graphviz_core pages app.py tests benchmarks

@@ -5,18 +5,23 @@ fail the test)."""
 
 import pytest
 
-from tests.conftest import LAPTOP, both_sizes
+from tests.conftest import LAPTOP, both_sizes, table_rows
 
 pytestmark = pytest.mark.browser
 
-# label -> the start of the sentence it shows for gpt2-tiny (A as the page opens) and a figure from it: the 23 casts
-# and 9 frozen matmul weights are counted in tests/test_compare_training.py; the rest are the pair's own words
+# label -> the start of the sentence it shows for gpt2-tiny (A as the page opens), a figure from it, and the row of
+# the "What changed" table (the field's label in graphviz_core.fields, A's value, B's): the 23 casts and 9 frozen
+# matmul weights are counted in tests/test_compare_training.py; the rest are the pair's own words
 PAIRS = {
-    "fp32 vs bf16 autocast": ("autocast none → bfloat16", "cast nodes (ToCopyBackward0, autocast's own) 0 → 23"),
-    "Full fine-tuning vs LoRA": ("finetune 'full' → 'lora'", "the gradient matmuls of the 9 matmul weights"),
-    "Eager vs compiled": ("compile False → True", "1 CompiledFunctionBackward"),
-    "AdamW vs SGD": ("optimizer adamw → sgd", "SGD keeps no state"),
+    "fp32 vs bf16 autocast": ("autocast none → bfloat16", "cast nodes (ToCopyBackward0, autocast's own) 0 → 23",
+                              ["Mixed precision (autocast)", "none", "bfloat16"]),
+    "Full fine-tuning vs LoRA": ("finetune 'full' → 'lora'", "the gradient matmuls of the 9 matmul weights",
+                                 ["Fine-tuning", "full", "lora"]),
+    "Eager vs compiled": ("compile False → True", "1 CompiledFunctionBackward", ["torch.compile", "False", "True"]),
+    "AdamW vs SGD": ("optimizer adamw → sgd", "SGD keeps no state", ["Optimizer", "adamw", "sgd"]),
 }
+# a cell whose text runs past its box (a data grid cut "adamw" to "adam" at 1280 px)
+CUT_CELLS = "t => [...t.querySelectorAll('td, th')].filter(c => c.scrollWidth > c.clientWidth + 1).map(c => c.innerText)"
 
 
 @pytest.mark.parametrize("page", [LAPTOP], indirect=True)
@@ -25,7 +30,7 @@ def test_each_training_pair_button_compares_and_explains(page, streamlit_url, tm
     page.locator('[data-testid="stSidebarNav"]').get_by_text("Compare two configs").click()
     page.locator('[data-testid="stMetric"]').filter(has_text="Nodes per layer").wait_for(timeout=120_000)
     row = page.locator(".st-key-compare-training-pairs")
-    for label, (start, figure) in PAIRS.items():
+    for label, (start, figure, changed) in PAIRS.items():
         button = row.get_by_role("button", name=label, exact=True)
         # the label is whole: no ellipsis, the text as wide as its box at most
         assert button.evaluate("b => { const p = b.querySelector('p') || b; return p.scrollWidth <= p.clientWidth + 1 }"), label
@@ -33,6 +38,10 @@ def test_each_training_pair_button_compares_and_explains(page, streamlit_url, tm
         sentence = page.locator('[data-testid="stMarkdownContainer"] li').filter(has_text=start)
         sentence.wait_for(timeout=180_000)
         assert figure in sentence.inner_text(), sentence.inner_text()
+        # the table of what changed: the one field, both values read whole
+        table = page.locator('[data-testid="stTable"]').filter(has_text="field").first
+        assert changed in table_rows(page, table, 1), label
+        assert table.evaluate(CUT_CELLS) == [], label
         if label == "Eager vs compiled":  # every layer keeps 31 fewer autograd nodes, its ops run in one compiled
             # node: the pair shows whole-graph nodes with that said, not "Nodes per layer -31"
             assert page.locator('[data-testid="stMetric"]').filter(has_text="Nodes per layer").count() == 0

@@ -6,7 +6,7 @@ import pytest
 from graphviz_core.export.formats import wait_until_drawn
 from graphviz_core.export.render import render_standalone_html
 from graphviz_core.ui.browser_harness import graph_frame
-from tests.conftest import LAPTOP, SIZES, at_laptop, captured, each_size, idle
+from tests.conftest import LAPTOP, SIZES, at_laptop, captured, each_size, idle, settled
 
 pytestmark = pytest.mark.browser
 
@@ -128,7 +128,7 @@ def test_no_result_table_runs_past_its_right_edge(page, streamlit_url, tmp_path)
         for expander in page.locator('[data-testid="stExpander"] details:not([open]) summary').all():
             if expander.is_visible():  # the lists inside expanders too ("Every node", the forward's collectives)
                 expander.click()
-        page.wait_for_timeout(1500)
+        settled(page)
         for size in each_size(page):
             # one table at a time, scrolled into view first: a data frame below the fold draws its grid only once seen
             overflowing = []

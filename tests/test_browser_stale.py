@@ -70,12 +70,13 @@ def test_the_explorer_dims_the_last_config_while_it_captures_a_new_one(page, str
     page.get_by_text("Loss ").first.wait_for(timeout=120_000)
     settled(page)
     sidebar = page.locator('[data-testid="stSidebar"]')
-    # ~0.5-1 s to capture (its progress shows from 0.3 s, capture_cache.QUIET_S), and no other test's: not cached. 23
-    # layers took 0.23 s once the server was warm on a quiet machine, and the progress never showed
-    sidebar.get_by_role("spinbutton", name="Layers").fill("64")
+    # No other test's config: not cached. Its progress shows from 0.3 s (capture_cache.QUIET_S) until the capture ends:
+    # 64 layers took ~0.4 s on a quiet machine, the progress on screen for 4-8 frames, and a fresh-clone run once saw
+    # none; 128 layers keep it there for 25-30 frames quiet, ~100 with both cores busy (23 layers: 0.23 s, never seen)
+    sidebar.get_by_role("spinbutton", name="Layers").fill("128")
     page.evaluate(SAMPLE, False)
     sidebar.get_by_role("button", name="Run backward pass").click()
-    page.get_by_text("gpt2 · 64 layers").first.wait_for(timeout=120_000)
+    page.get_by_text("gpt2 · 128 layers").first.wait_for(timeout=120_000)
     settled(page)
     seen = stale_opacities(page)
     assert seen, "the capture's progress was never seen beside the last result"

@@ -1,10 +1,13 @@
 """Graph frames load vis-network from the app's static folder, under the server's base path, or inline it."""
 
 import hashlib
+import subprocess
+import sys
 
 import pytest
 from streamlit import config
 
+from graphviz_core.export import vis_asset
 from graphviz_core.export.render import VIS_SCRIPT
 from graphviz_core.ui import vis_script
 
@@ -53,8 +56,19 @@ def test_publish_writes_once_and_leaves_a_current_copy_alone(tmp_path, monkeypat
     def no_copy(*args, **kwargs):
         raise AssertionError("a current copy was written again")
 
-    monkeypatch.setattr(vis_script.shutil, "copy2", no_copy)  # a server finding make's copy writes nothing
+    monkeypatch.setattr(vis_asset.shutil, "copy2", no_copy)  # a server finding make's copy writes nothing
     assert vis_script.publish() == digest
     target.write_bytes(b"// stale")
     with pytest.raises(AssertionError, match="written again"):  # a stale copy is replaced
         vis_script.publish()
+
+
+def test_make_copies_the_script_without_importing_pyvis_streamlit_or_torch(tmp_path):
+    # make's set-up step: importing those three with no bytecode yet took about 4 s of it
+    probe = ("import sys, pathlib; from graphviz_core.export import vis_asset; "
+             f"assert vis_asset.publish(pathlib.Path({str(tmp_path / 's')!r})); "
+             "print(sorted(m for m in ('pyvis', 'streamlit', 'torch', 'networkx') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert (tmp_path / "s" / VIS_SCRIPT.name).read_bytes() == VIS_SCRIPT.read_bytes()

@@ -28,12 +28,12 @@ from pyvis.network import Network
 
 from graphviz_core.config import applies
 from graphviz_core.export.formats import CATEGORY_COLOURS, MIN_FIT_SCALE, PNG_SIZE
+from graphviz_core.export.vis_asset import PYVIS_LIB, VIS_SCRIPT
 from graphviz_core.graph.layout import ASPECT, LAYER_GAP, NODE_WIDTH, Layout, layered_layout
 from graphviz_core.graph.views import module_group
 from graphviz_core.units import format_bytes, format_flops, format_in, format_seconds
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
-PYVIS_LIB = Path(__import__("pyvis").__file__).resolve().parent / "templates" / "lib" / "vis-9.1.2"
 METRICS = {"time_s": "time", "flops": "FLOPs", "saved_bytes": "saved bytes", "grad_norm": "gradient norm"}
 MODULE_COLOUR = "#f4f1ea"
 FONT_PX = 13
@@ -76,9 +76,6 @@ def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(ASSETS), autoescape=True)
     env.filters["json_script"] = _json_script
     return env
-
-
-VIS_SCRIPT = PYVIS_LIB / "vis-network.min.js"
 
 
 @lru_cache(maxsize=1)

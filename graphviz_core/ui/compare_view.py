@@ -35,6 +35,7 @@ from graphviz_core.ui.format import (
     format_bytes,
     format_flops,
     format_ratio,
+    literal_cells,
 )
 from graphviz_core.ui.links import show_notices
 from graphviz_core.ui.vis_script import vis_src
@@ -223,7 +224,7 @@ def show_comparison(c: Comparison) -> None:
     st.markdown("##### What changed, and why")
     changed = changed_fields_table(c)
     if len(changed):
-        st.dataframe(changed, hide_index=True, width="content")
+        st.table(literal_cells(changed), hide_index=True)  # a data grid cut "adamw" to "adam" at 1280 px
     for sentence in c.explanations:
         st.markdown("- " + escape_markdown(with_binary_units(sentence)))
     cols = [*st.columns(3), *st.columns(3)[:2]]  # two rows: five in one cut values off at laptop widths

@@ -8,38 +8,17 @@ Where it cannot be served (static serving off, the folder not writable) the fram
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
-import shutil
 from functools import lru_cache
-from pathlib import Path
 
 import streamlit as st
 
-from graphviz_core.export.render import VIS_SCRIPT
-
-STATIC = Path(__file__).resolve().parents[2] / "static"  # beside app.py: Streamlit serves it at /app/static/
-_log = logging.getLogger(__name__)
+from graphviz_core.export import vis_asset
+from graphviz_core.export.vis_asset import STATIC, VIS_SCRIPT
 
 
 def publish() -> str | None:
-    """Copy pyvis's vis-network.min.js into static/ unless it is there already, unchanged (`make run`, `make serve`
-    and `make test` do this at set-up, so the server they start finds it and writes nothing); its content's digest,
-    or None when it cannot be published."""
-    target = STATIC / VIS_SCRIPT.name
-    script = VIS_SCRIPT.read_bytes()
-    try:
-        if not (target.exists() and target.read_bytes() == script):
-            STATIC.mkdir(exist_ok=True)
-            partial = target.with_suffix(f".{os.getpid()}.tmp")
-            # copy2 keeps pyvis's modification time: the browser's cache then treats the file as long unchanged
-            shutil.copy2(VIS_SCRIPT, partial)
-            partial.replace(target)
-    except OSError as error:
-        _log.warning("vis-network is inlined into every graph frame: cannot publish it in %s (%s)", STATIC, error)
-        return None
-    return hashlib.sha256(script).hexdigest()[:12]
+    """`vis_asset.publish` into this module's STATIC (a test points it elsewhere)."""
+    return vis_asset.publish(STATIC)
 
 
 @lru_cache(maxsize=1)
