@@ -201,7 +201,7 @@ def test_the_cpu_ring_gives_the_one_device_loss_and_gradients_over_real_gloo_ran
         torch.testing.assert_close(torch.from_numpy(grads[name]), grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_a_dry_run_in_another_thread_and_the_ring_take_turns():
+def test_a_dry_run_in_another_thread_and_the_ring_take_turns(monkeypatch):
     """A meta dry run puts its own function in F.scaled_dot_product_attention while it runs (the fused kernel a real
     device would pick), under the name `sdpa`; torch's context_parallel, entered meanwhile, wrapped that function and
     set the wrapper under its name, F.sdpa, leaving F.scaled_dot_product_attention alone: the whole step ran plain
@@ -215,18 +215,35 @@ def test_a_dry_run_in_another_thread_and_the_ring_take_turns():
     from torch.distributed.tensor.experimental._context_parallel import _attention as cp_attention
 
     from graphviz_core.capture.meta_kernels import fused_attention_on_meta
+    from graphviz_core.parallel import context
     from graphviz_core.parallel.context import _FORWARD
 
+    class Asked:
+        """The step's turn-taking lock, saying when the step asks for it (then it waits, the dry run holding it)."""
+
+        def __init__(self, lock):
+            self.lock, self.asked = lock, threading.Event()
+
+        def __enter__(self):
+            self.asked.set()
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
+
+    turn = Asked(context.SDPA_SWAP_LOCK)
+    monkeypatch.setattr(context, "SDPA_SWAP_LOCK", turn)
     entered, waited = threading.Event(), []
 
     def dry_run():
         with fused_attention_on_meta(cuda=False):
             entered.set()
-            deadline = time.monotonic() + 5  # long enough for the simulation below to reach its context-parallel step
-            while time.monotonic() < deadline and _FORWARD not in cp_attention.custom_ops:
+            # until the step asks for its turn, or puts its ring in without asking (before the fix), or 10 s
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not turn.asked.is_set() and _FORWARD not in cp_attention.custom_ops:
                 time.sleep(0.01)
+            time.sleep(0.1)  # (a step that did not wait would be inside torch's context_parallel by now)
             waited.append(_FORWARD in cp_attention.custom_ops)  # False: the step has not put its ring in meanwhile
-            time.sleep(0.5)  # (before the fix the step was under way: give it time to enter torch's context_parallel)
 
     thread = threading.Thread(target=dry_run)
     thread.start()

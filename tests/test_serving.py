@@ -58,6 +58,8 @@ def test_the_launcher_preloads_the_first_graphs_modules_then_the_panels_after_th
         "from graphviz_core.ui import serve\n"
         "from graphviz_core.capture import engine as capture\n"
         "assert not any(name in sys.modules for name in (*serve.FIRST_GRAPH[1:], *serve.PANELS)) and not capture._WARMED\n"
+        "serve.SERVER_UP_WAIT_S = 0  # no server here to let answer first (it waited its 5 s for one)\n"
+        "serve.PANELS_SETTLE_S = 0.2  # the pause after the first capture, for its page to draw: none here\n"
         "preloading = threading.Thread(target=serve.preload)\n"
         "preloading.start()\n"
         "while not capture._WARMED.get('cpu'):\n"
