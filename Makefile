@@ -60,18 +60,20 @@ serve: $(STAMP) $(VIS_STATIC)
 		--browser.gatherUsageStats false --client.showErrorDetails none --server.enableXsrfProtection true \
 		--server.enableCORS true --server.maxUploadSize 1
 
-# Two pytest-xdist workers, each taking one test file at a time (the docs' commands share files under /tmp; a file's
-# tests share its fixtures), handed out longest first by a recorded run's times (tests/durations.py) so that the two
-# end together; TEST_WORKERS=0 runs everything in one process. One torch thread per process (workers, the servers and
-# CLI runs they start): two workers on two cores already fill the machine, and torch's threads then
-# wait on each other (1,000 recorded steps of a tiny GPT-2 with two other busy processes: 44.3 s with torch's default
-# threads, 20.5 s with one; 11.7 s on a quiet machine).
+# Three pytest-xdist workers on this 2-core machine, each taking one test file at a time (the docs' commands share files
+# under /tmp; a file's tests share its fixtures), handed out longest first by a recorded run's times (tests/durations.py)
+# so that they end together. Two workers left the cores idle 10% of the run (a browser test waiting on its page, a
+# server starting); a third fills that time with about the same CPU work in all (fresh clones here: 3 workers, make test
+# 562 s, cores 97% busy, 1,079 CPU s; 2 workers, 599 and 600 s, 89-90% busy, 1,060-1,071 CPU s). TEST_WORKERS=2 (or 0:
+# everything in one process) chooses. One torch thread per process (workers, the servers and CLI runs they start): the
+# workers already fill the cores, and torch's threads then wait on each other (1,000 recorded steps of a tiny GPT-2 with
+# two other busy processes: 44.3 s with torch's default threads, 20.5 s with one; 11.7 s on a quiet machine).
 # PYTHONDONTWRITEBYTECODE emptied for the run, where the environment sets it (this machine's shell does): the set-up
 # compiles no bytecode (--no-compile above), and the suite starts over a hundred Python processes (CLI runs, servers,
 # fork servers), each of which would otherwise compile every module it imports from source, torch's and streamlit's
 # among them (importing torch, transformers and streamlit: 2.1 s from bytecode, 4.3 s from source). The first process
 # to import a module writes its bytecode into .venv and the checkout; every later one reads it.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 TEST_THREADS ?= 1
 test: $(STAMP) $(VIS_STATIC) chromium graphviz
 	$(VENV)/bin/ruff check graphviz_core pages app.py tests benchmarks

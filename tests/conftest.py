@@ -405,13 +405,13 @@ def explorer_tab(tab: str, timeout: int = 120, **params: str):
     return at.run()
 
 
-# ---- running in parallel: `make test` runs two pytest-xdist workers, one test file each at a time (--dist loadfile) --
+# ---- running in parallel: `make test` runs three pytest-xdist workers, one test file each at a time (--dist loadfile)
 
 
 def pytest_collection_modifyitems(config, items):
     """Test files longest first by their time in a recorded run (tests/durations.py; a file not recorded counts as the
-    longest), the README and docs commands (one file, its blocks sharing files under /tmp) before all. Under `-n 2
-    --dist loadfile --no-loadscope-reorder` (make test) xdist hands the files out in this order, so the two workers
+    longest), the README and docs commands (one file, its blocks sharing files under /tmp) before all. Under `-n 3
+    --dist loadfile --no-loadscope-reorder` (make test) xdist hands the files out in this order, so the workers
     end within a short file of each other: xdist's own order, the files with most tests first, left the long
     single-test browser files to the end, where one worker ran them for 23 s after the other had finished."""
     from tests.durations import load

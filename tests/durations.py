@@ -1,5 +1,5 @@
 """Each test file's time in one `make test` run (tests/durations.json), which `conftest.py` hands to pytest-xdist
-longest first, so that the two workers end together instead of one waiting while the other runs the last long files.
+longest first, so that the workers end together instead of one waiting while another runs the last long files.
 
 Refresh it after a run that wrote JUnit XML::
 
