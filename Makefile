@@ -12,8 +12,8 @@ HOST ?= 127.0.0.1
 .PHONY: run serve test lint bench chromium graphviz screenshot docs-images
 
 # torch with pip from this machine's disk (pip's configuration names the folder; uv does not look there), asking no
-# package index (2.8 s; 4-10 s when pip also asks the index, whose answers vary), or from the index where it is not on
-# disk (a GPU box: TORCH_SPEC=torch); then the rest with uv, torch's own requirements among them: the same releases as
+# package index (2.8 s; 4-10 s when pip also asks the index, whose answers vary), where TORCH_SPEC pins a release (==);
+# from the index where it is not on disk or not pinned (a GPU box: TORCH_SPEC=torch, the registry's CUDA build); then the rest with uv, torch's own requirements among them: the same releases as
 # pip resolves, in 3 s from an empty cache where pip took 11 s asking the index for each package in turn. pip does it
 # where uv fails. No `pip install --upgrade pip`: the venv's own pip installs wheels and editable projects (1.4 s).
 # --no-compile: pip would compile every module of every package to bytecode, torch's thousands included, most never
@@ -27,8 +27,8 @@ BASE_PYTHON ?= $(shell /usr/bin/python3.11 -c "import ensurepip, venv" >/dev/nul
 
 $(STAMP): pyproject.toml
 	$(BASE_PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --no-compile --no-deps --no-index "$(TORCH_SPEC)" 2>/dev/null \
-		|| $(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
+	$(if $(findstring ==,$(TORCH_SPEC)),$(PY) -m pip install -q --no-compile --no-deps --no-index "$(TORCH_SPEC)" \
+		2>/dev/null || )$(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
 	$(PY) -m pip install -q --no-compile uv
 	$(VENV)/bin/uv pip install -q --python $(PY) -e ".[test]" || $(PY) -m pip install -q --no-compile -e ".[test]"
 	touch $(STAMP)
