@@ -12,10 +12,11 @@ HOST ?= 127.0.0.1
 .PHONY: run serve test lint bench chromium graphviz screenshot docs-images
 
 # torch with pip from this machine's disk (pip's configuration names the folder; uv does not look there), asking no
-# package index (2.8 s; 4-10 s when pip also asks the index, whose answers vary), where TORCH_SPEC pins a release (==);
-# from the index where it is not on disk or not pinned (a GPU box: TORCH_SPEC=torch, the registry's CUDA build); then the rest with uv, torch's own requirements among them: the same releases as
-# pip resolves, in 3 s from an empty cache where pip took 11 s asking the index for each package in turn. pip does it
-# where uv fails. No `pip install --upgrade pip`: the venv's own pip installs wheels and editable projects (1.4 s).
+# package index where TORCH_SPEC pins a release (==): 3-9 s, most of it writing torch's files; from the index where it
+# is not on disk or not pinned (a GPU box: TORCH_SPEC=torch, the registry's CUDA build). Then the rest with uv, torch's
+# own requirements among them: the same releases as pip resolves, in 3 s from an empty cache where pip took 11 s asking
+# the index for each package in turn; pip does it where uv fails. No `pip install --upgrade pip` (1.4 s): the venv's
+# own pip installs wheels and editable projects.
 # --no-compile: pip would compile every module of every package to bytecode, torch's thousands included, most never
 # imported (torch's install here: 16.7 s with, 4.6 s without). Python compiles the modules imported, once, on first
 # import (about half a second more for the first import of torch, transformers and streamlit together).
@@ -61,13 +62,14 @@ serve: $(STAMP) $(VIS_STATIC)
 		--server.enableCORS true --server.maxUploadSize 1
 
 # Three pytest-xdist workers on this 2-core machine, each taking one test file at a time (the docs' commands share files
-# under /tmp; a file's tests share its fixtures), handed out longest first by a recorded run's times (tests/durations.py)
-# so that they end together. Two workers left the cores idle 10% of the run (a browser test waiting on its page, a
-# server starting); a third fills that time with about the same CPU work in all (fresh clones here: 3 workers, make test
-# 562 s, cores 97% busy, 1,079 CPU s; 2 workers, 599 and 600 s, 89-90% busy, 1,060-1,071 CPU s). TEST_WORKERS=2 (or 0:
-# everything in one process) chooses. One torch thread per process (workers, the servers and CLI runs they start): the
-# workers already fill the cores, and torch's threads then wait on each other (1,000 recorded steps of a tiny GPT-2 with
-# two other busy processes: 44.3 s with torch's default threads, 20.5 s with one; 11.7 s on a quiet machine).
+# under /tmp; a file's tests share its fixtures), handed out longest first by a recorded run's times
+# (tests/durations.py) so that they end together. Two workers left the cores idle 10% of the run (a browser test waiting
+# on its page, a server starting); a third fills that time with about the same CPU work in all (fresh clones here: 3
+# workers, make test 562 s, cores 97% busy, 1,079 CPU s; 2 workers, 599 and 600 s, 89-90% busy, 1,060-1,071 CPU s).
+# TEST_WORKERS=2 (or 0: everything in one process) chooses. One torch thread per process (workers, the servers and CLI
+# runs they start): the workers already fill the cores, and torch's threads then wait on each other (1,000 recorded
+# steps of a tiny GPT-2 with two other busy processes: 44.3 s with torch's default threads, 20.5 s with one; 11.7 s on a
+# quiet machine).
 # PYTHONDONTWRITEBYTECODE emptied for the run, where the environment sets it (this machine's shell does): the set-up
 # compiles no bytecode (--no-compile above), and the suite starts over a hundred Python processes (CLI runs, servers,
 # fork servers), each of which would otherwise compile every module it imports from source, torch's and streamlit's

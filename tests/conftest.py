@@ -301,6 +301,17 @@ def idle(page, timeout_ms: int = 60_000, settle_ms: int = 0) -> None:
             return
 
 
+# Of the elements given, each whose text (an input's value) is wider than its box: cut off at its edge or hidden behind
+# Streamlit's ellipsis, so nobody reads it whole. Elements not laid out (a closed tab) count as whole.
+_CUT_OFF = """elements => elements.filter(e => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1)
+    .map(e => e instanceof HTMLInputElement ? e.value : e.textContent.trim())"""
+
+
+def cut_off(elements) -> list[str]:
+    """The texts of `elements` (a Playwright locator) that are cut off (_CUT_OFF); [] when every one reads whole."""
+    return elements.evaluate_all(_CUT_OFF)
+
+
 def table_rows(page, table, rows: int, timeout_ms: int = 30_000) -> list[list[str]]:
     """The text of every cell of each body row of `table` (an st.table's locator), read in one go once it has `rows`
     rows and the app has no run in progress. Read row by row, a read straddled Streamlit drawing the table again (a

@@ -171,7 +171,8 @@ def _warm_shim() -> str:
     and stopped when this process exits."""
     if "shim" not in _WARM:
         place = Path(tempfile.mkdtemp(prefix="graphviz-core-cli-"))
-        warm = start(str(place / "zygote.sock"))
+        sock = str(place / "zygote.sock")
+        warm = start(sock)
 
         def stop() -> None:
             warm.terminate()
@@ -180,7 +181,7 @@ def _warm_shim() -> str:
 
         atexit.register(stop)
         stand_in = place / "graphviz-core"
-        stand_in.write_text(shim(str(place / "zygote.sock"), as_module=True))
+        stand_in.write_text(shim(sock, as_module=True))
         stand_in.chmod(0o755)
         _WARM["shim"] = str(stand_in)
     return _WARM["shim"]

@@ -7,13 +7,12 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from graphviz_core.ui.browser_harness import graph_frame
-from tests.conftest import LAPTOP, both_sizes, captured, choose
+from tests.conftest import LAPTOP, both_sizes, captured, choose, cut_off
 
 pytestmark = pytest.mark.browser
 
 POLICY = "selective-ops-torchtitan"
-CLIPPED_INPUTS = """() => [...document.querySelectorAll('[data-testid="stSidebar"] input')]
-    .filter(e => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1).map(e => e.value)"""
+SIDEBAR_INPUTS = '[data-testid="stSidebar"] input'
 
 
 @pytest.mark.parametrize("page", [LAPTOP], indirect=True)
@@ -32,7 +31,7 @@ def test_choosing_torchtitans_policy_runs_it(page, streamlit_url, tmp_path):
     assert parse_qs(urlparse(page.url).query).get("checkpoint") == [POLICY], page.url
     values = page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stSidebar\"] input')].map(e => e.value)")
     assert POLICY in values, values
-    assert page.evaluate(CLIPPED_INPUTS) == [], f"sidebar values cut off at {page.size}"
+    assert cut_off(page.locator(SIDEBAR_INPUTS)) == [], f"sidebar values cut off at {page.size}"
     sidebar.get_by_text("Checkpointing", exact=True).scroll_into_view_if_needed()
     both_sizes(page, tmp_path / "torchtitan-sidebar", full_page=False)
     page.get_by_role("tab", name="Memory").click()

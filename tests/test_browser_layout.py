@@ -4,15 +4,13 @@ at a laptop's size, then looked at again at a desktop's)."""
 import pytest
 
 from graphviz_core.ui.browser_harness import graph_frame
-from tests.conftest import LAPTOP, at_laptop, captured, each_size, idle
+from tests.conftest import LAPTOP, at_laptop, captured, cut_off, each_size, idle
 
 pytestmark = pytest.mark.browser
 
-# Every label, value and note of a visible metric whose text is wider than its box: Streamlit cuts such text
+# Every label, value and note of a metric (cut_off: a visible one whose text is wider than its box): Streamlit cuts such text
 # with an ellipsis ("28 te…", "677.8 …" at 1280 px when six metrics shared one row), so nobody reads it.
-CUT_OFF = """() => [...document.querySelectorAll('[data-testid="stMetric"] [data-testid="stMarkdownContainer"]')]
-    .filter(e => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1)
-    .map(e => e.textContent.trim())"""
+METRIC_TEXTS = '[data-testid="stMetric"] [data-testid="stMarkdownContainer"]'
 TABS = {"Memory": "Peak memory", "FLOPs and time": "Forward FLOPs"}  # tab -> a metric only that tab shows
 
 
@@ -31,14 +29,14 @@ def test_every_headline_metric_is_shown_whole(page, streamlit_url, tmp_path):
     assert any("Saved for backward" in t for t in texts), texts
     for size in each_size(page):
         page.screenshot(path=str(tmp_path / f"explorer-{size}.png"))
-        assert page.evaluate(CUT_OFF) == [], f"headline cut off at {size}"
+        assert cut_off(page.locator(METRIC_TEXTS)) == [], f"headline cut off at {size}"
     for tab, metric in TABS.items():  # each panel's own metrics, once its tab is drawn
         at_laptop(page)
         page.get_by_role("tab", name=tab).click()
         page.locator('[data-testid="stMetricLabel"]', has_text=metric).wait_for(timeout=60_000)
         page.wait_for_timeout(500)
         for size in each_size(page):
-            assert page.evaluate(CUT_OFF) == [], f"{tab} metrics cut off at {size}"
+            assert cut_off(page.locator(METRIC_TEXTS)) == [], f"{tab} metrics cut off at {size}"
 
 
 @pytest.mark.parametrize("page", [LAPTOP], indirect=True)
@@ -52,12 +50,11 @@ def test_the_compare_pages_metrics_are_shown_whole(page, streamlit_url):
     labels = page.locator('[data-testid="stMetricLabel"]').all_inner_texts()
     assert "Backward FLOPs (B)" in labels and "Forward + backward time (B)" in labels, labels
     for size in each_size(page):
-        assert page.evaluate(CUT_OFF) == [], f"compare metrics cut off at {size}"
+        assert cut_off(page.locator(METRIC_TEXTS)) == [], f"compare metrics cut off at {size}"
 
 
 # Every text box and select in the sidebar whose value is wider than the box (the dtype box read "bfloat1…")
-CLIPPED_INPUTS = """() => [...document.querySelectorAll('[data-testid="stSidebar"] input')]
-    .filter(e => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1).map(e => e.value)"""
+SIDEBAR_INPUTS = '[data-testid="stSidebar"] input'
 
 
 @pytest.mark.parametrize("page", [LAPTOP], indirect=True)
@@ -69,7 +66,7 @@ def test_the_sidebar_shows_every_chosen_value_whole(page, streamlit_url):
     assert "bfloat16" in values and any(v.startswith("selective") for v in values), values
     assert "(custom: the fields below)" in values, values
     for size in each_size(page):
-        assert page.evaluate(CLIPPED_INPUTS) == [], f"sidebar values cut off at {size}"
+        assert cut_off(page.locator(SIDEBAR_INPUTS)) == [], f"sidebar values cut off at {size}"
 
 
 @pytest.mark.parametrize("page", [(1280, 800)], indirect=True)
@@ -84,4 +81,4 @@ def test_the_parallel_pages_sidebar_shows_every_chosen_value_whole(page, streaml
     idle(page)
     values = page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stSidebar\"] input')].map(e => e.value)")
     assert "FSDP" in values, values
-    assert page.evaluate(CLIPPED_INPUTS) == []
+    assert cut_off(page.locator(SIDEBAR_INPUTS)) == []

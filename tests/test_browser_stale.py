@@ -40,11 +40,6 @@ SAMPLE = """(always) => {
 DIMMED = 0.33  # ui.state.DIM_STALE's opacity; Streamlit's own fade reaches it only ~2 s into a run
 
 
-def settled(page) -> None:
-    idle(page, 120_000)
-    page.wait_for_timeout(500)
-
-
 def stale_opacities(page) -> list[float]:
     page.evaluate("() => { window.__stopSampling = true; }")
     return page.evaluate("window.__stale")
@@ -53,13 +48,13 @@ def stale_opacities(page) -> list[float]:
 def test_beyond_one_gpu_dims_the_last_layout_while_it_simulates_a_new_one(page, streamlit_url):
     page.goto(f"{streamlit_url}/parallel")
     page.get_by_text("Rank 0 next to one device").wait_for(timeout=120_000)
-    settled(page)
+    idle(page, 120_000, settle_ms=500)  # the run is over and no other follows it
     sidebar = page.locator('[data-testid="stSidebar"]')
     sidebar.get_by_role("spinbutton", name="World size (GPUs)").fill("6")  # no other test simulates it: not cached
     page.evaluate(SAMPLE, False)
     sidebar.get_by_role("button", name="Simulate ranks").click()
     page.get_by_text("over 6 ranks").first.wait_for(timeout=120_000)
-    settled(page)
+    idle(page, 120_000, settle_ms=500)
     seen = stale_opacities(page)
     assert seen, "the simulation's progress was never seen beside the last result"
     assert max(seen) <= DIMMED + 0.01, f"the last layout's figures stood at opacity {max(seen):.2f} under the progress"
@@ -68,7 +63,7 @@ def test_beyond_one_gpu_dims_the_last_layout_while_it_simulates_a_new_one(page, 
 def test_the_explorer_dims_the_last_config_while_it_captures_a_new_one(page, streamlit_url):
     page.goto(streamlit_url)
     page.get_by_text("Loss ").first.wait_for(timeout=120_000)
-    settled(page)
+    idle(page, 120_000, settle_ms=500)
     sidebar = page.locator('[data-testid="stSidebar"]')
     # No other test's config: not cached. Its progress shows from 0.3 s (capture_cache.QUIET_S) until the capture ends:
     # 64 layers took ~0.4 s on a quiet machine, the progress on screen for 4-8 frames, and a fresh-clone run once saw
@@ -77,7 +72,7 @@ def test_the_explorer_dims_the_last_config_while_it_captures_a_new_one(page, str
     page.evaluate(SAMPLE, False)
     sidebar.get_by_role("button", name="Run backward pass").click()
     page.get_by_text("gpt2 · 128 layers").first.wait_for(timeout=120_000)
-    settled(page)
+    idle(page, 120_000, settle_ms=500)
     seen = stale_opacities(page)
     assert seen, "the capture's progress was never seen beside the last result"
     assert max(seen) <= DIMMED + 0.01, f"the last config's figures stood at opacity {max(seen):.2f} under the progress"
@@ -87,7 +82,7 @@ def test_the_explorer_dims_the_last_config_while_it_captures_a_new_one(page, str
     page.evaluate(SAMPLE, True)
     page.get_by_role("tab", name="Memory").click()
     page.get_by_text("Activation peak").wait_for(timeout=60_000)
-    settled(page)
+    idle(page, 120_000, settle_ms=500)
     stale_opacities(page)
     assert not page.evaluate("window.__dimmedByUs")
 
@@ -97,11 +92,11 @@ def test_compare_dims_the_last_pair_while_it_captures_a_new_one(page, streamlit_
     # progress shows (from 0.3 s); 16 layers took 0.25 s, done before the progress could show (failed once so)
     page.goto(f"{streamlit_url}/compare?a.seed=4242&a.layers=48&b.seed=4242&b.layers=48&b.attention=manual")
     page.get_by_text("What changed, and why").wait_for(timeout=120_000)
-    settled(page)
+    idle(page, 120_000, settle_ms=500)
     page.evaluate(SAMPLE, False)
     page.get_by_role("button", name="Batch 1 vs 8").click()
     page.get_by_text("Config B: gpt2-tiny").or_(page.get_by_text("b=8")).first.wait_for(timeout=120_000)
-    settled(page)
+    idle(page, 120_000, settle_ms=500)
     seen = stale_opacities(page)
     assert seen, "the captures' progress was never seen beside the last comparison"
     assert max(seen) <= DIMMED + 0.01, f"the last pair's figures stood at opacity {max(seen):.2f} under the progress"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.conftest import captured, idle
+from tests.conftest import captured, cut_off, idle
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "compare.py")
 L = 2
@@ -98,10 +98,7 @@ def test_no_quick_pair_button_is_cut_off_at_1280(page, streamlit_url, tmp_path):
         """() => [...document.querySelectorAll('.st-key-compare-pairs button')].map(b => b.innerText.trim())"""
     )
     assert len(texts) == 7 and "No checkpointing vs selective" in texts, texts  # every quick pair is drawn
-    cut = page.evaluate(
-        """() => [...document.querySelectorAll('.st-key-compare-pairs button *')]
-        .filter(e => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.trim())"""
-    )
+    cut = cut_off(page.locator(".st-key-compare-pairs button *"))
     page.screenshot(path=str(tmp_path / "compare-1280.png"))
     assert cut == [], f"quick-pair buttons cut off at 1280x800: {cut}"
 

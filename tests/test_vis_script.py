@@ -8,7 +8,7 @@ import pytest
 from streamlit import config
 
 from graphviz_core.export import vis_asset
-from graphviz_core.export.render import VIS_SCRIPT
+from graphviz_core.export.vis_asset import VIS_SCRIPT
 from graphviz_core.ui import vis_script
 
 
