@@ -38,7 +38,7 @@ from graphviz_core.capture.device import CPU_BUDGET_SHARE, container_room_bytes,
 from graphviz_core.capture.engine import capture_backward
 from graphviz_core.config import ModelConfig, config_from_preset
 from graphviz_core.graph.views import hide_categories
-from graphviz_core.ui.browser_harness import CHROMIUM, CHROMIUM_ARGS, graph_frame, serve_app
+from graphviz_core.ui.browser_harness import CHROMIUM, CHROMIUM_ARGS, NO_RUN, graph_frame, serve_app
 from graphviz_core.ui.links import config_params, link_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,11 +231,7 @@ def bench_cached(browser, base: str, preset: str) -> None:
     graph_frame(first.page, expected.summary.nodes, timeout_s=900)
     captured_s = time.perf_counter() - t
     # the page is complete once nothing waits any more: its FLOPs tab also captures the other attention kernel
-    first.page.wait_for_function(
-        "() => document.querySelector('[data-testid=stApp]').dataset.testScriptState === 'notRunning'",
-        timeout=1_800_000,
-        polling=500,
-    )
+    first.page.wait_for_function(NO_RUN, timeout=1_800_000, polling=500)
     complete_s = time.perf_counter() - t
     second = Person(browser)
     t = time.perf_counter()

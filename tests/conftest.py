@@ -18,6 +18,7 @@ from graphviz_core.capture.engine import capture_backward
 from graphviz_core.capture.result import Capture
 from graphviz_core.config import FAMILIES, config_from_preset
 from graphviz_core.models.transformers_family import TransformersFamily
+from graphviz_core.ui.browser_harness import NO_RUN
 
 # Hypothesis times each example against a deadline (200 ms by default): on a loaded machine a first example (a first
 # pyarrow conversion) took 251 ms and failed as "unreliable timings". Speed is measured in benchmarks/, never in a
@@ -282,9 +283,6 @@ def both_sizes(page, path, full_page: bool = False) -> None:
 def at_laptop(page) -> None:
     """Back to a laptop's window before the next page is loaded."""
     page.set_viewport_size({"width": LAPTOP[0], "height": LAPTOP[1]})
-
-
-NO_RUN = "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"  # Streamlit's "Running..." widget gone
 
 
 def idle(page, timeout_ms: int = 60_000, settle_ms: int = 0) -> None:

@@ -18,6 +18,11 @@ from graphviz_core.export.formats import CHROMIUM, CHROMIUM_ARGS  # noqa: F401 -
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# True in the page once Streamlit has no script run in progress: the app root's script state (the attribute Streamlit's
+# own browser tests read) is "notRunning". Its "Running..." widget is no sign: with the toolbar in "minimal" mode
+# (.streamlit/config.toml) Streamlit never draws it, so a wait for it to be gone returned at once, mid-run.
+NO_RUN = "() => document.querySelector('[data-testid=\"stApp\"]')?.dataset.testScriptState === 'notRunning'"
+
 
 def free_port() -> int:
     with socket.socket() as s:

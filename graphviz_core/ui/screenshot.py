@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from graphviz_core.ui.browser_harness import CHROMIUM, CHROMIUM_ARGS, graph_frame, serve_app
+from graphviz_core.ui.browser_harness import CHROMIUM, CHROMIUM_ARGS, NO_RUN, graph_frame, serve_app
 
 # CSS pixels x device pixels per CSS pixel, per kind of picture. Graphs at 2x like the app's "Download PNG";
 # app pages at 1x (text and charts, already legible at 1440 wide).
@@ -85,7 +85,7 @@ def preset_graph_png(name: str, size: tuple[int, int] = GRAPH_SIZE, scale: int =
 
 def _settled(page) -> None:
     """Wait until Streamlit has finished its script run and the page has stopped moving."""
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120_000)
+    page.wait_for_function(NO_RUN, timeout=120_000, polling=100)
     page.wait_for_timeout(1500)
 
 
