@@ -10,6 +10,7 @@ import shutil
 import zipfile
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from graphviz_core.analysis.gradient_flow import parameter_layer as layer_of
@@ -17,8 +18,10 @@ from graphviz_core.graph.recording import RecordingError, open_recording
 from graphviz_core.ui.recordings_view import (
     RECORDINGS_ENV,
     contained,
+    heatmap,
     layer_table,
     listed_recordings,
+    log_ticks,
     unpack,
 )
 from tests.conftest import plain
@@ -56,6 +59,21 @@ def test_layers_and_their_figures_keep_nan_and_inf(served):
     assert len(skipped) == 2 and set(skipped.kind) <= {"NaN", "+inf"}  # the overflow step: drawn, in its own colour
     ratios = layer_table(steps, "update_ratio")
     assert set(ratios[ratios.step == 2].kind) == {"zero"}  # the scaler skipped the step: nothing moved
+
+
+def test_the_log_colour_scale_is_labelled_at_its_ends_and_between():
+    # 0.012 to 0.094, within one decade: ratio 0.094 / 0.012 = 7.83, quarter steps of its log 7.83 ** (1/4) = 1.673:
+    # 0.012 x 1.673 = 0.0201 -> 0.02, x 1.673**2 = 0.0336 -> 0.034, x 1.673**3 = 0.0562 -> 0.056 (two digits)
+    assert log_ticks(0.012, 0.094) == [0.012, 0.02, 0.034, 0.056, 0.094]
+    # 2 to 2000: quarter steps of 1000 ** (1/4) = 5.623: 11.2 -> 11, 63.2 -> 63, 355.7 -> 360
+    assert log_ticks(2.0, 2000.0) == [2.0, 11.0, 63.0, 360.0, 2000.0]
+    assert log_ticks(1.0, 1.004) == [1.0, 1.004]  # 1.0014, 1.002, 1.003 round to 1.0: only the ends
+    assert log_ticks(0.005, 0.005) == [0.005]  # one value: one label
+    table = pd.DataFrame([{"step": 0, "layer": "0", "kind": "finite", "order": 0, "value": 0.012, "shown": "0.012"},
+                          {"step": 1, "layer": "0", "kind": "finite", "order": 0, "value": 0.094, "shown": "0.094"},
+                          {"step": 2, "layer": "0", "kind": "NaN", "order": 0, "value": None, "shown": "NaN"}])
+    finite = heatmap(table, "gradient norm").to_dict()["layer"][0]["encoding"]["color"]
+    assert finite["scale"]["type"] == "log" and finite["legend"]["values"] == [0.012, 0.02, 0.034, 0.056, 0.094]
 
 
 def test_the_served_folder_lists_and_opens_only_its_own_recordings(served, tmp_path):
@@ -102,6 +120,9 @@ def test_an_upload_is_unpacked_within_its_limits(served, tmp_path):
     with pytest.raises(RecordingError, match="symlink"):
         unpack(data.getvalue(), tmp_path / "c")
     assert not (tmp_path / "evil").exists()
+    # one byte over 200 MiB = 200 x 2**20 = 209,715,200 B; said in bytes, where "200.0 MiB" would read as the limit
+    with pytest.raises(RecordingError, match=r"is 209,715,201 bytes; uploads are limited to 200 MiB \(209,715,200 "):
+        unpack(b"\0" * (200 * 2**20 + 1), tmp_path / "d")
 
 
 def test_the_page_under_apptest(served, monkeypatch):

@@ -43,6 +43,7 @@ from graphviz_core.units import format_bytes
 
 RECORDINGS_ENV = "GRAPHVIZ_CORE_RECORDINGS"
 MAX_UPLOAD_BYTES = 200 * 2**20
+UPLOAD_LIMIT = f"{MAX_UPLOAD_BYTES // 2**20} MiB"  # as Streamlit's own line under the box counts it (its "200MB")
 MAX_UNPACKED_BYTES = 1024 * 2**20
 MAX_ENTRIES = 20_000  # files and folders walked in one recording (gpt2-small's 100 steps: ~10)
 MAX_LISTED = 500
@@ -92,8 +93,8 @@ def unpack(data: bytes, into: Path) -> Path:
     """A .zip of a recording's folder unpacked into `into`; the folder that holds the manifest. Refused with a
     sentence: too big, not a zip, a member named with `..` or from `/`, a symlink, more than MAX_ENTRIES members."""
     if len(data) > MAX_UPLOAD_BYTES:
-        raise RecordingError(f"the file is {format_bytes(len(data))}; uploads are limited to "
-                             f"{format_bytes(MAX_UPLOAD_BYTES)}.")
+        raise RecordingError(f"the file is {len(data):,} bytes; uploads are limited to {UPLOAD_LIMIT} "
+                             f"({MAX_UPLOAD_BYTES:,} bytes).")
     import io
 
     try:
@@ -205,7 +206,7 @@ def sweep_uploads(now: float | None = None, temp: str | None = None) -> list[str
 def _local() -> Path | None:
     typed = st.text_input("Recording folder on this machine", key="rec.path",
                           placeholder="e.g. runs/exp1 (the folder graphviz_core.record wrote)")
-    upload = st.file_uploader(f"or upload a recording's folder as a .zip (at most {format_bytes(MAX_UPLOAD_BYTES)})",
+    upload = st.file_uploader(f"or upload a recording's folder as a .zip (at most {UPLOAD_LIMIT})",
                               type=["zip"], key="rec.upload", max_upload_size=MAX_UPLOAD_BYTES // 2**20)
     kept = st.session_state.get("rec.unpacked")
     if kept is not None and (upload is None or kept[0] != upload.file_id):
@@ -266,16 +267,35 @@ def layer_table(steps: list, figure: str, missing: dict[int, set[str]] | None = 
     return pd.DataFrame(rows, columns=["step", "layer", "kind", "order", "value", "shown"])
 
 
+def log_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """Values to label a log colour scale from `low` to `high` (both > 0) with: both ends as they are, and between them
+    up to count - 2 evenly spaced on the log scale, rounded to two significant digits. Vega-Lite's own pick could
+    leave a range within one decade with a single label: the MLP loop's gradient norms, 0.383 to 1.01, read "1" alone."""
+    if high <= low:
+        return [low]
+    inner = []
+    for i in range(1, count - 1):
+        value = low * (high / low) ** (i / (count - 1))
+        rounded = float(f"{value:.2g}")
+        if low < rounded < high and rounded not in inner:
+            inner.append(rounded)
+    return [low, *inner, high]
+
+
 def heatmap(table: pd.DataFrame, title: str) -> alt.LayerChart:
-    """Layers down, steps across; finite values on a log colour scale, NaN / +inf / zero in their own colours."""
+    """Layers down, steps across; finite values on a log colour scale (labelled at both ends and between,
+    log_ticks), NaN / +inf / zero in their own colours."""
     layers = list(table.sort_values("order")["layer"].drop_duplicates())
+    values = table.loc[table["kind"] == "finite", "value"]
+    ticks = log_ticks(float(values.min()), float(values.max())) if len(values) else None
     height = max(120, min(18 * len(layers), 720))
     base = alt.Chart(table).encode(
         x=alt.X("step:O", title="optimizer step", axis=alt.Axis(labelAngle=0)),
         y=alt.Y("layer:N", sort=layers, title="layer"),
         tooltip=[alt.Tooltip("layer:N"), alt.Tooltip("step:O"), alt.Tooltip("shown:N", title=title)])
     finite = base.transform_filter(alt.datum.kind == "finite").mark_rect().encode(
-        color=alt.Color("value:Q", scale=alt.Scale(type="log", scheme="viridis"), title=[title, "(log scale)"]))
+        color=alt.Color("value:Q", scale=alt.Scale(type="log", scheme="viridis"), title=[title, "(log scale)"],
+                        legend=alt.Legend(values=ticks, format=".3~g") if ticks else alt.Legend(format=".3~g")))
     special = base.transform_filter(alt.datum.kind != "finite").mark_rect().encode(
         color=alt.Color("kind:N", scale=alt.Scale(domain=list(SPECIAL), range=list(SPECIAL.values())),
                         title="not on the scale", legend=alt.Legend(orient="bottom")))
