@@ -161,7 +161,9 @@ def test_a_detached_adapter_opens_at_the_node_its_cut_output_entered(page, serve
     assert not page.outside, page.outside
 
 
-def _zipped(folder) -> bytes:
+def _zipped(folder, top: str = "run/", padding: int = 0) -> bytes:
+    """`folder` as a .zip, its files under `top` ("" for zip -r's `cd run && zip -r ../run.zip .`), with `padding`
+    random bytes in a file of its own (notes.bin: stored as they are, random bytes do not compress)."""
     import io
     import zipfile
 
@@ -169,21 +171,25 @@ def _zipped(folder) -> bytes:
     with zipfile.ZipFile(data, "w") as archive:
         for path in folder.rglob("*"):
             if path.is_file():
-                archive.write(path, f"run/{path.relative_to(folder)}")
+                archive.write(path, f"{top}{path.relative_to(folder)}")
+        if padding:
+            archive.writestr(f"{top}notes.bin", os.urandom(padding))
     return data.getvalue()
 
 
 @pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_an_upload_opens_and_a_hostile_one_is_a_sentence(page, server, tmp_path_factory, tmp_path):
     """On a person's own machine (no recordings folder configured) the page takes a recording's folder as a .zip
-    through its uploader: the MLP loop opens with its 6 steps; a pickle renamed .zip is one sentence, no traceback."""
+    through its uploader: the MLP loop opens with its 6 steps, zipped with its files at the top of the .zip and 1.5 MiB
+    over Streamlit's 1 MB default limit (.streamlit/config.toml; both were refused before: "status code 413", and
+    "graphviz-core-upload-... is outside the recordings folder"); a pickle renamed .zip is one sentence, no traceback."""
     _, root = server
     with serve_app({"GRAPHVIZ_CORE_DEVICE": "cpu"}, log=tmp_path_factory.mktemp("local") / "server.log") as url:
         page.goto(f"{url}/recordings")
         uploader = page.locator('[data-testid="stFileUploader"] input[type="file"]')
         uploader.wait_for(state="attached", timeout=60_000)
         uploader.set_input_files(files=[{"name": "mlp.zip", "mimeType": "application/zip",
-                                         "buffer": _zipped(root / "mlp-sgd")}])
+                                         "buffer": _zipped(root / "mlp-sgd", top="", padding=3 * 2**19)}])
         main = page.locator('[data-testid="stMain"]')
         page.get_by_text("6 steps", exact=False).first.wait_for(timeout=60_000)
         idle(page, settle_ms=500)

@@ -106,6 +106,14 @@ def test_an_upload_is_unpacked_within_its_limits(served, tmp_path):
     files = {f"run/{p.relative_to(recording)}": p.read_bytes() for p in recording.rglob("*") if p.is_file()}
     opened = unpack(_zip(files), tmp_path / "a")
     assert open_recording(opened).steps()[2].step == 2
+    # zipped from inside the folder (cd run && zip -r ../run.zip .): the manifest at the top of the .zip opens too
+    flat = unpack(_zip({name.removeprefix("run/"): body for name, body in files.items()}), tmp_path / "flat")
+    assert flat == tmp_path / "flat" and contained(flat, tmp_path / "flat", itself=True) == flat.resolve()
+    with pytest.raises(RecordingError, match="outside the recordings folder"):
+        contained(flat, tmp_path / "flat")  # a served folder's own recordings are below it, never the folder itself
+    with pytest.raises(RecordingError, match=r"holds 2 recordings \(a, b\); upload one recording's folder"):
+        unpack(_zip({f"{top}/{name.removeprefix('run/')}": body for top in "ab" for name, body in files.items()}),
+               tmp_path / "two")
     for bad, said in ((_zip({"../evil/manifest.json": "{}"}), "outside its folder"),
                       (_zip({"/etc/manifest.json": "{}"}), "outside its folder"),
                       (b"not a zip at all", "not a .zip"),

@@ -38,6 +38,18 @@ def test_the_shipped_settings_are_safe_for_a_shared_server():
     assert "-m graphviz_core.ui.serve" in run and "-m graphviz_core.ui.serve" in serve
 
 
+def test_the_upload_limit_is_raised_only_where_the_recordings_page_takes_a_zip(monkeypatch):
+    from graphviz_core.ui.serve import MAX_UPLOAD_BYTES, RECORDINGS_ENV, upload_options
+
+    monkeypatch.delenv(RECORDINGS_ENV, raising=False)  # a person's own machine: the page's .zip box, 200 MiB
+    assert upload_options(["--server.port", "8501"]) == ["--server.maxUploadSize", "200"]  # 200 x 2**20 B in MiB
+    assert MAX_UPLOAD_BYTES == 200 * 2**20
+    assert upload_options(["--server.maxUploadSize", "5"]) == []  # the operator's own choice stands
+    assert upload_options(["--server.maxUploadSize=5"]) == []
+    monkeypatch.setenv(RECORDINGS_ENV, "/srv/recordings")  # a team server: no upload box, config.toml's 1 MB
+    assert upload_options([]) == []
+
+
 def test_streamlit_reads_the_post_run_collection_off_from_the_shipped_settings():
     """The key is Streamlit's own (a misspelt one is ignored with a warning): parsed from .streamlit/config.toml in the
     repository root, where `make run` and `make serve` start, the option reads False (Streamlit's default is True)."""

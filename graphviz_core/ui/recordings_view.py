@@ -39,10 +39,9 @@ from graphviz_core.ui.findings import (
     show_recorded_graph,
 )
 from graphviz_core.ui.format import escape_markdown
+from graphviz_core.ui.serve import MAX_UPLOAD_BYTES, RECORDINGS_ENV
 from graphviz_core.units import format_bytes
 
-RECORDINGS_ENV = "GRAPHVIZ_CORE_RECORDINGS"
-MAX_UPLOAD_BYTES = 200 * 2**20
 UPLOAD_LIMIT = f"{MAX_UPLOAD_BYTES // 2**20} MiB"  # as Streamlit's own line under the box counts it (its "200MB")
 MAX_UNPACKED_BYTES = 1024 * 2**20
 MAX_ENTRIES = 20_000  # files and folders walked in one recording (gpt2-small's 100 steps: ~10)
@@ -69,13 +68,15 @@ def listed_recordings(root: Path) -> list[str]:
     return sorted(names)[:MAX_LISTED]
 
 
-def contained(folder: Path, root: Path | None = None) -> Path:
+def contained(folder: Path, root: Path | None = None, itself: bool = False) -> Path:
     """`folder`, checked: no symlink anywhere in it, at most MAX_ENTRIES entries, and (with `root`) its real path
-    inside `root`'s. RecordingError with one sentence otherwise."""
+    inside `root`'s (or `root` itself, with `itself`: an upload whose manifest is at the top of the .zip).
+    RecordingError with one sentence otherwise."""
     if folder.is_symlink():
         raise RecordingError(f"{folder.name} is a symlink; only recordings stored in the folder itself are opened.")
     real = Path(os.path.realpath(folder))
-    if root is not None and Path(os.path.realpath(root)) not in real.parents:
+    root_real = Path(os.path.realpath(root)) if root is not None else None
+    if root_real is not None and root_real not in real.parents and not (itself and real == root_real):
         raise RecordingError(f"{folder.name} is outside the recordings folder; it is not opened.")
     seen = 0
     for path, dirs, files in os.walk(real, followlinks=False):
@@ -118,6 +119,9 @@ def unpack(data: bytes, into: Path) -> Path:
     found = sorted(p.parent for p in into.rglob(MANIFEST))
     if not found:
         raise RecordingError(f"the .zip holds no {MANIFEST}: it is not a recording's folder.")
+    if len(found) > 1:
+        names = ", ".join(str(f.relative_to(into)) or "its top" for f in found[:3]) + (", ..." if len(found) > 3 else "")
+        raise RecordingError(f"the .zip holds {len(found)} recordings ({names}); upload one recording's folder.")
     return found[0]
 
 
@@ -218,7 +222,7 @@ def _local() -> Path | None:
             sweep_uploads()
             into = Path(tempfile.mkdtemp(prefix=UPLOAD_PREFIX))
             try:
-                found = contained(unpack(upload.getvalue(), into), into)
+                found = contained(unpack(upload.getvalue(), into), into, itself=True)
             except BaseException:
                 _remove_upload(into)
                 raise

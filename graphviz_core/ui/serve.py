@@ -46,6 +46,22 @@ def _import(names: tuple[str, ...]) -> None:
         importlib.import_module(name)
 
 
+# The Recordings page (graphviz_core.ui.recordings_view): a server given this folder lists and opens only the recordings
+# in it; without it (a person's own machine) the page takes a folder's path or a .zip of one, up to MAX_UPLOAD_BYTES.
+RECORDINGS_ENV = "GRAPHVIZ_CORE_RECORDINGS"
+MAX_UPLOAD_BYTES = 200 * 2**20
+
+
+def upload_options(argv: list[str]) -> list[str]:
+    """The server-wide upload limit the Recordings page's .zip box needs, where the page offers it (no recordings
+    folder given) and the options do not set one: Streamlit refuses any upload over `server.maxUploadSize` (1 MB in
+    .streamlit/config.toml) whatever the box's own limit, so a 1.8 MB recording came back "Request failed with
+    status code 413"."""
+    if os.environ.get(RECORDINGS_ENV, "").strip() or any(a.startswith("--server.maxUploadSize") for a in argv):
+        return []
+    return ["--server.maxUploadSize", str(MAX_UPLOAD_BYTES // 2**20)]
+
+
 SERVER_UP_WAIT_S = 5.0  # the longest the imports wait for the server to answer first
 _STOPPING = threading.Event()  # the server is stopping: the preload thread starts nothing more
 
@@ -194,7 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     preloading.start()
     code = 0
     try:
-        cli.main(["run", str(APP), *(sys.argv[1:] if argv is None else argv)], prog_name="streamlit")
+        options = sys.argv[1:] if argv is None else argv
+        cli.main(["run", str(APP), *options, *upload_options(options)], prog_name="streamlit")
     except SystemExit as stop:  # click ends every command this way, 0 after a server stopped by a signal
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     finally:
