@@ -14,7 +14,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from graphviz_core.cli_record import EXIT_BAD_INPUT, Parser, Refused
+from graphviz_core.cli_record import EXIT_BAD_INPUT, Parser, Refused, named
 
 
 def _parser(add_config_flags) -> argparse.ArgumentParser:
@@ -39,6 +39,8 @@ def main(argv: Sequence[str], config_flags: tuple) -> int:
     add_config_flags, config_of, names = config_flags
     try:
         args = _parser(add_config_flags).parse_args(list(argv[1:]))
+        named(args.path, "the recording's folder", "the folder graphviz-core record wrote")
+        named(args.output, "-o", "the file to write (or leave -o out for standard output)")
         result = _run(args, config_of, names)
         try:
             text = json.dumps(result, indent=1, allow_nan=False)

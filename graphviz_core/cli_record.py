@@ -21,6 +21,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from graphviz_core.cli import _whole  # the digits 0-9 only, as every other flag (int() reads '٢' as 2)
+
 EXIT_BAD_INPUT = 2
 
 
@@ -38,13 +40,13 @@ def _parser(command: str) -> argparse.ArgumentParser:
         parser = Parser(prog="graphviz-core record",
                          description="Run a training script unchanged and record its backward passes and optimizer "
                                      "steps into a folder (docs/recording.md).")
-        parser.add_argument("--steps", type=int, default=None,
+        parser.add_argument("--steps", type=_whole, default=None,
                             help="record this many optimizer steps, then let the script run on unrecorded "
                                  "(default: every step)")
         parser.add_argument("-o", "--output", required=True, help="the folder to write the recording in (new)")
         parser.add_argument("--parameters-only", action="store_true",
                             help="record the per-step and per-parameter figures only, no per-node figures (cheaper)")
-        parser.add_argument("--nodes-every", type=int, default=1, metavar="N",
+        parser.add_argument("--nodes-every", type=_whole, default=1, metavar="N",
                             help="per-node figures on every N-th step only (0, N, 2N, ...), the per-step and "
                                  "per-parameter figures on every step (default 1: every step; docs/recording.md)")
         parser.add_argument("--check-forward", action="store_true",
@@ -80,7 +82,15 @@ def main(argv: Sequence[str]) -> int:
         return EXIT_BAD_INPUT
 
 
+def named(value: str | None, flag: str, what: str) -> None:
+    """Refuse '' (or spaces) typed for `flag`: a value, never read as "not given" (docs/cli.md); '' as a path is the
+    current folder, where `record -o ''` wrote its recording."""
+    if value is not None and not value.strip():
+        raise ValueError(f"{flag} {value!r} names nothing; give {what}.")
+
+
 def _record(args: argparse.Namespace) -> int:
+    named(args.output, "-o", "the folder to write the recording in")
     script = args.script
     if not os.path.isfile(script):
         raise ValueError(f"{script} is not a file; give the path of the Python script to run.")
@@ -133,6 +143,8 @@ def _from_script(tb, script: str) -> bool:
 def _recording(args: argparse.Namespace) -> int:
     from graphviz_core.graph.recording import open_recording
 
+    named(args.path, "the recording's folder", "the folder graphviz-core record wrote")
+    named(args.output, "-o", "the file to write (or leave -o out for standard output)")
     if args.format == "tensorboard" and not args.output:
         raise ValueError("--format tensorboard writes event files into a folder: give it with -o FOLDER.")
     recording = open_recording(args.path)

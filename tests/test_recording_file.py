@@ -158,6 +158,35 @@ def test_bad_input_is_one_line_exit_2(args):
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+def test_an_output_that_names_nothing_or_cannot_be_written_or_holds_files_is_refused(script, recorded, tmp_path):
+    """Before, `record -o ''` wrote its recording into the current folder (Path('') is '.'), `recording ''` read it,
+    `-o ''` printed to stdout; `-o train.py/run` and `-o /proc/version/run` were tracebacks (NotADirectoryError);
+    `--steps ٢` recorded 2 steps; a folder of the user's own was written into (its rank-0/debug.jsonl appended to)."""
+    own = tmp_path / "mine"
+    (own / "rank-0").mkdir(parents=True)
+    (own / "rank-0" / "debug.jsonl").write_text("precious\n")
+    for args, said in ((["record", "-o", "", str(script)], "-o '' names nothing"),
+                       (["record", "-o", f"{script}/run", str(script)], "cannot write the recording in"),
+                       (["record", "-o", "/proc/version/run", str(script)], "cannot write the recording in"),
+                       (["record", "--steps", "\u0662", "-o", str(tmp_path / "a"), str(script)], "digits 0-9"),
+                       (["record", "--nodes-every", "\u0662", "-o", str(tmp_path / "a"), str(script)], "digits 0-9"),
+                       (["record", "-o", str(own), str(script)], "is not empty; choose a new or empty folder"),
+                       (["recording", ""], "the recording's folder '' names nothing"),
+                       (["recording", str(recorded), "-o", ""], "-o '' names nothing"),
+                       (["debug", str(recorded), "-o", ""], "-o '' names nothing"),
+                       (["debug", ""], "the recording's folder '' names nothing")):
+        done = cli(*args)
+        assert done.returncode == 2 and done.stdout == "" and said in done.stderr, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert (own / "rank-0" / "debug.jsonl").read_text() == "precious\n"  # untouched
+    assert sorted(p.name for p in own.iterdir()) == ["rank-0"] and not (tmp_path / "a").exists()
+    assert not (ROOT / "manifest.json").exists()  # cli() runs in the repository's root: nothing written there
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = cli("record", "--steps", "1", "-o", str(empty), str(script), "1")
+    assert done.returncode == 0 and (empty / "manifest.json").exists(), done.stderr  # an empty folder is new enough
+
+
 def _ddp_rank(rank, world, port, folder, results):
     import torch
 

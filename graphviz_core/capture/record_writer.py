@@ -33,6 +33,11 @@ def _rank_now() -> int | None:
     return int(rank) if rank.isdigit() else None
 
 
+def _holds_anything(folder: Path) -> bool:
+    with os.scandir(folder) as entries:
+        return next(entries, None) is not None
+
+
 class RecordingWriter:
     """One recording folder; `rank` streams opened at the first step (a DDP script initialises its process group
     after the recorder starts)."""
@@ -40,16 +45,24 @@ class RecordingWriter:
     def __init__(self, path: str | os.PathLike, steps_limit: int | None, eager: bool = False) -> None:
         import torch
 
+        if not os.fspath(path).strip():  # Path('') is the current folder
+            raise ValueError("record() was given '' for its folder; name the folder to write the recording in.")
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"{self.path} is a file; give record() a folder to write the recording in.")
         rank = _rank_now()
         if rank is None and (self.path / MANIFEST).exists():
             raise ValueError(f"{self.path} already holds a recording; choose a new folder (nothing is overwritten).")
+        if rank is None and self.path.is_dir() and _holds_anything(self.path):
+            # a folder of the user's own (logs, a stream named like ours) would have files replaced or appended to
+            raise ValueError(f"{self.path} is not empty; choose a new or empty folder (nothing is overwritten).")
         if rank is not None and (self.path / f"rank-{rank}").exists():  # ranks share the folder, each its own part
             raise ValueError(f"{self.path} already holds rank {rank}'s recording; choose a new folder (nothing is "
                              f"overwritten).")
-        (self.path / GRAPHS).mkdir(parents=True, exist_ok=True)
+        try:
+            (self.path / GRAPHS).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file on the way (script.py/run), a folder it may not write in (/sys/run)
+            raise ValueError(f"cannot write the recording in {self.path}: {exc.strerror or exc}.") from None
         self.manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "schema": SCHEMA_VERSION,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
