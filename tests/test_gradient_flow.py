@@ -633,3 +633,49 @@ def test_memory_nobody_wrote_yet_is_not_a_nan_made_by_the_forward(tmp_path):
         rec.step()
     findings = analyse(open_recording(tmp_path / "run"))["findings"]
     assert [f for f in findings if f["kind"].startswith("nonfinite")] == []
+
+
+def test_the_debug_tab_refuses_a_checkpointed_config_in_the_forms_words():
+    """The Debug tab's refusal named a command-line flag ("leave out --checkpoint", a walkthrough); it names the form's
+    field now, as the CLI's sentence still names its flag."""
+    from tests.conftest import explorer_tab, plain
+
+    at = explorer_tab("Debug", preset="gpt2-tiny", checkpoint="full")
+    said = " ".join(plain(i.value) for i in at.info)
+    assert not at.exception and "without activation checkpointing: “Checkpointing” set to none" in said, said
+    assert "--" not in said
+
+
+def test_an_all_zero_gradient_reads_0_and_a_redrawn_graph_keeps_one_row_each(tmp_path):
+    """A walkthrough read "max |value| of its gradient -0" (LoRA's A matrices, whose gradient is zero while B is) and
+    the same three rows twice in the node's details after a rerun. A Linear fed zeros: its weight's gradient is
+    dL/dW = dL/dy^T x = 0 for every entry, so max |value| = max(-min, max) = max(-0.0, 0.0), which Python's max
+    returned as -0.0 (the first of equals)."""
+    from streamlit.testing.v1 import AppTest
+
+    from graphviz_core.ui.findings import _figure
+
+    model = torch.nn.Linear(3, 1)
+    with graphviz_core.record(tmp_path / "run", model=model):
+        model(torch.zeros(2, 3)).sum().backward()
+        torch.optim.SGD(model.parameters(), lr=0.1).step()
+    recording = open_recording(tmp_path / "run")
+    graph = recording.step_graph(0)
+    weight = next(d for _, d in graph.nodes(data=True) if (d.get("param") or {}).get("name") == "weight")
+    assert weight["max_abs"] == 0.0 and math.copysign(1.0, weight["max_abs"]) == 1.0  # +0.0, not -0.0
+    assert (weight["min"], weight["max"]) == (0.0, 0.0)
+    assert _figure(-0.0) == "0" and _figure(None) == "n/a" and _figure(0.012345) == "0.01235"
+
+    def page(folder: str) -> None:
+        from graphviz_core.graph.recording import open_recording
+        from graphviz_core.ui.findings import show_recorded_graph
+
+        graph = open_recording(folder).step_graph(0)  # as the page gets it: one object for every rerun
+        show_recorded_graph(graph, None, "grad_norm", title="t", subtitle="s")
+        show_recorded_graph(graph, None, "grad_norm", title="t", subtitle="s")
+        import streamlit as st
+
+        st.text(str(sorted({len(d.get("details", [])) for _, d in graph.nodes(data=True)})))
+
+    at = AppTest.from_function(page, args=(str(tmp_path / "run"),)).run()
+    assert not at.exception and at.text[0].value == "[0]"  # the graph handed in is never written on

@@ -541,7 +541,7 @@ def record_step(config, folder: str, check_forward: bool = False, eager: bool = 
     if config.device == "meta":
         raise ValueError("debug needs real values; --device meta computes shapes only (use cpu or auto).")
     if config.checkpoint != "none":
-        raise ValueError("debug of a preset runs without activation checkpointing; leave out --checkpoint.")
+        raise ValueError("debug of a preset runs without activation checkpointing: --checkpoint none (the default).")
     device = resolve_device(config.device)
     with torch.device(device):
         model = build_model(config)

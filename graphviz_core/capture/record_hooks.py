@@ -375,7 +375,7 @@ class BackwardProbe:
         flat = [f for parts in self.norms if parts for f in parts]
         read = torch.stack([torch.stack([f[i] for f in flat]) for i in range(3)]).tolist() if flat else [[], [], []]
         # (L2, max |value|, min, max) per gradient, NaN kept: a NaN anywhere makes aminmax's both ends NaN
-        values = [(l2, math.nan if low != low or high != high else max(-low, high), low, high)
+        values = [(l2, math.nan if low != low or high != high else abs(max(-low, high)), low, high)  # abs: not -0.0
                   for l2, low, high in zip(*read, strict=True)]
         counts = [int(f[3]) for f in flat]
         grad_norm, max_abs, nonfinite, times, lows, highs = [], [], [], [], [], []

@@ -14,6 +14,7 @@ from graphviz_core.export.render import METRICS
 from graphviz_core.serve import work
 from graphviz_core.ui import findings as shown
 from graphviz_core.ui.capture_cache import get_result
+from graphviz_core.ui.config_form import in_form_words
 from graphviz_core.ui.format import escape_markdown
 
 COLOURS = ("grad_norm", "time_s")
@@ -29,7 +30,7 @@ def show_debug(capture) -> None:
     try:  # one debugged step per (config, forward check), shared by every session; queued, with Cancel
         done = get_result(*work.debugging(config, check), "the step under the gradient-flow watch")
     except ValueError as exc:
-        st.info(escape_markdown(f"The Debug view cannot run this config: {exc}"))
+        st.info(escape_markdown(f"The Debug view cannot run this config: {in_form_words(str(exc), config.model)}"))
         return
     if done is None:  # cancelled: said above, with a button to run it again
         return

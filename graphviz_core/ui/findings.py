@@ -120,19 +120,26 @@ def placed(findings: list[dict], graph_of) -> list[tuple[dict, str]]:
     return out
 
 
+def _figure(value: float | None) -> str:
+    """A recorded figure to 4 significant digits; a zero reads 0, never -0 (recordings before the recorder's fix hold
+    max |value| = -0.0 for an all-zero gradient)."""
+    return "n/a" if value is None else f"{value + 0.0:.4g}"
+
+
 def show_recorded_graph(graph: nx.DiGraph, focus: str | None, colour: str, *, title: str, subtitle: str,
                         at: str = "", colour_range: tuple[float, float] | None = None) -> None:
     """A recorded graph on the page: every node coloured by `colour`, its details with the recorded max |value| and
     count of NaN and inf values, and either `focus` (a finding's node) selected with the path from the loss ringed and
     every node whose gradient held a NaN or inf dashed, or those nodes ringed."""
+    graph = graph.copy()  # the details go on a copy: the recording's graph is cached, and drawn again on each rerun
     broken = set()
     for node, data in graph.nodes(data=True):
         if data.get("nonfinite"):
             broken.add(node)
         data["details"] = node_details(node, data) + [
-            ["max |value| of its gradient", "n/a" if data.get("max_abs") is None else f"{data['max_abs']:.4g}"],
+            ["max |value| of its gradient", _figure(data.get("max_abs"))],
             ["smallest and largest value of its gradient", "n/a" if data.get("min") is None else
-             f"{data['min']:.4g} to {data['max']:.4g}"],
+             f"{_figure(data['min'])} to {_figure(data['max'])}"],
             ["NaN or inf values in its gradient", "n/a" if data.get("nonfinite") is None else f"{data['nonfinite']:,}"]]
     note = f"{graph.number_of_nodes():,} nodes; colour: {METRICS[colour]}{at}, white = least, dark red = most"
     if colour_range is not None:
