@@ -134,3 +134,29 @@ def test_the_picker_places_at_most_a_hundred_findings():
     out = placed(findings, lambda f: asked.append(f["step"]) or graph)
     assert PLACED_AT_MOST == 100 and len(out) == 100 and asked == list(range(100))
     assert all(node == "a" for _, node in out)
+
+
+def test_a_dead_units_finding_says_how_many_steps_it_held_and_its_worst(tmp_path):
+    """A ReLU over a Linear whose weight is zero: each unit's output is relu(its bias) for every row, so a unit with a
+    negative bias is zero for the whole batch. 2, then 4, then 2 of the 8 biases negative: 25%, 50%, 25% dead. One
+    finding (listed at its first step) that held 3 steps, to step 2, at most 50.0% at step 1; the walkthrough's table
+    showed step 2's 12.5% alone where a later step reached 31.25%."""
+    from graphviz_core.ui.findings import findings_frame
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # nothing moves: each step's biases are the ones set
+    with graphviz_core.record(tmp_path / "run", model=model):
+        for dead in (2, 4, 2):
+            with torch.no_grad():
+                model[0].weight.zero_()
+                model[0].bias.copy_(torch.tensor([-1.0] * dead + [1.0] * (8 - dead)))
+            model(torch.randn(5, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    found = [f for f in analyse(open_recording(tmp_path / "run"))["findings"] if f["kind"] == "dead-units"]
+    assert len(found) == 1
+    f = found[0]
+    assert (f["step"], f["fraction"], f["figures"]["steps"], f["figures"]["last_step"]) == (0, 0.25, 3, 2)
+    assert f["figures"]["worst"] == {"step": 1, "fraction": 0.5}
+    assert f["reason"] == "25.0% of its units were zero for the whole batch (rule: >= 10%); at most 50.0% (step 1)"
+    assert findings_frame(found)["steps"].tolist() == ["3 (to step 2)"]

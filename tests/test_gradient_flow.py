@@ -679,3 +679,28 @@ def test_an_all_zero_gradient_reads_0_and_a_redrawn_graph_keeps_one_row_each(tmp
 
     at = AppTest.from_function(page, args=(str(tmp_path / "run"),)).run()
     assert not at.exception and at.text[0].value == "[0]"  # the graph handed in is never written on
+
+
+def test_after_an_update_writes_nan_into_the_weights_later_steps_say_so():
+    """Step 1's loss is NaN (sqrt of a negative number, made in the forward); plain SGD then writes NaN into every
+    weight the NaN gradient reached (w - lr * NaN = NaN), so steps 2 and 3 start from NaN weights. A walkthrough read
+    "the forward made it (see the nonfinite-loss and nonfinite-forward findings)" at those steps, where no forward
+    finding exists (recorded without the forward check) and the forward was not where it started."""
+    import tempfile
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tempfile.TemporaryDirectory() as folder:
+        with graphviz_core.record(f"{folder}/run", model=model):
+            for step in range(4):
+                out = model(torch.randn(2, 3)).sum()
+                (out - 1e6).sqrt().backward() if step == 1 else out.pow(2).backward()
+                opt.step()
+                opt.zero_grad()
+        findings = analyse(open_recording(f"{folder}/run"))["findings"]
+    reasons = {f["step"]: f["reason"] for f in findings if f["kind"] == "nonfinite-backward"}
+    assert reasons[1] == "the loss was already non-finite: the forward made it (see the nonfinite-loss finding)"
+    for step in (2, 3):  # both layers' weights and biases got NaN gradients at step 1: "0.bias, 0.weight, 1.bias and 1 more"
+        assert reasons[step] == ("the loss was already non-finite: the weights 0.bias, 0.weight, 1.bias and 1 more "
+                                 "already held a NaN or inf before this step's forward (written by the update of step 1)")

@@ -257,7 +257,22 @@ REPLAY = ("a compiled region's ops are one node here; to name the op, run the sa
           "the finding lands at its own node")
 
 
-def _backward_findings(recording, rank, step, index, log: DebugLog, loss_bad: bool) -> list[dict]:
+def _already_bad(step, before) -> str:
+    """Why the loss of `step` was not finite, as the reason's end: the parameters that held a NaN or inf before its
+    forward (an earlier update wrote them, the last step `before` whose weights were all finite, if any), or "" where
+    every weight was finite (the forward made it)."""
+    bad = sorted(n for n, p in step.parameters.items() if p.weight_norm is not None and not math.isfinite(p.weight_norm))
+    if not bad:
+        return ""
+    names = ", ".join(bad[:3]) + (f" and {len(bad) - 3:,} more" if len(bad) > 3 else "")
+    by = f"by the update of step {before.step}" if before is not None else "before the first recorded step"
+    return f"the weights {names} already held a NaN or inf before this step's forward (written {by})"
+
+
+def _backward_findings(recording, rank, step, index, log: DebugLog, loss_bad: bool, forward_found: bool = False,
+                       weights: str = "") -> list[dict]:
+    """The step's non-finite backward findings; with `loss_bad`, why the loss was not finite: `weights` (_already_bad)
+    or the forward (the nonfinite-forward finding of this step, where `forward_found`)."""
     out = []
     line = log.steps.get(step.step) or {}
     keys, saved = line.get("link_shapes") or [], line.get("saved_values") or []
@@ -278,8 +293,9 @@ def _backward_findings(recording, rank, step, index, log: DebugLog, loss_bad: bo
             scale = step.scale if step.scale is not None else float("nan")
             finding.update(kind="scaler-overflow", reason=f"scaler overflow (scale = {scale:g}), step skipped")
         elif loss_bad:
-            finding.update(kind="nonfinite-backward", reason="the loss was already non-finite: the forward made it "
-                           "(see the nonfinite-loss and nonfinite-forward findings)")
+            why = weights or ("the forward made it (see the nonfinite-loss and nonfinite-forward findings)"
+                              if forward_found else "the forward made it (see the nonfinite-loss finding)")
+            finding.update(kind="nonfinite-backward", reason=f"the loss was already non-finite: {why}")
         else:
             finding.update(kind="nonfinite-backward", reason=f"receives only finite gradients and returns {values_of(finding)}")
         out.append({"step": step.step, "rank": rank, **finding})
@@ -320,11 +336,23 @@ def _forward_findings(rank, step, line: dict, loss_bad: bool) -> list[dict]:
 
 
 def _aggregate(found: dict, key: tuple, finding: dict) -> None:
-    """One finding per (kind, parameter or module, reason) over the run: its first step, and how many steps."""
+    """One finding per (kind, parameter or module, reason) over the run: its first step, how many steps it held and
+    the last of them (`figures.steps`, `figures.last_step`); a dead-units finding also keeps its largest fraction and
+    that step (`figures.worst`), said at the end of its reason where it is not the first step's."""
     if key in found:
-        found[key]["figures"]["steps"] += 1
+        kept = found[key]
+        kept["figures"]["steps"] += 1
+        kept["figures"]["last_step"] = finding["step"]
+        worst = kept["figures"].get("worst")
+        if worst is not None and finding["fraction"] > worst["fraction"]:
+            kept["figures"]["worst"] = {"step": finding["step"], "fraction": finding["fraction"]}
+            kept["reason"] = (f"{kept['reason'].split('; at most ')[0]}; at most {finding['fraction']:.1%} "
+                              f"(step {finding['step']})")
     else:
-        finding.setdefault("figures", {})["steps"] = 1
+        figures = finding.setdefault("figures", {})
+        figures["steps"], figures["last_step"] = 1, finding["step"]
+        if finding["kind"] == "dead-units":
+            figures["worst"] = {"step": finding["step"], "fraction": finding["fraction"]}
         found[key] = finding
 
 
@@ -438,12 +466,18 @@ def analyse(recording: Recording) -> dict:
         if log.sources:
             checked.append(rank)
         steps = recording.steps(rank)
+        last_finite = None  # the last step whose weights were all finite before its forward
         for index, step in enumerate(steps):
             line = log.steps.get(step.step) or {}
             losses = line.get("losses") or []
             loss_bad = any(v is not None for v in losses)
-            findings += _forward_findings(rank, step, line, loss_bad)
-            findings += _backward_findings(recording, rank, step, index, log, loss_bad)
+            forward = _forward_findings(rank, step, line, loss_bad)
+            findings += forward
+            weights = _already_bad(step, last_finite) if loss_bad else ""
+            findings += _backward_findings(recording, rank, step, index, log, loss_bad,
+                                           any(f["kind"] == "nonfinite-forward" for f in forward), weights)
+            if all(p.weight_norm is None or math.isfinite(p.weight_norm) for p in step.parameters.values()):
+                last_finite = step
             for entry in line.get("no_gradient") or []:
                 if isinstance(entry, dict):
                     placed_at = entry.get("cut")  # a detach or no_grad: the node the cut output entered

@@ -13,7 +13,8 @@ from graphviz_core.export.render import METRICS, node_details, render_html
 from graphviz_core.ui.format import escape_markdown, literal_cells
 from graphviz_core.ui.vis_script import vis_src
 
-FINDING_COLUMNS = ("kind", "step", "node", "module", "parameter", "source", "reason")
+FINDING_COLUMNS = ("kind", "step", "steps", "node", "module", "parameter", "source", "reason")
+WRAPPED_AT_MOST = 40  # findings drawn as a table whose cells wrap; more: a data grid (scrolls, its cells cut)
 
 
 def finding_label(f: dict) -> str:
@@ -26,17 +27,44 @@ def finding_label(f: dict) -> str:
                                                                      f.get("module") else "")
 
 
+def _held(f: dict) -> str:
+    """The steps a finding held (aggregated ones: figures.steps, first to last), "" for a one-step kind."""
+    figures = f.get("figures") or {}
+    count, last = figures.get("steps"), figures.get("last_step")
+    if not count:
+        return ""
+    return f"{count:,} (to step {last})" if count > 1 and last is not None else f"{count:,}"
+
+
+def _cell(f: dict, column: str) -> str:
+    if column == "steps":
+        return _held(f)
+    value = f.get(column)
+    if value is None:
+        return ""
+    if column == "source":  # the file's name and line: its whole path is in the line above a finding opened below
+        return str(value).replace("\\", "/").rsplit("/", 1)[-1]
+    return str(value)
+
+
 def findings_frame(findings: list[dict]) -> pd.DataFrame:
-    """The findings' table: text cells (the dataframe escapes them), empty where a field does not apply."""
-    return pd.DataFrame([{c: "" if f.get(c) is None else str(f.get(c)) for c in FINDING_COLUMNS} for f in findings])
+    """The findings' table: text cells (the dataframe escapes them), empty where a field does not apply; "steps" is
+    how many steps a finding held (a no-gradient or dead-units finding is listed once, at its first step)."""
+    return pd.DataFrame([{c: _cell(f, c) for c in FINDING_COLUMNS} for f in findings])
 
 
 def show_findings(findings: list[dict]) -> None:
-    """The findings' table, its node column wide enough for CompiledFunctionBackward at 1280 px (sized to its first
-    rows' text, it had cut the name to "CompiledFunctior")."""
-    st.dataframe(findings_frame(findings), width="stretch", hide_index=True,
+    """The findings' table. Up to WRAPPED_AT_MOST rows as a table whose cells wrap, the reason read whole (a data
+    grid cut the reason off the right edge at 1280 px and its module "(model) (F.relu 1)" to "(model) ("); more,
+    as a data grid that scrolls, its node column wide enough for CompiledFunctionBackward."""
+    frame = findings_frame(findings)
+    if len(frame) <= WRAPPED_AT_MOST:
+        st.table(literal_cells(frame), hide_index=True)
+        return
+    st.dataframe(frame, width="stretch", hide_index=True,
                  column_config={"node": st.column_config.TextColumn(width="medium"),
-                                "kind": st.column_config.TextColumn(width="medium")})
+                                "kind": st.column_config.TextColumn(width="medium"),
+                                "reason": st.column_config.TextColumn(width="large")})
 
 
 def _shape(shape) -> str:
