@@ -58,7 +58,12 @@ def test_layers_and_their_figures_keep_nan_and_inf(served):
     skipped = table[table.step == 2]
     assert len(skipped) == 2 and set(skipped.kind) <= {"NaN", "+inf"}  # the overflow step: drawn, in its own colour
     ratios = layer_table(steps, "update_ratio")
-    assert set(ratios[ratios.step == 2].kind) == {"zero"}  # the scaler skipped the step: nothing moved
+    # the scaler skipped the step: no update, so no ratio, an empty cell (it read "zero", grey, where
+    # docs/debugging.md says a skipped step has no update and no ratio); the steps around it have theirs
+    assert ratios[ratios.step == 2].empty and len(ratios[ratios.step == 1]) == 2
+    from graphviz_core.analysis.gradient_flow import update_ratios
+
+    assert update_ratios(steps[2]) == {} and set(update_ratios(steps[1])) == {"0", "2"}  # debug's steps[].update_ratio
 
 
 def test_the_log_colour_scale_is_labelled_at_its_ends_and_between():

@@ -437,7 +437,7 @@ def layer_figures(steps: list, figure: str) -> list[tuple[int, str, float | None
             else:
                 update = _root_sum_squares([p.update_norm for p in params])
                 weight = _root_sum_squares([p.weight_norm for p in params])
-                value = None if update is None or not weight else update / weight
+                value = None if update is None or not weight or step.skipped else update / weight
             rows.append((step.step, layer, value))
     return rows
 
@@ -446,6 +446,8 @@ def update_ratios(step) -> dict:
     """Per module (the parameters' owner): |update| / |weight| over its parameters together, sqrt(sum of squared
     update norms) / sqrt(sum of squared weight norms); compare with the ~1e-3 rule of thumb of the CS231n notes
     (Karpathy, "Neural Networks Part 3"). Modules with no update (a skipped or hand-closed step) are left out."""
+    if step.skipped:  # the GradScaler skipped optimizer.step(): no update (the recorder's update norms read 0)
+        return {}
     sums: dict[str, list[float]] = {}
     for name, p in step.parameters.items():
         if p.update_norm is None or p.weight_norm is None or not math.isfinite(p.update_norm):

@@ -378,7 +378,7 @@ def _show(recording: Recording) -> None:
     _show_heatmap(heatmap(layer_table(steps, "grad_norm", missing), "gradient norm"))
     st.subheader("Update / weight ratio per layer")
     st.caption("How far each optimizer step moved a layer's weights: the norm of the change over the norm of the "
-               "weights before it. Empty where a step had no update (closed by hand) or the weights were all zero.")
+               "weights before it. Empty where a step had no update (skipped by the GradScaler, or closed by hand) or the weights were all zero.")
     _show_heatmap(heatmap(layer_table(steps, "update_ratio", missing), "update / weight"))
     _show_findings(recording, rank)
     _step_graph(recording, steps, rank)
