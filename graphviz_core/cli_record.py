@@ -19,6 +19,7 @@ import os
 import runpy
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 
 from graphviz_core.cli import _whole  # the digits 0-9 only, as every other flag (int() reads '٢' as 2)
@@ -97,20 +98,24 @@ def _record(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps {args.steps} records nothing; give 1 or more (or leave it out for every step).")
     script_args = args.args[1:] if args.args[:1] == ["--"] else args.args  # `SCRIPT -- ARGS` works too
-    from graphviz_core.capture.recorder import record
+    from graphviz_core.capture.recorder import UnclosedSteps, record
 
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [script, *script_args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
-        with record(args.output, steps=args.steps, nodes=not args.parameters_only, check_forward=args.check_forward,
-                    nodes_every=args.nodes_every, eager=args.eager):
-            try:
-                runpy.run_path(script, run_name="__main__")
-            except SystemExit as exit_:
-                code = exit_.code
-                if code not in (None, 0):
-                    raise _ScriptExit(code) from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnclosedSteps)  # said below as one sentence, not as a warning's two lines
+            with record(args.output, steps=args.steps, nodes=not args.parameters_only,
+                        check_forward=args.check_forward, nodes_every=args.nodes_every, eager=args.eager) as rec:
+                try:
+                    runpy.run_path(script, run_name="__main__")
+                except SystemExit as exit_:
+                    code = exit_.code
+                    if code not in (None, 0):
+                        raise _ScriptExit(code) from None
+        if rec.active and rec.backwards:
+            sys.stderr.write(f"graphviz-core: {rec.unclosed()}\n")
     except _ScriptExit as exit_:
         code = exit_.code
         return code if isinstance(code, int) else 1

@@ -187,6 +187,45 @@ def test_an_output_that_names_nothing_or_cannot_be_written_or_holds_files_is_ref
     assert done.returncode == 0 and (empty / "manifest.json").exists(), done.stderr  # an empty folder is new enough
 
 
+def test_backward_passes_no_step_closed_are_said_not_silently_dropped(tmp_path):
+    """A loop that updates its weights by hand (no torch.optim) ran 4 backward passes and recorded none, and record
+    said nothing; `recording` then read "the run recorded no step". The CLI says it in one sentence (exit 0: the
+    script ran), the Python API warns (UnclosedSteps); a loop that steps records them, and neither says a word."""
+    import warnings
+
+    import torch
+
+    import graphviz_core
+    from graphviz_core.capture.recorder import UnclosedSteps
+
+    script = tmp_path / "by_hand.py"
+    script.write_text("import torch\nm = torch.nn.Linear(3, 1)\nfor _ in range(4):\n"
+                      "    m(torch.randn(2, 3)).sum().backward()\n"
+                      "    with torch.no_grad():\n        for p in m.parameters():\n"
+                      "            p -= 0.1 * p.grad\n            p.grad = None\n")
+    done = cli("record", "-o", str(tmp_path / "run"), str(script))
+    assert done.returncode == 0 and done.stderr == (
+        "graphviz-core: 4 backward passes were not recorded: a step is closed by a torch.optim optimizer's step() (or "
+        "by rec.step() in a loop without one; docs/recording.md), and none followed them.\n"), done.stderr
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with graphviz_core.record(tmp_path / "api", model=model):
+            for _ in range(2):
+                model(torch.randn(2, 3)).sum().backward()
+                opt.step()
+            model(torch.randn(2, 3)).sum().backward()  # the third, after the last step
+    unclosed = [w for w in said if issubclass(w.category, UnclosedSteps)]
+    assert [str(w.message)[:63] for w in unclosed] == ["1 backward pass after the last recorded step was not recorded: "]
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with graphviz_core.record(tmp_path / "stepped", model=model):
+            model(torch.randn(2, 3)).sum().backward()
+            opt.step()
+    assert not [w for w in said if issubclass(w.category, UnclosedSteps)]
+
+
 def _ddp_rank(rank, world, port, folder, results):
     import torch
 

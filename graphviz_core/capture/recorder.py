@@ -45,6 +45,11 @@ def _traced(roots: list) -> bool:
     return any(isinstance(r, torch.Tensor) and (type(r) is not torch.Tensor and not isinstance(r, torch.nn.Parameter)
                                                 or torch._is_functional_tensor(r)) for r in roots)
 
+class UnclosedSteps(UserWarning):
+    """Backward passes ran inside record() after its last step closed, and no step closed them: they are not in the
+    recording (a loop without a torch.optim optimizer that never called rec.step())."""
+
+
 class Recorder:
     """The object `record()` yields. `step()` closes a step by hand; `steps_written` counts the steps written."""
 
@@ -114,6 +119,15 @@ class Recorder:
             self.debug.remove()
 
     # ---- steps --------------------------------------------------------------------------------------------------
+    def unclosed(self) -> str:
+        """The sentence for backward passes that no step closed (UnclosedSteps)."""
+        count = len(self.backwards)
+        what = (f"{count:,} backward pass{'es' if count != 1 else ''} after the last recorded step "
+                if self.steps_written else f"{count:,} backward pass{'es' if count != 1 else ''} ")
+        return (f"{what}{'were' if count != 1 else 'was'} not recorded: a step is closed by a torch.optim optimizer's "
+                f"step() (or by rec.step() in a loop without one; docs/recording.md), and none followed "
+                f"{'them' if count != 1 else 'it'}.")
+
     def nodes_now(self) -> bool:
         """Whether the step being recorded gets per-node figures (nodes=True, and a multiple of nodes_every)."""
         return self.nodes and self.steps_written % self.nodes_every == 0
@@ -455,5 +469,7 @@ def record(path, *, steps: int | None = None, model: torch.nn.Module | None = No
         finally:
             recorder.remove()
             recorder.writer.close(complete=clean)
+        if recorder.active and recorder.backwards:
+            warnings.warn(UnclosedSteps(recorder.unclosed()), stacklevel=3)
     finally:
         _ACTIVE.release()
