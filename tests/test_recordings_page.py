@@ -77,8 +77,13 @@ def test_the_log_colour_scale_is_labelled_at_its_ends_and_between():
     table = pd.DataFrame([{"step": 0, "layer": "0", "kind": "finite", "order": 0, "value": 0.012, "shown": "0.012"},
                           {"step": 1, "layer": "0", "kind": "finite", "order": 0, "value": 0.094, "shown": "0.094"},
                           {"step": 2, "layer": "0", "kind": "NaN", "order": 0, "value": None, "shown": "NaN"}])
-    finite = heatmap(table, "gradient norm").to_dict()["layer"][0]["encoding"]["color"]
+    layers = heatmap(table, "gradient norm").to_dict()["layer"]
+    finite, special = layers[0]["encoding"]["color"], layers[1]["encoding"]["color"]
     assert finite["scale"]["type"] == "log" and finite["legend"]["values"] == [0.012, 0.02, 0.034, 0.056, 0.094]
+    # the legend of colours off the scale names the NaN drawn, not +inf, zero and no gradient, which are not
+    assert special["scale"]["domain"] == ["NaN"] and special["scale"]["range"] == ["#e6007e"]
+    clean = heatmap(table[table["kind"] == "finite"], "gradient norm").to_dict()["layer"][1]["encoding"]["color"]
+    assert clean["legend"] is None  # nothing off the scale: no legend for it
 
 
 def test_the_served_folder_lists_and_opens_only_its_own_recordings(served, tmp_path):

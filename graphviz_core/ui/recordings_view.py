@@ -300,9 +300,11 @@ def heatmap(table: pd.DataFrame, title: str) -> alt.LayerChart:
     finite = base.transform_filter(alt.datum.kind == "finite").mark_rect().encode(
         color=alt.Color("value:Q", scale=alt.Scale(type="log", scheme="viridis"), title=[title, "(log scale)"],
                         legend=alt.Legend(values=ticks, format=".3~g") if ticks else alt.Legend(format=".3~g")))
+    present = [kind for kind in SPECIAL if (table["kind"] == kind).any()]  # the legend names only what is drawn
     special = base.transform_filter(alt.datum.kind != "finite").mark_rect().encode(
-        color=alt.Color("kind:N", scale=alt.Scale(domain=list(SPECIAL), range=list(SPECIAL.values())),
-                        title="not on the scale", legend=alt.Legend(orient="bottom")))
+        color=alt.Color("kind:N", scale=alt.Scale(domain=present or list(SPECIAL),
+                                                  range=[SPECIAL[k] for k in present or SPECIAL]),
+                        title="not on the scale", legend=alt.Legend(orient="bottom") if present else None))
     return alt.layer(finite, special).resolve_scale(color="independent").properties(height=height)
 
 
