@@ -173,9 +173,13 @@ def test_the_page_on_a_persons_own_machine_opens_a_typed_path(served, monkeypatc
     assert not at.exception and not at.error
     assert "3 steps" in plain(" ".join(c.value for c in at.caption))
     (tmp_path / "notes.txt").write_text("not a recording")
-    for typed, said in ((str(tmp_path / "notes.txt"), "is not a folder"), (str(tmp_path), "manifest.json is missing")):
+    # the served folder holds three recordings (the fixture's mlp-sgd, float16-grad-scaler, wrong-version): named,
+    # where a walkthrough typing a parent folder read only "manifest.json is missing"
+    for typed, said in ((str(tmp_path / "notes.txt"), "is not a folder"), (str(tmp_path), "manifest.json is missing"),
+                        (str(served), "is not a recording but holds 3: float16-grad-scaler, mlp-sgd, wrong-version; "
+                                      "type the folder of one of them")):
         at.text_input(key="rec.path").input(typed).run()
-        assert not at.exception and len(at.error) == 1 and said in plain(at.error[0].value)
+        assert not at.exception and len(at.error) == 1 and said in plain(at.error[0].value), at.error
 
 
 def test_every_hostile_recording_is_one_sentence_in_the_page(served, monkeypatch, tmp_path):

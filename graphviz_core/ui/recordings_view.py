@@ -232,6 +232,15 @@ def _local() -> Path | None:
         folder = Path(typed.strip()).expanduser()
         if not folder.is_dir():
             raise RecordingError(f"{typed.strip()} is not a folder on this machine.")
+        if not (folder / MANIFEST).exists():  # a folder of recordings: name them, where "manifest.json is missing"
+            try:
+                inside = listed_recordings(folder)
+            except OSError:
+                inside = []
+            if inside:
+                names = ", ".join(inside[:5]) + (f" and {len(inside) - 5:,} more" if len(inside) > 5 else "")
+                raise RecordingError(f"{typed.strip()} is not a recording but holds {len(inside):,}: {names}; type "
+                                     f"the folder of one of them.")
         return folder
     st.info("Type the folder of a recording, or upload one. To record your own loop: docs/recording.md.")
     return None
