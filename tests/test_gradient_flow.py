@@ -704,3 +704,26 @@ def test_after_an_update_writes_nan_into_the_weights_later_steps_say_so():
     for step in (2, 3):  # both layers' weights and biases got NaN gradients at step 1: "0.bias, 0.weight, 1.bias and 1 more"
         assert reasons[step] == ("the loss was already non-finite: the weights 0.bias, 0.weight, 1.bias and 1 more "
                                  "already held a NaN or inf before this step's forward (written by the update of step 1)")
+
+
+def test_a_nan_gradient_on_a_step_without_node_figures_is_still_a_finding(tmp_path):
+    """Per-node figures on steps 0 and 2 only (nodes_every=2); step 1's loss is sqrt(-1) = NaN, so every parameter's
+    gradient is NaN there. That step has no graph, so no node can be named, but its per-parameter figures hold the NaN:
+    an outside audit found no finding at all for it. Step 1 is a finding naming the parameters; the SGD update then
+    writes NaN into all four, so step 2, with its graph, is the usual placed finding."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with graphviz_core.record(tmp_path / "run", model=model, nodes_every=2):
+        for step in range(3):
+            out = model(torch.randn(2, 3)).sum()
+            (out * 0 - 1).sqrt().backward() if step == 1 else out.pow(2).backward()
+            opt.step()
+            opt.zero_grad()
+    recording = open_recording(tmp_path / "run")
+    assert [bool(s.backward_graphs) for s in recording.steps()] == [True, False, True]
+    found = [f for f in analyse(recording)["findings"] if f["kind"] == "nonfinite-backward"]
+    assert [(f["step"], f.get("parameter"), "node" in f) for f in found] == [(1, "0.bias", False), (2, None, True)]
+    assert found[0]["figures"]["parameters"] == ["0.bias", "0.weight", "1.bias", "1.weight"]
+    assert found[0]["reason"].startswith("the gradient of 0.bias, 0.weight, 1.bias and 1 more held a NaN or inf; this "
+                                         "step was recorded without per-node figures")

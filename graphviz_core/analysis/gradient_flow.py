@@ -308,6 +308,20 @@ def _backward_findings(recording, rank, step, index, log: DebugLog, loss_bad: bo
     return out
 
 
+def _unplaced_findings(rank, step) -> list[dict]:
+    """A step recorded without per-node figures (nodes_every, nodes=False): the parameters whose gradient held a NaN or
+    inf, from the per-parameter figures every step has, where no node can be named. A skipped step is the scaler's."""
+    bad = sorted(n for n, p in step.parameters.items() if p.grad_norm is not None and not math.isfinite(p.grad_norm))
+    if not bad or step.skipped:
+        return []
+    names = ", ".join(bad[:3]) + (f" and {len(bad) - 3:,} more" if len(bad) > 3 else "")
+    return [{"kind": "nonfinite-backward", "step": step.step, "rank": rank, "parameter": bad[0],
+             "reason": f"the gradient of {names} held a NaN or inf; this step was recorded without per-node figures "
+                       f"(nodes_every, or nodes=False), so the node where it started is not named: record with "
+                       f"per-node figures on every step to find it",
+             "figures": {"parameters": bad[:20]}}]
+
+
 def values_of(finding: dict) -> str:
     return "NaN" if finding["figures"]["values"] == "nan" else "an infinity (no NaN)"
 
@@ -478,6 +492,8 @@ def analyse(recording: Recording) -> dict:
             weights = _already_bad(step, last_finite) if loss_bad else ""
             findings += _backward_findings(recording, rank, step, index, log, loss_bad,
                                            any(f["kind"] == "nonfinite-forward" for f in forward), weights)
+            if not step.backward_graphs:
+                findings += _unplaced_findings(rank, step)
             if all(p.weight_norm is None or math.isfinite(p.weight_norm) for p in step.parameters.values()):
                 last_finite = step
             for entry in line.get("no_gradient") or []:
