@@ -118,7 +118,10 @@ def _record(args: argparse.Namespace) -> int:
             sys.stderr.write(f"graphviz-core: {rec.unclosed()}\n")
     except _ScriptExit as exit_:
         code = exit_.code
-        return code if isinstance(code, int) else 1
+        if isinstance(code, int):
+            return code
+        sys.stderr.write(f"{code}\n")  # sys.exit("message"): python prints it and exits 1
+        return 1
     except Exception:  # the script's own error: its traceback, as python would print it
         if isinstance(sys.exc_info()[1], ValueError) and not _from_script(sys.exc_info()[2], script):
             raise

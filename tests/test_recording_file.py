@@ -280,6 +280,9 @@ def test_a_script_that_fails_keeps_its_traceback_and_exit_code(tmp_path):
     exits = tmp_path / "exits.py"
     exits.write_text("import sys\nsys.exit(3)\n")
     assert cli("record", "-o", str(tmp_path / "exited"), str(exits)).returncode == 3
+    exits.write_text("import sys\nsys.exit('the data ran out')\n")  # python prints the message, exits 1
+    done = cli("record", "-o", str(tmp_path / "said"), str(exits))
+    assert done.returncode == 1 and done.stderr.endswith("the data ran out\n"), done.stderr
 
 
 def _as_version_1(folder) -> None:
