@@ -76,8 +76,9 @@ def _run(args: argparse.Namespace, config_of, names) -> dict:
             raise ValueError("--check-forward applies to --preset; a recording's forward was checked when it was "
                              "recorded (graphviz-core record --check-forward, or record(..., check_forward=True)).")
         return analyse(open_recording(args.path))
-    if args.preset is None:
-        raise ValueError("give a recording's folder (graphviz-core debug PATH) or a model (--preset NAME).")
+    if args.preset is None and args.model is None:  # --model with its flags, as graph takes it, or a preset
+        raise ValueError("give a recording's folder (graphviz-core debug PATH) or a model (--preset NAME, or --model "
+                         "NAME with its flags).")
     if args.optimizer is not None:
         raise ValueError("debug of a preset runs one forward and backward, no optimizer step; leave out --optimizer "
                          "(record your own loop to see its steps).")

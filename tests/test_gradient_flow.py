@@ -391,6 +391,8 @@ def test_cli_prints_findings_and_refuses_bad_input(tmp_path, capsys):
     assert json.loads(checked.stdout)["forward_checked"] == [0]  # the flag records source lines
     compiled = here("--preset", "mlp", "--compile")  # a compiled step (AOTAutograd's regions): a clean one
     assert compiled.returncode == 0 and json.loads(compiled.stdout)["findings"] == [], compiled.stderr
+    by_fields = here("--model", "mlp", "--hidden", "16")  # --model and its flags, as `graph` takes them (was refused)
+    assert by_fields.returncode == 0 and json.loads(by_fields.stdout)["config"]["hidden"] == 16, by_fields.stderr
     for args, said in (([str(tmp_path / "none")], "does not exist"),
                        ([], "give a recording's folder"),
                        ([str(tmp_path / "run"), "--check-forward"], "--check-forward applies to --preset"),
