@@ -56,11 +56,12 @@ def to_tensorboard(recording: Recording, folder: str | os.PathLike) -> list[Path
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise RecordingError(f"{folder} is a file; give a folder for the TensorBoard event files.")
+    # every rank's steps and node figures are read, and checked against their graphs (a graph file that is missing
+    # or damaged is one sentence), before any event file is written
+    read = {rank: (recording.steps(rank), recording.node_figures(rank)) for rank in recording.ranks}
     written = []
-    for rank in recording.ranks:
+    for rank, (steps, figures) in read.items():
         run = folder if len(recording.ranks) == 1 else folder / f"rank-{rank}"
-        steps = recording.steps(rank)
-        figures = recording.node_figures(rank)
         try:
             writer = SummaryWriter(log_dir=str(run))
         except OSError as exc:

@@ -10,8 +10,10 @@ A recording is a folder written as the run goes (graphviz_core.capture.recorder 
     rank-<r>/status.json     {"complete": true, "steps": N} once the recorder closed cleanly
 
 A step is complete when its row is in steps.arrows, which is written last; a run killed mid-step leaves at most a
-partial batch at the end of a stream, which the reader drops. No pickle anywhere: JSON and Arrow only, read with
-limits on every size (a file from someone else gets one sentence, `RecordingError`, never code run).
+partial batch at the end of a stream, which the reader drops. No pickle anywhere: JSON and Arrow only, read from
+plain files (never through a symlink, nor from a device or a FIFO) with limits on every size, and checked for what
+cannot be (a cycle in a graph, a negative norm or count, a step twice): a file from someone else gets one sentence,
+`RecordingError`, never code run.
 
 The reader::
 
@@ -29,6 +31,7 @@ import json
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +48,7 @@ STATUS = "status.json"
 GRAPHS = "graphs"
 STREAMS = ("steps", "parameters", "nodes")
 GRAPH_ID = re.compile(r"^[0-9a-f]{20}$")  # blake2b(ops and edges), 10 bytes in hex: never a path
-RANK_DIR = re.compile(r"^rank-([0-9]{1,5})$")
+RANK_DIR = re.compile(r"^rank-(0|[1-9][0-9]{0,4})$")  # rank-<n> as the writer names it: no sign, no leading zero
 
 # Every size the reader reads is bounded.
 MAX_JSON_BYTES = 1 << 20  # manifest and status files
@@ -53,6 +56,7 @@ MAX_GRAPH_BYTES = 256 << 20  # one graph's JSON (gpt2-small's is ~2 MB)
 MAX_GRAPH_NODES = 2_000_000
 MAX_STREAM_BYTES = 8 << 30  # one Arrow stream (memory-mapped: read as it is used)
 MAX_RANKS = 4096
+MAX_FOLDER_ENTRIES = 1_000_000  # entries of the recording folder looked through for its rank folders
 MAX_GRAPHS = 10_000
 
 
@@ -130,15 +134,37 @@ class Step:
     parameters: dict[str, Parameter] = field(repr=False)
 
 
-def _read_json(path: Path, limit: int, what: str) -> Any:
+def _read_json(path: Path, limit: int, what: str, missing_ok: bool = False) -> Any:
+    """The JSON object in `path`, read only from a plain file (not a symlink, device, FIFO or socket: /dev/zero says
+    its size is 0 and never ends, a FIFO never answers) and never more than `limit` bytes of it, whatever its size
+    says. None for a missing file when `missing_ok`."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        size = path.stat().st_size
-    except OSError:
+        if os.path.islink(path):  # O_NOFOLLOW refuses a symlink too; this says so where it is missing
+            raise RecordingError(f"{path} is not a plain file, so it is not a {what} of a recording.")
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        if missing_ok:
+            return None
         raise RecordingError(f"{path} is missing: this is not a complete recording folder ({what}).") from None
-    if size > limit:
-        raise RecordingError(f"{path} is {size:,} bytes, more than the {limit:,} a {what} may be.")
+    except OSError:  # ELOOP: a symlink; ENXIO: a socket; EACCES and the rest: it cannot be read either way
+        raise RecordingError(f"{path} is not a plain file that can be read, so it is not a {what} of a "
+                             f"recording.") from None
     try:
-        data = json.loads(path.read_bytes())
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder, a device, a FIFO
+            raise RecordingError(f"{path} is not a plain file, so it is not a {what} of a recording.")
+        with os.fdopen(fd, "rb") as f:
+            fd = None
+            raw = f.read(limit + 1)
+    except OSError:
+        raise RecordingError(f"{path} cannot be read, so it is not a {what} of a recording.") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
+    if len(raw) > limit:
+        raise RecordingError(f"{path} is more than the {limit:,} bytes a {what} may be.")
+    try:
+        data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise RecordingError(f"{path} is not JSON, so it is not a {what} of a recording.") from None
     if not isinstance(data, dict):
@@ -179,32 +205,55 @@ class Recording:
         if self.manifest.get("schema") != SCHEMA_VERSION:
             raise RecordingError(f"{self.path}'s graphs are of schema {self.manifest.get('schema')!r}; this version "
                                  f"reads schema {SCHEMA_VERSION}.")
-        ranks = []
-        for entry in sorted(os.listdir(self.path))[: MAX_RANKS * 2 + 16]:
-            match = RANK_DIR.match(entry)
-            if match and (self.path / entry).is_dir() and not (self.path / entry).is_symlink():
-                ranks.append(int(match.group(1)))
-        if not ranks:
-            raise RecordingError(f"{self.path} holds no rank-<n> folder: the run recorded no step.")
-        self.ranks = sorted(ranks)[:MAX_RANKS]
-        self.complete = all(self._status(rank).get("complete") is True for rank in self.ranks)
+        self.ranks = self._rank_folders()
+        statuses = [self._status(rank) for rank in self.ranks]
+        self.complete = all(status.get("complete") is True for status in statuses)
+        self._claimed = {rank: status.get("steps") for rank, status in zip(self.ranks, statuses, strict=True)}
         self._steps: dict[int, list[Step]] = {}
         self._nodes: dict[int, Any] = {}
         self._graphs: dict[str, nx.DiGraph] = {}
 
+    def _rank_folders(self) -> list[int]:
+        """The ranks of the rank-<n> folders (not symlinks), each named as the writer names it; more than MAX_RANKS of
+        them, or a folder of more than MAX_FOLDER_ENTRIES entries, is one sentence."""
+        ranks = []
+        try:
+            with os.scandir(self.path) as entries:
+                for seen, entry in enumerate(entries):
+                    if seen >= MAX_FOLDER_ENTRIES:
+                        raise RecordingError(f"{self.path} holds more than {MAX_FOLDER_ENTRIES:,} entries; a recording "
+                                             f"folder holds its manifest, graphs and rank folders.")
+                    match = RANK_DIR.match(entry.name)
+                    if match and entry.is_dir(follow_symlinks=False):
+                        ranks.append(int(match.group(1)))
+                        if len(ranks) > MAX_RANKS:
+                            raise RecordingError(f"{self.path} holds more than {MAX_RANKS:,} rank folders, more than "
+                                                 f"this reader opens.")
+        except OSError as exc:
+            raise RecordingError(f"{self.path} cannot be listed: {exc.strerror or exc}.") from None
+        if not ranks:
+            raise RecordingError(f"{self.path} holds no rank-<n> folder: the run recorded no step.")
+        return sorted(ranks)
+
     def _status(self, rank: int) -> dict:
         path = self.path / f"rank-{rank}" / STATUS
-        return _read_json(path, MAX_JSON_BYTES, "rank status") if path.exists() else {}
+        status = _read_json(path, MAX_JSON_BYTES, "rank status", missing_ok=True)
+        if status is None:
+            return {}
+        complete, steps = status.get("complete"), status.get("steps")
+        if type(complete) is not bool or type(steps) is not int or steps < 0:
+            raise RecordingError(f"{path} does not hold a yes-or-no `complete` and a whole number of `steps` from 0.")
+        return status
 
     def _stream(self, rank: int, name: str) -> list:
         """The complete record batches of one stream (a partial batch at the end, from a killed run, is dropped)."""
         import pyarrow as pa
 
         path = self.path / f"rank-{rank}" / f"{name}.arrows"
+        if path.is_symlink() or (path.exists() and not path.is_file()):  # a symlink, even to nothing, is refused
+            raise RecordingError(f"{path} is not a plain file.")
         if not path.exists():
             return []
-        if path.is_symlink() or not path.is_file():
-            raise RecordingError(f"{path} is not a plain file.")
         size = path.stat().st_size
         if size > MAX_STREAM_BYTES:
             raise RecordingError(f"{path} is {size:,} bytes, more than the {MAX_STREAM_BYTES:,} a stream may be.")
@@ -236,24 +285,55 @@ class Recording:
             raise RecordingError(f"{self.path} has no rank {rank}; its ranks are {', '.join(map(str, self.ranks))}.")
         if rank in self._steps:
             return self._steps[rank]
+        folder = self.path / f"rank-{rank}"
         rows = [row for batch in self._stream(rank, "steps") for row in batch.to_pylist()]
-        by_step: dict[int, dict[str, Parameter]] = {}
-        for batch in self._stream(rank, "parameters"):
-            for row in batch.to_pylist():
-                by_step.setdefault(row["step"], {})[row["name"]] = Parameter(
-                    row["grad_norm"], row["weight_norm"], row["update_norm"], row["update_ratio"], row["lr"])
+        claimed = self._claimed.get(rank)
+        if claimed is not None and claimed < len(rows):
+            raise RecordingError(f"{folder / STATUS} says the run recorded {claimed} steps, but steps.arrows holds "
+                                 f"{len(rows)}; the recording is damaged.")
+        # The writer writes one batch per step to each stream, a step's parameters before its steps row: a steps row
+        # without its parameters batch is past a cut in parameters.arrows, and, as with a cut steps.arrows, only the
+        # steps before the cut stand.
+        parameter_batches = self._stream(rank, "parameters")
         steps = []
-        for row in rows:
+        for row, batch in zip(rows, parameter_batches, strict=False):
+            number = row["step"]
+            if number is None or number <= (steps[-1].step if steps else -1):
+                after = f"after step {steps[-1].step}" if steps else "first"
+                raise RecordingError(f"{folder / 'steps.arrows'} has step {number} {after}; steps are numbered from 0 "
+                                     f"up, each once, so the recording is damaged.")
+            if row["skipped"] is None:
+                raise RecordingError(f"{folder / 'steps.arrows'}'s step {number} has no `skipped`; the recording is "
+                                     f"damaged.")
+            _not_negative(folder / "steps.arrows", number, row, ("grad_norm", "peak_bytes", "time_s"))
+            if any(v is not None and v < 0 for v in row["micro_grad_norms"] or []):
+                raise RecordingError(f"{folder / 'steps.arrows'}'s step {number} has a negative micro_grad_norms "
+                                     f"value; a norm never is, so the recording is damaged.")
             counts = row["backward_nodes"] or []
             graphs = row["backward_graphs"] or []
             if len(counts) != len(graphs) or any(not GRAPH_ID.match(g or "") for g in graphs) or any(
                     c is None or not 0 <= c <= MAX_GRAPH_NODES for c in counts):
-                raise RecordingError(f"{self.path}'s rank {rank} step {row['step']} names its graphs wrongly; the "
+                raise RecordingError(f"{self.path}'s rank {rank} step {number} names its graphs wrongly; the "
                                      f"recording is damaged.")
-            steps.append(Step(row["step"], _finite(row["loss"]), bool(row["skipped"]), row["scale"], row["peak_bytes"],
+            parameters = {}
+            for parameter in batch.to_pylist():
+                name = parameter["name"]
+                if parameter["step"] != number:
+                    raise RecordingError(f"{folder / 'parameters.arrows'} holds a row of step {parameter['step']} "
+                                         f"among step {number}'s; the recording is damaged.")
+                if not isinstance(name, str) or not name:
+                    raise RecordingError(f"{folder / 'parameters.arrows'} has a parameter of step {number} without a "
+                                         f"name; the recording is damaged.")
+                if name in parameters:
+                    raise RecordingError(f"{folder / 'parameters.arrows'} names {name!r} twice in step {number}; the "
+                                         f"recording is damaged.")
+                _not_negative(folder / "parameters.arrows", number, parameter,
+                              ("grad_norm", "weight_norm", "update_norm", "update_ratio"))
+                parameters[name] = Parameter(parameter["grad_norm"], parameter["weight_norm"],
+                                             parameter["update_norm"], parameter["update_ratio"], parameter["lr"])
+            steps.append(Step(number, _finite(row["loss"]), row["skipped"], row["scale"], row["peak_bytes"],
                               row["peak_source"] or "", row["lr"], row["lrs"] or [], row["time_s"], row["grad_norm"],
-                              graphs, counts, row["micro_losses"] or [], row["micro_grad_norms"] or [],
-                              by_step.get(row["step"], {})))
+                              graphs, counts, row["micro_losses"] or [], row["micro_grad_norms"] or [], parameters))
         self._steps[rank] = steps
         return steps
 
@@ -264,7 +344,10 @@ class Recording:
             raise RecordingError(f"{graph_id!r} is not a graph id of a recording.")
         if graph_id in self._graphs:
             return self._graphs[graph_id]
-        data = _read_json(self.path / GRAPHS / f"{graph_id}.json", MAX_GRAPH_BYTES, "recorded graph")
+        folder = self.path / GRAPHS
+        if folder.is_symlink():
+            raise RecordingError(f"{folder} is a symlink; a recording's graphs are in a folder of its own.")
+        data = _read_json(folder / f"{graph_id}.json", MAX_GRAPH_BYTES, "recorded graph")
         nodes, links = data.get("nodes"), data.get("links")
         if not isinstance(nodes, list) or not isinstance(links, list) or len(nodes) > MAX_GRAPH_NODES:
             raise RecordingError(f"graph {graph_id} of {self.path} has no node and link lists of a usable size.")
@@ -274,6 +357,8 @@ class Recording:
                 node_id = node.get("id") if isinstance(node, dict) else None
                 if not isinstance(node_id, str):
                     raise RecordingError(f"graph {graph_id} of {self.path} has a node without an id.")
+                if node_id in graph:
+                    raise RecordingError(f"graph {graph_id} of {self.path} has two nodes with the id {node_id[:80]!r}.")
                 graph.add_node(node_id, **NodeRecord.from_dict(node, node_id).to_dict())
             for index, link in enumerate(links):
                 source, target = (link.get("source"), link.get("target")) if isinstance(link, dict) else (None, None)
@@ -289,6 +374,9 @@ class Recording:
             raise
         except ValueError as exc:
             raise RecordingError(f"graph {graph_id} of {self.path}: {exc}") from None
+        if not nx.is_directed_acyclic_graph(graph):
+            raise RecordingError(f"graph {graph_id} of {self.path} has a cycle (an edge back to a node before it, or "
+                                 f"to itself); an autograd graph has none, so the file is damaged.")
         self._graphs[graph_id] = graph
         return graph
 
@@ -301,11 +389,23 @@ class Recording:
         if len(batches) < len(steps):
             raise RecordingError(f"{self.path}'s rank {rank} has figures for {len(batches)} steps but records "
                                  f"{len(steps)}; the recording is damaged.")
+        import pyarrow.compute as pc
+
         out = []
         for step, batch in zip(steps, batches, strict=False):
             if batch.num_rows != sum(step.backward_nodes):
                 raise RecordingError(f"{self.path}'s rank {rank} step {step.step} has {batch.num_rows} node rows, not "
                                      f"the {sum(step.backward_nodes)} its backwards ran.")
+            for graph_id, count in zip(step.backward_graphs, step.backward_nodes, strict=True):
+                nodes = self.graph(graph_id).number_of_nodes()  # a graph that is missing or damaged: one sentence
+                if count != nodes:
+                    raise RecordingError(f"{self.path}'s rank {rank} step {step.step} has {count} node rows for graph "
+                                         f"{graph_id}, which has {nodes} nodes; the recording is damaged.")
+            for name in ("grad_norm", "max_abs", "nonfinite", "time_s"):  # NaN and null compare as not below 0
+                if pc.any(pc.less(batch.column(name), 0)).as_py():
+                    raise RecordingError(f"{self.path / f'rank-{rank}' / 'nodes.arrows'} gives a node of step "
+                                         f"{step.step} a negative {name}, which it cannot have; the recording is "
+                                         f"damaged.")
             offsets = [0]
             for count in step.backward_nodes:
                 offsets.append(offsets[-1] + count)
@@ -349,7 +449,7 @@ class Recording:
         shown = [_step_dict(s) for s in steps[self.ranks[0]]]
         return {
             "format": FORMAT,
-            "format_version": FORMAT_VERSION,
+            "format_version": self.version,  # the recording's own, which may be older than what the recorder writes
             "schema": SCHEMA_VERSION,
             "complete": self.complete,
             "eager": self.eager,
@@ -363,6 +463,15 @@ class Recording:
             **({"steps_by_rank": {str(r): [_step_dict(s) for s in steps[r]] for r in self.ranks[1:]}}
                if len(self.ranks) > 1 else {}),
         }
+
+
+def _not_negative(path: Path, step: int, row: dict, keys) -> None:
+    """One sentence when a figure that cannot be negative (a norm, a byte count, a time) is (NaN and null pass)."""
+    for key in keys:
+        value = row[key]
+        if value is not None and value < 0:
+            raise RecordingError(f"{path} gives step {step} a negative {key} ({value}), which it cannot have; the "
+                                 f"recording is damaged.")
 
 
 def _step_dict(step: Step) -> dict:
