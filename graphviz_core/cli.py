@@ -19,6 +19,7 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 
+from graphviz_core.cli_record import whole_number
 from graphviz_core.config import (
     PRESETS,
     choices_of,
@@ -49,15 +50,6 @@ class _BadInput(Exception):
     pass
 
 
-def _whole(text: str) -> int:
-    """A whole number written with the digits 0-9 (Python's int() also reads other scripts' digits: '٢' is 2)."""
-    if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", text):
-        raise argparse.ArgumentTypeError(f"takes a whole number written with the digits 0-9, got {text!r}")
-    if len(text.strip()) > 4000:  # int() reads at most 4,300 digits
-        raise argparse.ArgumentTypeError(f"takes a whole number of at most 4,000 digits, got {text.strip()!r}")
-    return int(text)
-
-
 def _decimal(text: str) -> float:
     """A finite number written with the digits 0-9 (e.g. 989.4 or 1e3); not inf or nan, nor other scripts' digits."""
     if not re.fullmatch(r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,4})?\s*", text):
@@ -83,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="png: the page's size in CSS pixels, each side 100..8000 (default: 1600 wide and as tall as "
                             "the layers need, at least 1000: up to 48 layers one column, top to bottom, as the app's "
                             "PNG downloads; deeper graphs folded into as few columns as fit 1600 wide, as tall as they need)")
-    graph.add_argument("--png-scale", type=_whole, default=2, choices=(1, 2, 3, 4),
+    graph.add_argument("--png-scale", type=whole_number, default=2, choices=(1, 2, 3, 4),
                        help="png: device pixels per CSS pixel (default 2: a 1600x1000 page gives 3200x2000 pixels)")
     graph.add_argument("-o", "--output", help="file to write (default: stdout)")
 
@@ -122,10 +114,10 @@ def _add_plan_command(commands) -> None:
                     "fitting first, then by estimated tokens/s per GPU. Progress on stderr.",
     )
     _add_config_flags(plan)
-    plan.add_argument("--gpus", type=_whole, required=True, help="GPUs in all")
+    plan.add_argument("--gpus", type=whole_number, required=True, help="GPUs in all")
     plan.add_argument("--gpu-memory", default="80GiB", help="memory per GPU, e.g. 80GiB (H100 80GB, the default), 141GB")
-    plan.add_argument("--global-batch", type=_whole, required=True, help="sequences per optimizer step, all GPUs together")
-    plan.add_argument("--gpus-per-node", type=_whole, default=8, help="GPUs per node, joined by NVLink (default 8)")
+    plan.add_argument("--global-batch", type=whole_number, required=True, help="sequences per optimizer step, all GPUs together")
+    plan.add_argument("--gpus-per-node", type=whole_number, default=8, help="GPUs per node, joined by NVLink (default 8)")
     plan.add_argument("--gpu-tflops", type=_decimal, default=H100_FLOPS / 1e12,
                       help=f"dense TFLOP/s per GPU in the model's dtype (default {H100_FLOPS / 1e12:g}: H100 SXM, BF16)")
     plan.add_argument("--nvlink-gbps", type=_decimal, default=NVLINK_BYTES_PER_S / 1e9,
@@ -149,7 +141,7 @@ def _add_plan_command(commands) -> None:
     plan.add_argument("--mixed-precision", choices=("none", "bf16", "bf16-fp32-reduce"), default="none",
                       help="FSDP2's policy for every layout (bf16: float32 master shards, bfloat16 compute; needs "
                       "--dtype float32)")
-    plan.add_argument("--jobs", type=_whole, default=2, help="worker processes simulating at once (default 2)")
+    plan.add_argument("--jobs", type=whole_number, default=2, help="worker processes simulating at once (default 2)")
     plan.add_argument("--format", choices=("json", "table"), default="json")
     plan.add_argument("-o", "--output", help="file to write (default: stdout)")
 
@@ -263,7 +255,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     for name in TEXT_FLAGS:
         parser.add_argument(FIELDS[name].flag, dest=name, metavar="NAMES", help=field_help(name))
     for name in INT_FLAGS:
-        parser.add_argument(FIELDS[name].flag, dest=name, type=_whole,
+        parser.add_argument(FIELDS[name].flag, dest=name, type=whole_number,
                             help=field_help(name, zero=name not in ZERO_IS_DEFAULT))
     for name in SWITCH_FLAGS:
         parser.add_argument(FIELDS[name].flag, action=argparse.BooleanOptionalAction, default=None,
@@ -277,22 +269,22 @@ def _add_parallel_flags(parser: argparse.ArgumentParser) -> None:
         "parallelism", "simulate rank 0 of a multi-GPU training step (torch FSDP2 / tensor parallel over a fake "
         "process group); with --format json the output gains `per_rank`")
     group.add_argument("--strategy", choices=STRATEGIES, help="none, ddp, fsdp, hsdp, tp or fsdp+tp")
-    group.add_argument("--world-size", type=_whole, help="ranks (GPUs) in total")
-    group.add_argument("--tp", type=_whole, help="tensor-parallel degree (tp: = world size; fsdp+tp: divides it)")
-    group.add_argument("--shard-group", type=_whole, help="hsdp: ranks that shard one model copy (e.g. 8, one node)")
+    group.add_argument("--world-size", type=whole_number, help="ranks (GPUs) in total")
+    group.add_argument("--tp", type=whole_number, help="tensor-parallel degree (tp: = world size; fsdp+tp: divides it)")
+    group.add_argument("--shard-group", type=whole_number, help="hsdp: ranks that shard one model copy (e.g. 8, one node)")
     group.add_argument("--no-reshard-after-forward", action="store_true",
                        help="FSDP: keep each layer's gathered parameters from forward to backward (fewer all-gathers, "
                             "more memory); the root (embeddings, head) is kept either way, FSDP2's default")
     group.add_argument("--mixed-precision", choices=MIXED_PRECISIONS,
                        help="FSDP2 policy: bf16 (fp32 master shards, bf16 compute and reduce), bf16-fp32-reduce")
-    group.add_argument("--pp", type=_whole, help="pipeline-parallel ranks: the layers are split into stages "
+    group.add_argument("--pp", type=whole_number, help="pipeline-parallel ranks: the layers are split into stages "
                        "(torch.distributed.pipelining); the world size counts them, e.g. fsdp 8 x pp 4 = 32")
-    group.add_argument("--microbatches", type=_whole,
+    group.add_argument("--microbatches", type=whole_number,
                        help="pipeline: microbatches the batch (per data-parallel rank) is split into (default pp x "
                             "stages per rank)")
     group.add_argument("--schedule", choices=SCHEDULES, help="pipeline: gpipe, 1f1b (default) or interleaved-1f1b")
-    group.add_argument("--stages-per-rank", type=_whole, help="interleaved-1f1b: stages each pipeline rank holds")
-    group.add_argument("--cp", type=_whole, help="context-parallel ranks: each holds s/cp of every sequence and attention "
+    group.add_argument("--stages-per-rank", type=whole_number, help="interleaved-1f1b: stages each pipeline rank holds")
+    group.add_argument("--cp", type=whole_number, help="context-parallel ranks: each holds s/cp of every sequence and attention "
                        "runs as torch's ring (context_parallel); with ddp, fsdp or fsdp+tp, whose data-parallel "
                        "group spans data x context ranks; the world size counts them")
     group.add_argument("--sequence-parallel", action="store_true", default=None,

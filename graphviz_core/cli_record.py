@@ -16,15 +16,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import runpy
 import sys
 import traceback
 import warnings
 from collections.abc import Sequence
 
-from graphviz_core.cli import _whole  # the digits 0-9 only, as every other flag (int() reads '٢' as 2)
-
 EXIT_BAD_INPUT = 2
+
+
+def whole_number(text: str) -> int:
+    """A flag's whole number written with the digits 0-9 (Python's int() also reads other scripts' digits: '٢' is 2);
+    every command's whole-number flags take it."""
+    if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", text):
+        raise argparse.ArgumentTypeError(f"takes a whole number written with the digits 0-9, got {text!r}")
+    if len(text.strip()) > 4000:  # int() reads at most 4,300 digits
+        raise argparse.ArgumentTypeError(f"takes a whole number of at most 4,000 digits, got {text.strip()!r}")
+    return int(text)
 
 
 class Refused(Exception):
@@ -41,13 +50,13 @@ def _parser(command: str) -> argparse.ArgumentParser:
         parser = Parser(prog="graphviz-core record",
                          description="Run a training script unchanged and record its backward passes and optimizer "
                                      "steps into a folder (docs/recording.md).")
-        parser.add_argument("--steps", type=_whole, default=None,
+        parser.add_argument("--steps", type=whole_number, default=None,
                             help="record this many optimizer steps, then let the script run on unrecorded "
                                  "(default: every step)")
         parser.add_argument("-o", "--output", required=True, help="the folder to write the recording in (new)")
         parser.add_argument("--parameters-only", action="store_true",
                             help="record the per-step and per-parameter figures only, no per-node figures (cheaper)")
-        parser.add_argument("--nodes-every", type=_whole, default=1, metavar="N",
+        parser.add_argument("--nodes-every", type=whole_number, default=1, metavar="N",
                             help="per-node figures on every N-th step only (0, N, 2N, ...), the per-step and "
                                  "per-parameter figures on every step (default 1: every step; docs/recording.md)")
         parser.add_argument("--check-forward", action="store_true",
