@@ -158,7 +158,7 @@ def _from_script(tb, script: str) -> bool:
 
 
 def _recording(args: argparse.Namespace) -> int:
-    from graphviz_core.graph.recording import open_recording
+    from graphviz_core.graph.recording import RecordingError, open_recording
 
     named(args.path, "the recording's folder", "the folder graphviz-core record wrote")
     named(args.output, "-o", "the file to write (or leave -o out for standard output)")
@@ -172,12 +172,19 @@ def _recording(args: argparse.Namespace) -> int:
         sys.stdout.write(f"wrote {len(written)} event file(s) under {args.output}; open with: tensorboard --logdir "
                          f"{args.output}\n")
         return 0
-    if args.format == "chrome-trace":
-        from graphviz_core.export.recording_export import to_chrome_trace
+    try:
+        if args.format == "chrome-trace":
+            from graphviz_core.export.recording_export import to_chrome_trace
 
-        text = json.dumps(to_chrome_trace(recording), allow_nan=False)
-    else:
-        text = json.dumps(recording.to_dict(), indent=1, allow_nan=False)
+            text = json.dumps(to_chrome_trace(recording), allow_nan=False)
+        else:
+            text = json.dumps(recording.to_dict(), indent=1, allow_nan=False)
+    except ValueError as exc:
+        if isinstance(exc, RecordingError) or "JSON compliant" not in str(exc):
+            raise
+        # the reader writes each figure that may be NaN or infinite by its name; one where none can be is damage
+        raise ValueError(f"{args.path} holds a NaN or infinity where its figures are always numbers (a step's scale "
+                         f"or time); the recording is damaged.") from None
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as f:

@@ -333,7 +333,16 @@ CLI = {
     "chrome-trace, a graph with a cycle": (["recording", "--format", "chrome-trace"], _graph_cycle),
     "debug, a graph with a cycle": (["debug"], _graph_cycle),
     "debug, a parameter without a name": (["debug"], lambda p: _rewrite(p, "parameters", _set("name", None))),
+    # each said its own way before: Python's "Out of range float values are not JSON compliant: nan", its advice to
+    # call sys.set_int_max_str_digits(), "holds a NoneType"
+    "recording, a step's scale that is NaN": (["recording"], lambda p: _rewrite(p, "steps", _set("scale", float("nan")))),
+    "recording, a 5,000-digit number in the manifest": (["recording"], lambda p: (p / "manifest.json").write_text(
+        (p / "manifest.json").read_text()[:-1] + ', "n": ' + "9" * 5000 + "}")),
+    "recording, a manifest that is null": (["recording"], lambda p: (p / "manifest.json").write_text("null")),
 }
+SAID = {"recording, a step's scale that is NaN": "holds a NaN or infinity where its figures are always numbers",
+        "recording, a 5,000-digit number in the manifest": "holds a number longer than any a recording manifest has",
+        "recording, a manifest that is null": "holds null, not the object a recording manifest is"}
 
 
 @pytest.mark.parametrize("kind", sorted(CLI))
@@ -344,3 +353,4 @@ def test_the_cli_says_one_sentence_and_exits_2(run, kind):
                                env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stderr[-2000:])
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert SAID.get(kind, "") in done.stderr, done.stderr

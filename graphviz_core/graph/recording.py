@@ -167,8 +167,11 @@ def _read_json(path: Path, limit: int, what: str, missing_ok: bool = False) -> A
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise RecordingError(f"{path} is not JSON, so it is not a {what} of a recording.") from None
+    except ValueError:  # a number of more than 4,300 digits (Python's limit on reading one)
+        raise RecordingError(f"{path} holds a number longer than any a {what} has, so it is damaged.") from None
     if not isinstance(data, dict):
-        raise RecordingError(f"{path} holds a {type(data).__name__}, not the object a {what} is.")
+        kind = {type(None): "null", list: "a list", str: "a string", bool: "true or false"}.get(type(data), "a number")
+        raise RecordingError(f"{path} holds {kind}, not the object a {what} is.")
     return data
 
 
