@@ -28,6 +28,11 @@ def test_a_finding_opens_at_its_parameters_node_in_the_explorer(page, streamlit_
     idle(page, settle_ms=500)
     main = page.locator('[data-testid="stMain"]')
     assert "4 findings." in main.inner_text()
+    # the findings table fits its column at 1280 px: the parameter names break after their dots (it ran 380 px past
+    # it, the source and reason columns off the page's edge)
+    table = page.locator('[data-testid="stTable"]').first
+    wide = table.evaluate("e => [e.scrollWidth, e.clientWidth, e.querySelector('table').getBoundingClientRect().width]")
+    assert wide[0] <= wide[1] + 1 and wide[2] <= wide[1] + 1, wide
     findings = analyse_config(resolve_config("llama-tiny", finetune="lora"))["findings"]
     wanted = next(f for f in findings if f["parameter"] == "model.layers.1.self_attn.v_proj.lora_A.default.weight")
     choose(page, box, finding_label(wanted))

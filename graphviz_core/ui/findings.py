@@ -13,7 +13,10 @@ from graphviz_core.export.render import METRICS, node_details, render_html
 from graphviz_core.ui.format import escape_markdown, literal_cells
 from graphviz_core.ui.vis_script import vis_src
 
-FINDING_COLUMNS = ("kind", "step", "steps", "node", "module", "parameter", "source", "reason")
+# step first: the page's tables let their first two columns break anywhere (ui.routes.PAGE_CSS), which cut
+# "no-gradient" to "no-grad ient"; numbers there lose nothing
+FINDING_COLUMNS = ("step", "steps", "kind", "node", "module", "parameter", "source", "reason")
+BREAK_AFTER = str.maketrans({".": ".\u200b", "_": "_\u200b", "/": "/\u200b"})  # where a long name may wrap
 WRAPPED_AT_MOST = 40  # findings drawn as a table whose cells wrap; more: a data grid (scrolls, its cells cut)
 
 
@@ -59,6 +62,10 @@ def show_findings(findings: list[dict]) -> None:
     as a data grid that scrolls, its node column wide enough for CompiledFunctionBackward."""
     frame = findings_frame(findings)
     if len(frame) <= WRAPPED_AT_MOST:
+        # a module or parameter name is one word to the browser (model.layers.0.self_attn.q_proj.lora_A.default.weight):
+        # it may break after its dots, so the table fits its column (it ran 380 px past it at 1280 px)
+        names = ["node", "module", "parameter", "source"]
+        frame[names] = frame[names].map(lambda text: text.translate(BREAK_AFTER))
         st.table(literal_cells(frame), hide_index=True)
         return
     st.dataframe(frame, width="stretch", hide_index=True,
