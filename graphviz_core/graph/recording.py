@@ -308,7 +308,9 @@ class Recording:
             if row["skipped"] is None:
                 raise RecordingError(f"{folder / 'steps.arrows'}'s step {number} has no `skipped`; the recording is "
                                      f"damaged.")
-            _not_negative(folder / "steps.arrows", number, row, ("grad_norm", "peak_bytes", "time_s"))
+            _not_negative(folder / "steps.arrows", number, row, ("grad_norm", "time_s"))
+            if row["peak_bytes"] is not None and row["peak_bytes"] < 0:  # a model over several GPUs, recorded before
+                row["peak_bytes"] = None  # the recorder left out only its own copies on the peak's device: not known
             if any(v is not None and v < 0 for v in row["micro_grad_norms"] or []):
                 raise RecordingError(f"{folder / 'steps.arrows'}'s step {number} has a negative micro_grad_norms "
                                      f"value; a norm never is, so the recording is damaged.")
@@ -327,9 +329,8 @@ class Recording:
                 if not isinstance(name, str) or not name:
                     raise RecordingError(f"{folder / 'parameters.arrows'} has a parameter of step {number} without a "
                                          f"name; the recording is damaged.")
-                if name in parameters:
-                    raise RecordingError(f"{folder / 'parameters.arrows'} names {name!r} twice in step {number}; the "
-                                         f"recording is damaged.")
+                if name in parameters:  # two loose top-level modules, recorded without model=: both have "weight"
+                    name = next(f"{name}#{n}" for n in range(2, len(parameters) + 3) if f"{name}#{n}" not in parameters)
                 _not_negative(folder / "parameters.arrows", number, parameter,
                               ("grad_norm", "weight_norm", "update_norm", "update_ratio"))
                 parameters[name] = Parameter(parameter["grad_norm"], parameter["weight_norm"],
