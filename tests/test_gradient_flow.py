@@ -491,6 +491,15 @@ def test_exploding_and_vanishing_by_their_stated_rules(tmp_path):
     assert [(f["module"], f["step"], f["figures"]["steps"]) for f in vanishing] == [("tiny", 0, 8)]
     assert vanishing[0]["fraction"] < 1e-5
     assert {f["kind"] for f in findings} == {"exploding", "vanishing"}
+    # two ranks with the same figures (DDP: each rank steps with the same averaged gradient): each rank's own findings,
+    # each held as many steps as on one rank (keyed without the rank, step 7 read "2 steps" and tiny "16", rank 1 none)
+    import shutil
+
+    shutil.copytree(tmp_path / "run" / "rank-0", tmp_path / "run" / "rank-1")
+    both = [(f["kind"], f["rank"], f["step"], f["figures"]["steps"]) for f in analyse(open_recording(tmp_path / "run"))
+            ["findings"]]
+    assert sorted(both) == [("exploding", 0, 7, 1), ("exploding", 1, 7, 1), ("vanishing", 0, 0, 8),
+                            ("vanishing", 1, 0, 8)]
 
 
 def _tampered(tmp_path, name, change):
@@ -712,20 +721,24 @@ def test_a_nan_gradient_on_a_step_without_node_figures_is_still_a_finding(tmp_pa
     """Per-node figures on steps 0 and 2 only (nodes_every=2); step 1's loss is sqrt(-1) = NaN, so every parameter's
     gradient is NaN there. That step has no graph, so no node can be named, but its per-parameter figures hold the NaN:
     an outside audit found no finding at all for it. Step 1 is a finding naming the parameters; the SGD update then
-    writes NaN into all four, so step 2, with its graph, is the usual placed finding."""
+    writes NaN into all four, so step 2, with its graph, is the usual placed finding, and step 3, without one, says the
+    weights held the NaN since step 1's update (not "record per-node figures to find it", which would find nothing)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with graphviz_core.record(tmp_path / "run", model=model, nodes_every=2):
-        for step in range(3):
+        for step in range(4):
             out = model(torch.randn(2, 3)).sum()
             (out * 0 - 1).sqrt().backward() if step == 1 else out.pow(2).backward()
             opt.step()
             opt.zero_grad()
     recording = open_recording(tmp_path / "run")
-    assert [bool(s.backward_graphs) for s in recording.steps()] == [True, False, True]
+    assert [bool(s.backward_graphs) for s in recording.steps()] == [True, False, True, False]
     found = [f for f in analyse(recording)["findings"] if f["kind"] == "nonfinite-backward"]
-    assert [(f["step"], f.get("parameter"), "node" in f) for f in found] == [(1, "0.bias", False), (2, None, True)]
+    assert [(f["step"], f.get("parameter"), "node" in f) for f in found] == [(1, "0.bias", False), (2, None, True),
+                                                                           (3, "0.bias", False)]
+    assert found[3 - 1]["reason"].endswith("already held a NaN or inf before this step's forward (written by the "
+                                           "update of step 1)")
     assert found[0]["figures"]["parameters"] == ["0.bias", "0.weight", "1.bias", "1.weight"]
     assert found[0]["reason"].startswith("the gradient of 0.bias, 0.weight, 1.bias and 1 more held a NaN or inf; this "
                                          "step was recorded without per-node figures")

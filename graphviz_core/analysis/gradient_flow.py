@@ -308,18 +308,18 @@ def _backward_findings(recording, rank, step, index, log: DebugLog, loss_bad: bo
     return out
 
 
-def _unplaced_findings(rank, step) -> list[dict]:
+def _unplaced_findings(rank, step, weights: str = "") -> list[dict]:
     """A step recorded without per-node figures (nodes_every, nodes=False): the parameters whose gradient held a NaN or
-    inf, from the per-parameter figures every step has, where no node can be named. A skipped step is the scaler's."""
+    inf, from the per-parameter figures every step has, where no node can be named; `weights` (_already_bad): why,
+    where the weights already held one. A skipped step is the scaler's."""
     bad = sorted(n for n, p in step.parameters.items() if p.grad_norm is not None and not math.isfinite(p.grad_norm))
     if not bad or step.skipped:
         return []
     names = ", ".join(bad[:3]) + (f" and {len(bad) - 3:,} more" if len(bad) > 3 else "")
+    why = (weights if weights else "this step was recorded without per-node figures (nodes_every, or nodes=False), so "
+           "the node where it started is not named: record with per-node figures on every step to find it")
     return [{"kind": "nonfinite-backward", "step": step.step, "rank": rank, "parameter": bad[0],
-             "reason": f"the gradient of {names} held a NaN or inf; this step was recorded without per-node figures "
-                       f"(nodes_every, or nodes=False), so the node where it started is not named: record with "
-                       f"per-node figures on every step to find it",
-             "figures": {"parameters": bad[:20]}}]
+             "reason": f"the gradient of {names} held a NaN or inf; {why}", "figures": {"parameters": bad[:20]}}]
 
 
 def values_of(finding: dict) -> str:
@@ -378,7 +378,7 @@ def _layer_findings(rank, steps, found: dict) -> None:
             before = history[-EXPLODING_WINDOW:]
             if len(before) >= EXPLODING_MIN and total > EXPLODING_FACTOR * statistics.median(before):
                 median = statistics.median(before)
-                _aggregate(found, ("exploding", step.step), {
+                _aggregate(found, ("exploding", rank, step.step), {
                     "kind": "exploding", "step": step.step, "rank": rank,
                     "reason": f"the whole gradient's norm {total:.4g} is {total / median:.1f}x the median "
                               f"{median:.4g} of the {len(before)} steps before it (rule: > {EXPLODING_FACTOR:g}x)",
@@ -393,7 +393,7 @@ def _layer_findings(rank, steps, found: dict) -> None:
         for module, squared in layers.items():
             norm = math.sqrt(squared)
             if 0 < norm < VANISHING_RATIO * largest:
-                _aggregate(found, ("vanishing", module), {
+                _aggregate(found, ("vanishing", rank, module), {
                     "kind": "vanishing", "step": step.step, "rank": rank, "module": module,
                     "reason": f"its gradient norm {norm:.3g} is {norm / largest:.1e} of the largest module's "
                               f"{largest:.3g} in the same step (rule: < {VANISHING_RATIO:g})",
@@ -489,11 +489,12 @@ def analyse(recording: Recording) -> dict:
             loss_bad = any(v is not None for v in losses)
             forward = _forward_findings(rank, step, line, loss_bad)
             findings += forward
-            weights = _already_bad(step, last_finite) if loss_bad else ""
+            # the loss is read only on steps with per-node figures; the weights' figures are on every step
+            weights = _already_bad(step, last_finite) if loss_bad or not step.backward_graphs else ""
             findings += _backward_findings(recording, rank, step, index, log, loss_bad,
                                            any(f["kind"] == "nonfinite-forward" for f in forward), weights)
             if not step.backward_graphs:
-                findings += _unplaced_findings(rank, step)
+                findings += _unplaced_findings(rank, step, weights)
             if all(p.weight_norm is None or math.isfinite(p.weight_norm) for p in step.parameters.values()):
                 last_finite = step
             for entry in line.get("no_gradient") or []:
