@@ -124,6 +124,9 @@ def test_an_upload_is_unpacked_within_its_limits(served, tmp_path):
     with pytest.raises(RecordingError, match=r"holds 2 recordings \(a, b\); upload one recording's folder"):
         unpack(_zip({f"{top}/{name.removeprefix('run/')}": body for top in "ab" for name, body in files.items()}),
                tmp_path / "two")
+    with pytest.raises(RecordingError, match=r"holds 2 recordings \(its top, b\)"):  # was "(., b)"
+        unpack(_zip({**{name.removeprefix("run/"): body for name, body in files.items()},
+                     **{f"b/{name.removeprefix('run/')}": body for name, body in files.items()}}), tmp_path / "top")
     for bad, said in ((_zip({"../evil/manifest.json": "{}"}), "outside its folder"),
                       (_zip({"/etc/manifest.json": "{}"}), "outside its folder"),
                       (b"not a zip at all", "not a .zip"),
@@ -262,3 +265,23 @@ def test_a_layer_that_got_no_gradient_keeps_its_row_in_the_charts(tmp_path):
         adapter = table[table["layer"] == "adapter"]
         assert list(adapter["step"]) == [0, 1] and set(adapter["shown"]) == {"no gradient"}
         assert "base" in set(table["layer"]) and "adapter" not in set(layer_table(steps, figure)["layer"])
+
+
+def test_the_upload_box_says_and_keeps_the_servers_limit_where_it_is_smaller(monkeypatch):
+    """`make serve` keeps Streamlit's server.maxUploadSize at 1 (MB, which Streamlit counts in MiB), and Streamlit
+    refuses any upload over it whatever the box's own limit: the box said "at most 200 MiB" there and a 1.5 MB recording
+    came back "status code 413". It says and keeps the smaller of its 200 and the server's."""
+    from streamlit import config
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.delenv(RECORDINGS_ENV, raising=False)
+    before = config.get_option("server.maxUploadSize")
+    try:
+        for server, shown in ((1, 1), (200, 200), (500, 200)):  # min(200, server)
+            config.set_option("server.maxUploadSize", server)
+            at = AppTest.from_file(PAGE, default_timeout=60).run()
+            (box,) = at.get("file_uploader")
+            assert box.proto.label == f"or upload a recording's folder as a .zip (at most {shown} MiB)"
+            assert box.proto.max_upload_size_mb == shown
+    finally:
+        config.set_option("server.maxUploadSize", before)

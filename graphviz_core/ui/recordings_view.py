@@ -120,7 +120,8 @@ def unpack(data: bytes, into: Path) -> Path:
     if not found:
         raise RecordingError(f"the .zip holds no {MANIFEST}: it is not a recording's folder.")
     if len(found) > 1:
-        names = ", ".join(str(f.relative_to(into)) or "its top" for f in found[:3]) + (", ..." if len(found) > 3 else "")
+        names = ", ".join("its top" if f == into else str(f.relative_to(into)) for f in found[:3]) + (
+            ", ..." if len(found) > 3 else "")
         raise RecordingError(f"the .zip holds {len(found)} recordings ({names}); upload one recording's folder.")
     return found[0]
 
@@ -207,11 +208,18 @@ def sweep_uploads(now: float | None = None, temp: str | None = None) -> list[str
     return removed
 
 
+def upload_limit_mib() -> int:
+    """The upload box's limit in MiB (Streamlit's "MB"): MAX_UPLOAD_BYTES, or the server's own where it is smaller
+    (`make serve` keeps config.toml's 1: Streamlit refuses anything over it, whatever the box says)."""
+    return min(MAX_UPLOAD_BYTES // 2**20, int(st.get_option("server.maxUploadSize")))
+
+
 def _local() -> Path | None:
     typed = st.text_input("Recording folder on this machine", key="rec.path",
                           placeholder="e.g. runs/exp1 (the folder graphviz_core.record wrote)")
-    upload = st.file_uploader(f"or upload a recording's folder as a .zip (at most {UPLOAD_LIMIT})",
-                              type=["zip"], key="rec.upload", max_upload_size=MAX_UPLOAD_BYTES // 2**20)
+    limit = upload_limit_mib()
+    upload = st.file_uploader(f"or upload a recording's folder as a .zip (at most {limit} MiB)",
+                              type=["zip"], key="rec.upload", max_upload_size=limit)
     kept = st.session_state.get("rec.unpacked")
     if kept is not None and (upload is None or kept[0] != upload.file_id):
         st.session_state.pop("rec.unpacked")  # removed or replaced: its unpacked copy goes with it
@@ -239,8 +247,9 @@ def _local() -> Path | None:
                 inside = []
             if inside:
                 names = ", ".join(inside[:5]) + (f" and {len(inside) - 5:,} more" if len(inside) > 5 else "")
-                raise RecordingError(f"{typed.strip()} is not a recording but holds {len(inside):,}: {names}; type "
-                                     f"the folder of one of them.")
+                many = f"{len(inside):,} or more" if len(inside) >= MAX_LISTED else f"{len(inside):,}"  # listed at most
+                raise RecordingError(f"{typed.strip()} is not a recording but holds {many}: {names}; type the folder "
+                                     f"of one of them.")
         return folder
     st.info("Type the folder of a recording, or upload one. To record your own loop: docs/recording.md.")
     return None
