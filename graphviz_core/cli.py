@@ -366,13 +366,13 @@ def _json(data: dict) -> str:
     top-level `notes` list says where."""
     import json
 
-    from graphviz_core.units import finite_or_null
+    from graphviz_core.units import finite_or_null, some_of
 
     places: list[str] = []
     clean = finite_or_null(data, places)
     if places:
-        shown = ", ".join(places[:10]) + (f" and {len(places) - 10} more" if len(places) > 10 else "")
-        clean["notes"] = [*clean.get("notes", []), f"{shown}: not a finite number (NaN or infinite), written as null."]
+        clean["notes"] = [*clean.get("notes", []),
+                          f"{some_of(places, 10)}: not a finite number (NaN or infinite), written as null."]
     return json.dumps(clean, indent=1, allow_nan=False)
 
 

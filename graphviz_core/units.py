@@ -89,6 +89,13 @@ def format_in(unit: str, value: float, plain: str = "{:,.0f}") -> str:
     return plain.format(value)
 
 
+def some_of(names, shown: int) -> str:
+    """The first `shown` of `names` as a sentence lists them: "a, b, c and 4 more"."""
+    names = list(names)
+    more = len(names) - shown
+    return ", ".join(map(str, names[:shown])) + (f" and {more:,} more" if more > 0 else "")
+
+
 def finite_or_null(value, places: list[str], where: str = ""):
     """`value` (nested dicts, lists and tuples) with every float that is not finite (NaN, ±inf: not JSON) replaced by
     None, each such place (`layouts[0].estimate.step_time_s`) appended to `places`."""

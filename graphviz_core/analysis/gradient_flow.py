@@ -20,6 +20,7 @@ import networkx as nx
 
 from graphviz_core.analysis.flop_analysis import layer_of
 from graphviz_core.graph.recording import Recording, RecordingError, json_number, open_recording
+from graphviz_core.units import some_of
 
 KINDS = ("nonfinite-backward", "nonfinite-forward", "nonfinite-loss", "no-gradient", "dead-units",
          "scaler-overflow", "vanishing", "exploding")
@@ -257,16 +258,21 @@ REPLAY = ("a compiled region's ops are one node here; to name the op, run the sa
           "the finding lands at its own node")
 
 
+def _nonfinite(step, figure: str) -> list[str]:
+    """The parameters of `step` whose `figure` ("weight_norm", "grad_norm") is NaN or infinite, by name."""
+    return sorted(n for n, p in step.parameters.items()
+                  if getattr(p, figure) is not None and not math.isfinite(getattr(p, figure)))
+
+
 def _already_bad(step, before) -> str:
     """Why the loss of `step` was not finite, as the reason's end: the parameters that held a NaN or inf before its
     forward (an earlier update wrote them, the last step `before` whose weights were all finite, if any), or "" where
     every weight was finite (the forward made it)."""
-    bad = sorted(n for n, p in step.parameters.items() if p.weight_norm is not None and not math.isfinite(p.weight_norm))
+    bad = _nonfinite(step, "weight_norm")
     if not bad:
         return ""
-    names = ", ".join(bad[:3]) + (f" and {len(bad) - 3:,} more" if len(bad) > 3 else "")
     by = f"by the update of step {before.step}" if before is not None else "before the first recorded step"
-    return f"the weights {names} already held a NaN or inf before this step's forward (written {by})"
+    return f"the weights {some_of(bad, 3)} already held a NaN or inf before this step's forward (written {by})"
 
 
 def _backward_findings(recording, rank, step, index, log: DebugLog, loss_bad: bool, forward_found: bool = False,
@@ -312,14 +318,13 @@ def _unplaced_findings(rank, step, weights: str = "") -> list[dict]:
     """A step recorded without per-node figures (nodes_every, nodes=False): the parameters whose gradient held a NaN or
     inf, from the per-parameter figures every step has, where no node can be named; `weights` (_already_bad): why,
     where the weights already held one. A skipped step is the scaler's."""
-    bad = sorted(n for n, p in step.parameters.items() if p.grad_norm is not None and not math.isfinite(p.grad_norm))
+    bad = _nonfinite(step, "grad_norm")
     if not bad or step.skipped:
         return []
-    names = ", ".join(bad[:3]) + (f" and {len(bad) - 3:,} more" if len(bad) > 3 else "")
     why = (weights if weights else "this step was recorded without per-node figures (nodes_every, or nodes=False), so "
            "the node where it started is not named: record with per-node figures on every step to find it")
     return [{"kind": "nonfinite-backward", "step": step.step, "rank": rank, "parameter": bad[0],
-             "reason": f"the gradient of {names} held a NaN or inf; {why}", "figures": {"parameters": bad[:20]}}]
+             "reason": f"the gradient of {some_of(bad, 3)} held a NaN or inf; {why}", "figures": {"parameters": bad[:20]}}]
 
 
 def values_of(finding: dict) -> str:
@@ -495,7 +500,7 @@ def analyse(recording: Recording) -> dict:
                                            any(f["kind"] == "nonfinite-forward" for f in forward), weights)
             if not step.backward_graphs:
                 findings += _unplaced_findings(rank, step, weights)
-            if all(p.weight_norm is None or math.isfinite(p.weight_norm) for p in step.parameters.values()):
+            if not _nonfinite(step, "weight_norm"):
                 last_finite = step
             for entry in line.get("no_gradient") or []:
                 if isinstance(entry, dict):

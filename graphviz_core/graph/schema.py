@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphviz_core.units import some_of
+
 SCHEMA_VERSION = 1
 
 # The key names, for code that prefers a constant to a string literal.
@@ -136,8 +138,7 @@ class NodeRecord:
             raise ValueError(f"{node_id}'s attributes are a {type(data).__name__}, not an object.")
         missing = [k for k in cls.keys() if k not in data]
         if missing:
-            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-            raise ValueError(f"{node_id} lacks the key(s) {', '.join(missing[:3])}{more} that every node carries.")
+            raise ValueError(f"{node_id} lacks the key(s) {some_of(missing, 3)} that every node carries.")
         for f in dataclasses.fields(cls):
             problem = _type_problem(data[f.name], f.metadata["json"])
             if problem:

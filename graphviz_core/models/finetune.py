@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
+from graphviz_core.units import some_of
+
 if TYPE_CHECKING:
     from graphviz_core.config import ModelConfig
 
@@ -70,7 +72,7 @@ def add_lora(model: nn.Module, config: ModelConfig, targets: tuple[str, ...]) ->
         if not matching_modules(model, (target,)):
             raise ValueError(
                 f"LoRA target {target!r} matches no module of this model; modules it has include: "
-                f"{_some(_leaf_names(model))}."
+                f"{some_of(_leaf_names(model), SHOWN_NAMES)}."
             )
     lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0, target_modules=paths)
     try:
@@ -84,7 +86,7 @@ def add_lora(model: nn.Module, config: ModelConfig, targets: tuple[str, ...]) ->
         kinds = sorted({type(model.get_submodule(p)).__name__ for p in paths})
         raise ValueError(
             f"LoRA adapts linear, convolution and embedding layers; {', '.join(targets)} named {', '.join(kinds)}, "
-            f"which it cannot adapt. Name linear layers instead, e.g. {_some(_linear_names(model))}."
+            f"which it cannot adapt. Name linear layers instead, e.g. {some_of(_linear_names(model), SHOWN_NAMES)}."
         ) from None
     return wrapped.get_base_model()
 
@@ -98,7 +100,7 @@ def freeze(model: nn.Module, pattern: str) -> int:
         hits = [name for name in names if fnmatch.fnmatchcase(name, glob)]
         if not hits:
             raise ValueError(
-                f"--freeze {glob!r} matches no parameter; parameter names include: {_some(names)} "
+                f"--freeze {glob!r} matches no parameter; parameter names include: {some_of(names, SHOWN_NAMES)} "
                 f"(a glob matches the whole name: '*embed*' finds embed anywhere in it)."
             )
         for name, parameter in model.named_parameters():
@@ -129,8 +131,3 @@ def _last_parts(model: nn.Module, keep) -> list[str]:
         if path and keep(module):
             seen[path.rpartition(".")[2]] = None
     return list(seen)
-
-
-def _some(names: list[str]) -> str:
-    shown = ", ".join(names[:SHOWN_NAMES])
-    return shown + (f" and {len(names) - SHOWN_NAMES} more" if len(names) > SHOWN_NAMES else "")

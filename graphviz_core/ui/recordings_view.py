@@ -40,9 +40,8 @@ from graphviz_core.ui.findings import (
 )
 from graphviz_core.ui.format import escape_markdown
 from graphviz_core.ui.serve import MAX_UPLOAD_BYTES, RECORDINGS_ENV
-from graphviz_core.units import format_bytes
+from graphviz_core.units import format_bytes, some_of
 
-UPLOAD_LIMIT = f"{MAX_UPLOAD_BYTES // 2**20} MiB"  # as Streamlit's own line under the box counts it (its "200MB")
 MAX_UNPACKED_BYTES = 1024 * 2**20
 MAX_ENTRIES = 20_000  # files and folders walked in one recording (gpt2-small's 100 steps: ~10)
 MAX_LISTED = 500
@@ -94,7 +93,7 @@ def unpack(data: bytes, into: Path) -> Path:
     """A .zip of a recording's folder unpacked into `into`; the folder that holds the manifest. Refused with a
     sentence: too big, not a zip, a member named with `..` or from `/`, a symlink, more than MAX_ENTRIES members."""
     if len(data) > MAX_UPLOAD_BYTES:
-        raise RecordingError(f"the file is {len(data):,} bytes; uploads are limited to {UPLOAD_LIMIT} "
+        raise RecordingError(f"the file is {len(data):,} bytes; uploads are limited to {MAX_UPLOAD_BYTES // 2**20} MiB "
                              f"({MAX_UPLOAD_BYTES:,} bytes).")
     import io
 
@@ -120,8 +119,7 @@ def unpack(data: bytes, into: Path) -> Path:
     if not found:
         raise RecordingError(f"the .zip holds no {MANIFEST}: it is not a recording's folder.")
     if len(found) > 1:
-        names = ", ".join("its top" if f == into else str(f.relative_to(into)) for f in found[:3]) + (
-            ", ..." if len(found) > 3 else "")
+        names = some_of(("its top" if f == into else str(f.relative_to(into)) for f in found), 3)
         raise RecordingError(f"the .zip holds {len(found)} recordings ({names}); upload one recording's folder.")
     return found[0]
 
@@ -246,7 +244,7 @@ def _local() -> Path | None:
             except OSError:
                 inside = []
             if inside:
-                names = ", ".join(inside[:5]) + (f" and {len(inside) - 5:,} more" if len(inside) > 5 else "")
+                names = some_of(inside, 5)
                 many = f"{len(inside):,} or more" if len(inside) >= MAX_LISTED else f"{len(inside):,}"  # listed at most
                 raise RecordingError(f"{typed.strip()} is not a recording but holds {many}: {names}; type the folder "
                                      f"of one of them.")
