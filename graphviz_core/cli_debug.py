@@ -10,11 +10,10 @@ exit 2 with one sentence on stderr for bad input. graphviz_core.cli hands the su
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
-from graphviz_core.cli_record import EXIT_BAD_INPUT, Parser, Refused, named
+from graphviz_core.cli_record import EXIT_BAD_INPUT, Parser, Refused, json_text, reading
 
 
 def _parser(add_config_flags) -> argparse.ArgumentParser:
@@ -39,14 +38,8 @@ def main(argv: Sequence[str], config_flags: tuple) -> int:
     add_config_flags, config_of, names = config_flags
     try:
         args = _parser(add_config_flags).parse_args(list(argv[1:]))
-        named(args.path, "the recording's folder", "the folder graphviz-core record wrote")
-        named(args.output, "-o", "the file to write (or leave -o out for standard output)")
-        result = _run(args, config_of, names)
-        try:
-            text = json.dumps(result, indent=1, allow_nan=False)
-        except ValueError:  # the reader checks every field it passes on; a value JSON cannot carry is still a sentence
-            raise ValueError("the recording holds a NaN or infinity where a figure should be a number; it is "
-                             "damaged.") from None
+        reading(args)
+        text = json_text(_run(args, config_of, names), indent=1)
     except (Refused, ValueError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         sys.stderr.write((message if message.startswith("graphviz-core") else f"graphviz-core: {message}") + "\n")

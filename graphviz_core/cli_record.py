@@ -99,6 +99,22 @@ def named(value: str | None, flag: str, what: str) -> None:
         raise ValueError(f"{flag} {value!r} names nothing; give {what}.")
 
 
+def reading(args: argparse.Namespace) -> None:
+    """`recording` and `debug`: refuse '' for the recording's folder and for -o (named)."""
+    named(args.path, "the recording's folder", "the folder graphviz-core record wrote")
+    named(args.output, "-o", "the file to write (or leave -o out for standard output)")
+
+
+def json_text(value, indent: int | None = None) -> str:
+    """`value` as JSON; a NaN or infinity left where the reader gives a number (every figure that may be one is
+    written by its name, or null) is a damaged recording, one sentence."""
+    try:
+        return json.dumps(value, indent=indent, allow_nan=False)
+    except ValueError:
+        raise ValueError("the recording holds a NaN or infinity where a figure should be a number (a step's scale "
+                         "or time); it is damaged.") from None
+
+
 def _record(args: argparse.Namespace) -> int:
     named(args.output, "-o", "the folder to write the recording in")
     script = args.script
@@ -158,10 +174,9 @@ def _from_script(tb, script: str) -> bool:
 
 
 def _recording(args: argparse.Namespace) -> int:
-    from graphviz_core.graph.recording import RecordingError, open_recording
+    from graphviz_core.graph.recording import open_recording
 
-    named(args.path, "the recording's folder", "the folder graphviz-core record wrote")
-    named(args.output, "-o", "the file to write (or leave -o out for standard output)")
+    reading(args)
     if args.format == "tensorboard" and not args.output:
         raise ValueError("--format tensorboard writes event files into a folder: give it with -o FOLDER.")
     recording = open_recording(args.path)
@@ -172,19 +187,12 @@ def _recording(args: argparse.Namespace) -> int:
         sys.stdout.write(f"wrote {len(written)} event file(s) under {args.output}; open with: tensorboard --logdir "
                          f"{args.output}\n")
         return 0
-    try:
-        if args.format == "chrome-trace":
-            from graphviz_core.export.recording_export import to_chrome_trace
+    if args.format == "chrome-trace":
+        from graphviz_core.export.recording_export import to_chrome_trace
 
-            text = json.dumps(to_chrome_trace(recording), allow_nan=False)
-        else:
-            text = json.dumps(recording.to_dict(), indent=1, allow_nan=False)
-    except ValueError as exc:
-        if isinstance(exc, RecordingError) or "JSON compliant" not in str(exc):
-            raise
-        # the reader writes each figure that may be NaN or infinite by its name; one where none can be is damage
-        raise ValueError(f"{args.path} holds a NaN or infinity where its figures are always numbers (a step's scale "
-                         f"or time); the recording is damaged.") from None
+        text = json_text(to_chrome_trace(recording))
+    else:
+        text = json_text(recording.to_dict(), indent=1)
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as f:

@@ -352,7 +352,7 @@ CLI = {
         (p / "manifest.json").read_text()[:-1] + ', "n": ' + "9" * 5000 + "}")),
     "recording, a manifest that is null": (["recording"], lambda p: (p / "manifest.json").write_text("null")),
 }
-SAID = {"recording, a step's scale that is NaN": "holds a NaN or infinity where its figures are always numbers",
+SAID = {"recording, a step's scale that is NaN": "holds a NaN or infinity where a figure should be a number",
         "recording, a 5,000-digit number in the manifest": "holds a number longer than any a recording manifest has",
         "recording, a manifest that is null": "holds null, not the object a recording manifest is"}
 

@@ -196,10 +196,12 @@ class Recorder:
                     out[i] = value
         return out
 
-    def _own_bytes(self, device: torch.device) -> int:
-        """Bytes the recorder itself holds on `device`: its copy of the parameters from before the optimizer's step
-        (a model over several GPUs: only those on the device whose peak is read)."""
-        return sum(b.numel() * b.element_size() for b in self.before.values() if b.device == device)
+    def _loop_peak(self, device: torch.device) -> int:
+        """The allocator's peak on `device` since its counter last started, less what the recorder itself holds there:
+        its copy of the parameters from before the optimizer's step (a model over several GPUs: only the copies on
+        this device), never below 0."""
+        own = sum(b.numel() * b.element_size() for b in self.before.values() if b.device == device)
+        return max(0, torch.cuda.max_memory_allocated(device) - own)
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         if not self.active:
@@ -213,8 +215,7 @@ class Recorder:
         if params and params[0].is_cuda:
             # the loop's peak so far (forward and backward), the recorder's own copy left out; the peak counter then
             # starts again for the optimizer's step, read with the copy left out again (_peak)
-            device = params[0].device
-            self.peak_before_step = max(0, torch.cuda.max_memory_allocated(device) - self._own_bytes(device))
+            self.peak_before_step = self._loop_peak(params[0].device)
         with torch.no_grad():
             buffers = []
             locals_ = [_local(p) for p in params]
@@ -306,8 +307,7 @@ class Recorder:
         if params and params[0].is_cuda:
             # the loop's own peak: the allocator's, less the recorder's copy of the parameters (held all through the
             # optimizer's step, where the counter was restarted), the larger of before and during the step
-            device = params[0].device
-            during = max(0, torch.cuda.max_memory_allocated(device) - self._own_bytes(device))
+            during = self._loop_peak(params[0].device)
             before, self.peak_before_step = self.peak_before_step, None
             return max(during, before or 0), "cuda allocator"
         parameter_bytes = sum(p.numel() * p.element_size() for p in params)
