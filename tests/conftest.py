@@ -305,6 +305,9 @@ _CUT_OFF = """elements => elements.filter(e => e.clientWidth > 0 && e.scrollWidt
     .map(e => e instanceof HTMLInputElement ? e.value : e.textContent.trim())"""
 
 
+SIDEBAR_INPUTS = '[data-testid="stSidebar"] input'  # every text box and select in the sidebar
+
+
 def cut_off(elements) -> list[str]:
     """The texts of `elements` (a Playwright locator) that are cut off (_CUT_OFF); [] when every one reads whole."""
     return elements.evaluate_all(_CUT_OFF)

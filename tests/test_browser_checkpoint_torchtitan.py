@@ -7,12 +7,11 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from graphviz_core.ui.browser_harness import graph_frame
-from tests.conftest import LAPTOP, both_sizes, captured, choose, cut_off
+from tests.conftest import LAPTOP, SIDEBAR_INPUTS, both_sizes, captured, choose, cut_off
 
 pytestmark = pytest.mark.browser
 
 POLICY = "selective-ops-torchtitan"
-SIDEBAR_INPUTS = '[data-testid="stSidebar"] input'
 
 
 @pytest.mark.parametrize("page", [LAPTOP], indirect=True)

@@ -4,7 +4,7 @@ at a laptop's size, then looked at again at a desktop's)."""
 import pytest
 
 from graphviz_core.ui.browser_harness import graph_frame
-from tests.conftest import LAPTOP, at_laptop, captured, cut_off, each_size, idle
+from tests.conftest import LAPTOP, SIDEBAR_INPUTS, at_laptop, captured, cut_off, each_size, idle
 
 pytestmark = pytest.mark.browser
 
@@ -53,10 +53,6 @@ def test_the_compare_pages_metrics_are_shown_whole(page, streamlit_url):
         assert cut_off(page.locator(METRIC_TEXTS)) == [], f"compare metrics cut off at {size}"
 
 
-# Every text box and select in the sidebar whose value is wider than the box (the dtype box read "bfloat1…")
-SIDEBAR_INPUTS = '[data-testid="stSidebar"] input'
-
-
 @pytest.mark.parametrize("page", [LAPTOP], indirect=True)
 def test_the_sidebar_shows_every_chosen_value_whole(page, streamlit_url):
     # the longest choices of each box: bfloat16, the family's selective policy, the preset box's "custom" entry
@@ -66,6 +62,7 @@ def test_the_sidebar_shows_every_chosen_value_whole(page, streamlit_url):
     assert "bfloat16" in values and any(v.startswith("selective") for v in values), values
     assert "(custom: the fields below)" in values, values
     for size in each_size(page):
+        # no text box or select whose value is wider than the box (the dtype box read "bfloat1…")
         assert cut_off(page.locator(SIDEBAR_INPUTS)) == [], f"sidebar values cut off at {size}"
 
 
