@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from graphviz_core.capture.device import estimate_peak_bytes
@@ -45,6 +47,12 @@ def _run_config(page, **fields):
     _press_run(page)
 
 
+# the phases a capture reports once admission gave it its place (graphviz_core.capture.engine: Run.say), as the
+# waiting line or the progress bar writes them; before it, "Waiting for its turn"
+IN_ADMISSION = re.compile(r"Building the model|Running the forward pass|Walking the autograd graph|Running the "
+                          r"backward pass|Annotating the graph")
+
+
 def _waiting_box(page):
     return page.locator('[data-testid="stAlert"]').filter(has_text="ahead of you")
 
@@ -62,6 +70,11 @@ def test_a_second_person_sees_the_queue_cancels_and_a_running_capture_stops_at_c
     _fill_config(second_page, **SLOW, seed=2)
     _run_config(page, **SLOW)  # person A: a slow capture starts running
     page.get_by_role("button", name="Cancel").wait_for(timeout=30_000)
+    # and has its place on the CPU (it builds its model inside admission): before that it may wait on the lock the
+    # server's background imports hold after the first capture (engine.warm_up), and a lock lets whichever thread it
+    # likes through next, so B, asking meanwhile, once got its place first (a fresh clone: B's capture measured at
+    # 13:43:26, A's at 13:43:33, B never behind A)
+    page.get_by_text(IN_ADMISSION).first.wait_for(timeout=60_000)
     seed = second_page.locator('[data-testid="stSidebar"]').get_by_label("Random seed", exact=True)
     assert seed.input_value() == "2"  # B asks for another config than A's (the same one would join A's capture)
     _press_run(second_page)  # person B: another slow one; both do not fit the budget together
