@@ -183,6 +183,10 @@ def test_dry_runs_queue_behind_the_workers_with_positions_and_cancel(pool, worke
     tickets[size].cancel("cancelled by the user")
     threads[size].join(10)
     assert tickets[size].state == "cancelled" and not threads[size].is_alive()
+    # each dry run handed to its worker before it is cancelled: admission counts it running once admitted, and on a
+    # slow machine (a fresh clone at half its usual speed) one was cancelled while still queued for its worker, so
+    # its future read CancelledError (never run) where the test asks that a worker stopped it
+    _wait_until(lambda: len(worker_futures) == size and all(f.running() or f.done() for f in worker_futures))
     for ticket in tickets[:size]:
         ticket.cancel("cancelled by the user")
     for thread in threads:
